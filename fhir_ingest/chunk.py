@@ -1,0 +1,596 @@
+"""Checked FHIR resources of one patient → `Chunk`s.
+
+One chunk per structured resource (its facts in a sentence a clinician would write), notes split
+on their headings into chunks that fit the embedding model's window, lab panels with their
+values, and trend summaries per analyte so "how has her BP been?" hits one chunk.
+"""
+from __future__ import annotations
+
+import logging
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import date, timedelta
+from typing import Callable, Iterable
+
+from .contract import Chunk, make_label
+from .normalize import (
+    code_keys, codings, concept_text, patient_of, quantity_text, ref_id, status_code,
+)
+from .notes import NoteDecodeError, decode_attachment, split_sections
+
+log = logging.getLogger(__name__)
+
+WITHDRAWN = {"entered-in-error"}
+BP_PANEL = "85354-9"
+SYSTOLIC, DIASTOLIC = "8480-6", "8462-4"
+TREND_WINDOWS = (30, 90, 365)
+NOTE_LOINC = {"34117-2", "51847-2", "11506-3", "18842-5", "11488-4", "34111-5", "28570-0"}
+
+
+@dataclass
+class TextBudget:
+    """How much text one chunk may hold, counted the way the embedding model counts it."""
+    max_tokens: int
+    count_tokens: Callable[[str], int]
+
+    def fits(self, text: str) -> bool:
+        return self.count_tokens(text) <= self.max_tokens
+
+
+@dataclass
+class ChunkProblem:
+    ref: str
+    reason: str
+
+
+# --- small helpers ----------------------------------------------------------------------------
+
+def clinical_date(resource: dict) -> str:
+    rt = resource.get("resourceType")
+    candidates = {
+        "Observation": ("effectiveDateTime", "effectivePeriod", "issued"),
+        "MedicationRequest": ("authoredOn",),
+        "MedicationAdministration": ("effectiveDateTime", "effectivePeriod"),
+        "Condition": ("onsetDateTime", "onsetPeriod", "recordedDate"),
+        "AllergyIntolerance": ("onsetDateTime", "recordedDate"),
+        "Encounter": ("period",),
+        "Procedure": ("performedDateTime", "performedPeriod"),
+        "Immunization": ("occurrenceDateTime",),
+        "DocumentReference": ("context", "date"),
+        "DiagnosticReport": ("effectiveDateTime", "effectivePeriod", "issued"),
+        "CarePlan": ("period",),
+        "Device": ("manufactureDate",),
+        "ImagingStudy": ("started",),
+    }.get(rt, ())
+    for field in candidates:
+        value = resource.get(field)
+        if field == "context" and isinstance(value, dict):
+            value = value.get("period")
+        if isinstance(value, dict):
+            value = value.get("start") or value.get("end")
+        if isinstance(value, str) and value:
+            return value
+    return ""
+
+
+def day(iso: str) -> str:
+    return iso[:10] if iso else ""
+
+
+def _to_date(iso: str) -> date | None:
+    try:
+        return date.fromisoformat(iso[:10])
+    except (TypeError, ValueError):
+        return None
+
+
+def _sentence(*parts: str) -> str:
+    return " ".join(p.strip() for p in parts if p and p.strip())
+
+
+def _join(items: Iterable[str], sep: str = ", ") -> str:
+    seen, out = set(), []
+    for item in items:
+        if item and item not in seen:
+            seen.add(item)
+            out.append(item)
+    return sep.join(out)
+
+
+def _strip_tag(display: str) -> str:
+    """'Prediabetes (finding)' → 'Prediabetes' for labels; the full display stays in the text."""
+    return re.sub(r"\s*\((?:disorder|finding|situation|procedure|substance|product|qualifier value|"
+                  r"observable entity|physical object|morphologic abnormality|regime/therapy|event)\)\s*$",
+                  "", display or "")
+
+
+# --- the chunker ------------------------------------------------------------------------------
+
+class PatientChunker:
+    """Chunks for one patient's resources; needs them all at once to resolve cross-references."""
+
+    def __init__(self, tenant: str, patient_id: str, resources: list[dict], budget: TextBudget):
+        self.tenant = tenant
+        self.patient_id = patient_id
+        self.budget = budget
+        self.by_ref = {f"{r['resourceType']}/{r['id']}": r for r in resources}
+        self.resources = resources
+        self.problems: list[ChunkProblem] = []
+        self.conditions_by_encounter = defaultdict(list)
+        for r in resources:
+            if r["resourceType"] == "Condition":
+                enc = ref_id(r.get("encounter"))
+                if enc:
+                    self.conditions_by_encounter[enc].append(r)
+        # DiagnosticReports whose note text is already indexed through a DocumentReference twin.
+        self.note_twins = set()
+        for r in resources:
+            if r["resourceType"] == "DocumentReference":
+                for ident in r.get("identifier") or []:
+                    value = ident.get("value") or ""
+                    if value.startswith("urn:uuid:"):
+                        self.note_twins.add("DiagnosticReport/" + value[len("urn:uuid:"):])
+                for rel in r.get("relatesTo") or []:
+                    target = ref_id(rel.get("target"))
+                    if target.startswith("DiagnosticReport/"):
+                        self.note_twins.add(target)
+
+    def new_chunk(self, r: dict, part: str, text: str, label: str, semantic_type: str,
+                  category: str = "", section: str = "", codes: list[str] | None = None,
+                  refs: list[str] | None = None, when: str | None = None, status: str = "") -> Chunk:
+        ref = f"{r['resourceType']}/{r['id']}"
+        return Chunk(
+            tenant=self.tenant, patient_id=self.patient_id, resource_type=r["resourceType"],
+            resource_id=r["id"], part=part, text=text, label=label,
+            date=when if when is not None else clinical_date(r), semantic_type=semantic_type,
+            category=category, section=section,
+            version_id=str((r.get("meta") or {}).get("versionId") or ""), status=status,
+            codes=codes or [], refs=[ref] + [x for x in (refs or []) if x != ref],
+        )
+
+    def chunks(self) -> list[Chunk]:
+        out: list[Chunk] = []
+        for r in self.resources:
+            if status_code(r, "status") in WITHDRAWN or status_code(r, "verificationStatus") in WITHDRAWN:
+                continue
+            method = getattr(self, "chunk_" + r["resourceType"], None)
+            if method is None:
+                continue
+            try:
+                out.extend(method(r))
+            except (NoteDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+                ref = f"{r['resourceType']}/{r.get('id')}"
+                self.problems.append(ChunkProblem(ref, f"could not be chunked: {exc}"))
+        out.extend(self.trend_chunks())
+        return out
+
+    # Encounter -------------------------------------------------------------------------------
+    def chunk_Encounter(self, r):
+        ref = f"Encounter/{r['id']}"
+        when = day(clinical_date(r))
+        kind = _join(concept_text(t) for t in r.get("type") or [])
+        enc_class = (r.get("class") or {}).get("code", "")
+        class_name = {"AMB": "ambulatory", "EMER": "emergency", "IMP": "inpatient", "ACUTE": "inpatient",
+                      "VR": "virtual", "HH": "home health", "OBSENC": "observation"}.get(enc_class, enc_class)
+        reasons = [concept_text(c) for c in r.get("reasonCode") or []]
+        reasons += [concept_text((self.by_ref.get(ref_id(x)) or {}).get("code")) for x in r.get("reasonReference") or []]
+        diagnoses = [concept_text(c.get("code")) for c in self.conditions_by_encounter.get(ref, [])]
+        locations = [(loc.get("location") or {}).get("display", "") for loc in r.get("location") or []]
+        period = r.get("period") or {}
+        text = _sentence(
+            f"Encounter ({class_name or 'visit'}) on {when}:" if when else f"Encounter ({class_name or 'visit'}):",
+            f"{kind}." if kind else "",
+            f"Reason: {_join(reasons)}." if any(reasons) else "",
+            f"Diagnoses: {_join(diagnoses, '; ')}." if diagnoses else "",
+            f"Ended {day(period.get('end', ''))}." if period.get("end") and day(period["end"]) != when else "",
+            f"Location: {_join(locations)}." if any(locations) else "",
+            f"Status: {r.get('status', '')}.",
+        )
+        words = _strip_tag(_join(reasons) or kind)
+        return [self.new_chunk(r, "0", text, make_label(when, "Visit", words), "encounter",
+                               category=class_name, codes=code_keys(*(r.get("type") or []), *(r.get("reasonCode") or [])),
+                               status=r.get("status", ""))]
+
+    # Medications ----------------------------------------------------------------------------
+    def medication_concept(self, r) -> tuple[str, list[str], list[str]]:
+        """(drug name, codes, extra refs) from medicationCodeableConcept or a resolved medicationReference."""
+        if r.get("medicationCodeableConcept"):
+            mcc = r["medicationCodeableConcept"]
+            return concept_text(mcc), code_keys(mcc), []
+        med_ref = ref_id(r.get("medicationReference"))
+        med = self.by_ref.get(med_ref)
+        if med:
+            return concept_text(med.get("code")), code_keys(med.get("code")), [med_ref]
+        display = (r.get("medicationReference") or {}).get("display", "")
+        return display or "unknown medication", [], [med_ref] if med_ref else []
+
+    def reason_text(self, r) -> str:
+        reasons = [concept_text(c) for c in r.get("reasonCode") or []]
+        for x in r.get("reasonReference") or []:
+            target = self.by_ref.get(ref_id(x))
+            reasons.append(concept_text((target or {}).get("code")) or x.get("display", ""))
+        return _join(reasons)
+
+    def reason_refs(self, r) -> list[str]:
+        return [ref_id(x) for x in r.get("reasonReference") or [] if ref_id(x) in self.by_ref]
+
+    @staticmethod
+    def dosage_text(dosages: list[dict]) -> str:
+        parts = []
+        for d in dosages or []:
+            bits = [d.get("text", "")]
+            for dr in d.get("doseAndRate") or []:
+                bits.append(quantity_text(dr.get("doseQuantity")))
+            repeat = (d.get("timing") or {}).get("repeat") or {}
+            if repeat.get("frequency") and repeat.get("period"):
+                bits.append(f"{repeat['frequency']} time(s) per {repeat['period']} {repeat.get('periodUnit', '')}".strip())
+            if d.get("route"):
+                bits.append(f"route {concept_text(d['route'])}")
+            if d.get("asNeededBoolean"):
+                bits.append("as needed")
+            parts.append(_join(bits, "; "))
+        return _join(parts, " | ")
+
+    def chunk_MedicationRequest(self, r):
+        drug, codes, extra = self.medication_concept(r)
+        when = day(clinical_date(r))
+        status = r.get("status", "")
+        supply = (r.get("dispenseRequest") or {})
+        duration = quantity_text(supply.get("expectedSupplyDuration"))
+        validity = supply.get("validityPeriod") or {}
+        reason = self.reason_text(r)
+        notes = _join((n.get("text", "") for n in r.get("note") or []), " ")
+        text = _sentence(
+            f"Medication order ({status}) {('on ' + when) if when else ''}:".replace("  ", " "),
+            f"{drug}.",
+            f"Dosage: {self.dosage_text(r.get('dosageInstruction'))}." if r.get("dosageInstruction") else "",
+            f"Reason: {reason}." if reason else "",
+            f"Supply duration {duration}." if duration else "",
+            f"Valid {day(validity.get('start', ''))} to {day(validity.get('end', ''))}." if validity else "",
+            f"Intent: {r.get('intent', '')}." if r.get("intent") else "",
+            f"Note: {notes}" if notes else "",
+        )
+        label = make_label(when, "Med", f"{drug} ({status})" if status else drug)
+        return [self.new_chunk(r, "0", text, label, "medication", category=status, codes=codes,
+                               refs=extra + self.reason_refs(r), status=status)]
+
+    def chunk_MedicationAdministration(self, r):
+        drug, codes, extra = self.medication_concept(r)
+        when = day(clinical_date(r))
+        dosage = r.get("dosage") or {}
+        bits = [dosage.get("text", ""), quantity_text(dosage.get("dose"))]
+        if dosage.get("route"):
+            bits.append(f"route {concept_text(dosage['route'])}")
+        reason = self.reason_text(r)
+        request = ref_id(r.get("request"))
+        text = _sentence(
+            f"Medication administered ({r.get('status', '')}) on {when}:", f"{drug}.",
+            f"Dose: {_join(bits, '; ')}." if any(bits) else "",
+            f"Reason: {reason}." if reason else "",
+        )
+        refs = extra + self.reason_refs(r) + ([request] if request in self.by_ref else [])
+        return [self.new_chunk(r, "0", text, make_label(when, "Given", drug), "medication",
+                               category="administration", codes=codes, refs=refs, status=r.get("status", ""))]
+
+    # Observations ---------------------------------------------------------------------------
+    @staticmethod
+    def observation_value(r) -> str:
+        comps = {c.get("code", {}).get("coding", [{}])[0].get("code"): c for c in r.get("component") or []}
+        if SYSTOLIC in comps and DIASTOLIC in comps:
+            sys_q = comps[SYSTOLIC].get("valueQuantity") or {}
+            dia_q = comps[DIASTOLIC].get("valueQuantity") or {}
+            unit = sys_q.get("unit") or "mm[Hg]"
+            return f"{quantity_text({'value': sys_q.get('value')}) }/{quantity_text({'value': dia_q.get('value')})} {unit}".replace(" /", "/")
+        for field in ("valueQuantity",):
+            if r.get(field):
+                return quantity_text(r[field])
+        if r.get("valueCodeableConcept"):
+            return concept_text(r["valueCodeableConcept"])
+        for field in ("valueString", "valueBoolean", "valueInteger", "valueDateTime"):
+            if field in r:
+                return str(r[field])
+        parts = []
+        for c in r.get("component") or []:
+            value = quantity_text(c.get("valueQuantity")) or concept_text(c.get("valueCodeableConcept")) or c.get("valueString", "")
+            parts.append(f"{concept_text(c.get('code'))}: {value}")
+        return "; ".join(parts)
+
+    @staticmethod
+    def observation_category(r) -> str:
+        for cat in r.get("category") or []:
+            for c in codings(cat):
+                if c.get("code"):
+                    return c["code"]
+        return ""
+
+    def chunk_Observation(self, r):
+        name = concept_text(r.get("code"))
+        when = day(clinical_date(r))
+        value = self.observation_value(r)
+        category = self.observation_category(r)
+        ranges = []
+        for rr in r.get("referenceRange") or []:
+            low, high = quantity_text(rr.get("low")), quantity_text(rr.get("high"))
+            ranges.append(rr.get("text") or (f"{low} to {high}" if low or high else ""))
+        flags = _join(concept_text(i) for i in r.get("interpretation") or [])
+        semantic = {"vital-signs": "vital", "laboratory": "lab", "social-history": "social",
+                    "survey": "survey", "exam": "exam"}.get(category, "observation")
+        kind = {"vital": "Vital", "lab": "Lab", "social": "Social", "survey": "Survey", "exam": "Exam"}.get(semantic, "Obs")
+        text = _sentence(
+            f"{kind} result on {when}:" if when else f"{kind} result:",
+            f"{name} = {value}." if value else f"{name}.",
+            f"Reference range {_join(ranges)}." if any(ranges) else "",
+            f"Interpretation: {flags}." if flags else "",
+            f"Status: {r.get('status', '')}." if r.get("status") not in (None, "final") else "",
+        )
+        label = make_label(when, kind, f"{name} {value}{' ' + flags if flags else ''}")
+        return [self.new_chunk(r, "0", text, label, semantic, category=category,
+                               codes=code_keys(r.get("code")), status=r.get("status", ""))]
+
+    # Problems and allergies ------------------------------------------------------------------
+    def chunk_Condition(self, r):
+        name = concept_text(r.get("code"))
+        clinical = status_code(r, "clinicalStatus")
+        verification = status_code(r, "verificationStatus")
+        onset = day(clinical_date(r))
+        abated = day(r.get("abatementDateTime") or (r.get("abatementPeriod") or {}).get("start", ""))
+        categories = _join(concept_text(c) or (codings(c)[0].get("code", "") if codings(c) else "") for c in r.get("category") or [])
+        status = _join([clinical, verification])
+        text = _sentence(
+            f"Problem / diagnosis ({status}):" if status else "Problem / diagnosis:",
+            f"{name}.",
+            f"Onset {onset}." if onset else "",
+            f"Resolved {abated}." if abated else ("Still active." if clinical == "active" else ""),
+            f"Category: {categories}." if categories else "",
+        )
+        label = make_label(onset, "Problem", f"{_strip_tag(name)} ({clinical})" if clinical else _strip_tag(name))
+        enc = ref_id(r.get("encounter"))
+        return [self.new_chunk(r, "0", text, label, "problem", category=clinical,
+                               codes=code_keys(r.get("code")), refs=[enc] if enc in self.by_ref else [],
+                               status=clinical)]
+
+    def chunk_AllergyIntolerance(self, r):
+        name = concept_text(r.get("code"))
+        clinical = status_code(r, "clinicalStatus")
+        verification = status_code(r, "verificationStatus")
+        when = day(clinical_date(r))
+        reactions = []
+        for reaction in r.get("reaction") or []:
+            manifest = _join(concept_text(m) for m in reaction.get("manifestation") or [])
+            severity = reaction.get("severity", "")
+            substance = concept_text(reaction.get("substance"))
+            reactions.append(_sentence(manifest, f"({severity})" if severity else "", f"to {substance}" if substance else ""))
+        text = _sentence(
+            f"Allergy / intolerance ({_join([clinical, verification])}):",
+            f"{name}.",
+            f"Type {r.get('type')}." if r.get("type") else "",
+            f"Category: {_join(r.get('category') or [])}." if r.get("category") else "",
+            f"Criticality {r.get('criticality')}." if r.get("criticality") else "",
+            f"Reactions: {_join(reactions, '; ')}." if reactions else "",
+            f"Recorded {when}." if when else "",
+        )
+        return [self.new_chunk(r, "0", text, make_label(when, "Allergy", _strip_tag(name)), "allergy",
+                               category=_join(r.get("category") or []), codes=code_keys(r.get("code")),
+                               status=clinical)]
+
+    # Procedures, immunizations, care plans, devices, imaging ---------------------------------
+    def chunk_Procedure(self, r):
+        name = concept_text(r.get("code"))
+        when = day(clinical_date(r))
+        reason = self.reason_text(r)
+        location = (r.get("location") or {}).get("display", "")
+        body = _join(concept_text(b) for b in r.get("bodySite") or [])
+        text = _sentence(
+            f"Procedure ({r.get('status', '')}) on {when}:", f"{name}.",
+            f"Reason: {reason}." if reason else "", f"Body site: {body}." if body else "",
+            f"Location: {location}." if location else "",
+        )
+        return [self.new_chunk(r, "0", text, make_label(when, "Procedure", _strip_tag(name)), "procedure",
+                               codes=code_keys(r.get("code")), refs=self.reason_refs(r), status=r.get("status", ""))]
+
+    def chunk_Immunization(self, r):
+        name = concept_text(r.get("vaccineCode"))
+        when = day(clinical_date(r))
+        text = _sentence(f"Immunization / vaccine ({r.get('status', '')}) on {when}:", f"{name}.")
+        return [self.new_chunk(r, "0", text, make_label(when, "Vaccine", name), "immunization",
+                               codes=code_keys(r.get("vaccineCode")), status=r.get("status", ""))]
+
+    def chunk_CarePlan(self, r):
+        when = day(clinical_date(r))
+        categories = _join(concept_text(c) for c in r.get("category") or [] if concept_text(c))
+        activities = _join(concept_text((a.get("detail") or {}).get("code")) for a in r.get("activity") or [])
+        addresses = _join(concept_text((self.by_ref.get(ref_id(x)) or {}).get("code")) for x in r.get("addresses") or [])
+        text = _sentence(f"Care plan ({r.get('status', '')}) from {when}:", f"{categories}.",
+                         f"Addresses: {addresses}." if addresses else "",
+                         f"Activities: {activities}." if activities else "")
+        return [self.new_chunk(r, "0", text, make_label(when, "Care plan", _strip_tag(categories)), "careplan",
+                               status=r.get("status", ""))]
+
+    def chunk_Device(self, r):
+        name = concept_text(r.get("type")) or _join(n.get("name", "") for n in r.get("deviceName") or [])
+        when = day(clinical_date(r))
+        text = _sentence(f"Device ({r.get('status', '')}):", f"{name}.", f"Manufactured {when}." if when else "")
+        return [self.new_chunk(r, "0", text, make_label(when, "Device", _strip_tag(name)), "device",
+                               codes=code_keys(r.get("type")), status=r.get("status", ""))]
+
+    def chunk_ImagingStudy(self, r):
+        when = day(clinical_date(r))
+        series = r.get("series") or []
+        modalities = _join((s.get("modality") or {}).get("display") or (s.get("modality") or {}).get("code", "") for s in series)
+        sites = _join((s.get("bodySite") or {}).get("display", "") for s in series)
+        procedures = _join(concept_text(p) for p in r.get("procedureCode") or [])
+        text = _sentence(f"Imaging study on {when}:", f"{procedures}." if procedures else "",
+                         f"Modality: {modalities}." if modalities else "", f"Body site: {sites}." if sites else "")
+        return [self.new_chunk(r, "0", text, make_label(when, "Imaging", procedures or modalities), "imaging",
+                               status=r.get("status", ""))]
+
+    # Notes and reports -----------------------------------------------------------------------
+    def chunk_DocumentReference(self, r):
+        note_type = concept_text(r.get("type")) or "Clinical note"
+        when = day(clinical_date(r))
+        texts = []
+        for content in r.get("content") or []:
+            attachment = content.get("attachment") or {}
+            if attachment.get("data"):
+                texts.append(decode_attachment(attachment))
+        if not texts:
+            # The live-EHR client fetches Binary attachments before chunking; a URL we could not
+            # fetch leaves nothing to index, and that is worth reporting rather than hiding.
+            raise NoteDecodeError("note has no inline text (attachment URL not fetched)")
+        enc = ref_id((r.get("context") or {}).get("encounter", [{}])[0] if (r.get("context") or {}).get("encounter") else None)
+        return self.note_chunks(r, texts[0], note_type, when, "note", refs=[enc] if enc in self.by_ref else [])
+
+    def chunk_DiagnosticReport(self, r):
+        ref = f"DiagnosticReport/{r['id']}"
+        if ref in self.note_twins:
+            return []  # the same note is indexed once, through its DocumentReference
+        name = concept_text(r.get("code"))
+        when = day(clinical_date(r))
+        results = [self.by_ref.get(ref_id(x)) for x in r.get("result") or []]
+        results = [x for x in results if x]
+        chunks = []
+        if results:
+            values = [f"{concept_text(o.get('code'))} {self.observation_value(o)}" for o in results]
+            text = _sentence(f"Lab panel / report on {when}:", f"{name}.", "Results: " + "; ".join(values) + ".")
+            chunks.append(self.new_chunk(
+                r, "0", text, make_label(when, "Panel", name), "lab", category="panel",
+                codes=code_keys(r.get("code")), refs=[f"Observation/{o['id']}" for o in results],
+                status=r.get("status", "")))
+        for i, form in enumerate(r.get("presentedForm") or []):
+            if form.get("data"):
+                chunks.extend(self.note_chunks(r, decode_attachment(form), name or "Report", when, "note",
+                                               part_prefix=f"form{i}-"))
+        if r.get("conclusion") and not chunks:
+            chunks.append(self.new_chunk(r, "0", _sentence(f"Report on {when}:", f"{name}.", r["conclusion"]),
+                                         make_label(when, "Report", name), "note"))
+        return chunks
+
+    def note_chunks(self, r, text: str, note_type: str, when: str, semantic: str,
+                    refs: list[str] | None = None, part_prefix: str = "") -> list[Chunk]:
+        """Pack a note's sections into chunks that fit the model's window; never mix two notes."""
+        header = f"{note_type} of {when}".strip()
+        pieces: list[tuple[str, str]] = []  # (heading, text)
+        for section in split_sections(text):
+            if re.fullmatch(r"\d{4}-\d{2}-\d{2}", section.text.strip()) and not section.heading:
+                continue  # the template's date line; the date is in the header already
+            for piece in self.fit_section(header, section.heading, section.text):
+                pieces.append((section.heading, piece))
+        chunks, current, headings = [], "", []
+        def flush():
+            if current:
+                n = len(chunks)
+                label = make_label(when, "Note", _join(h for h in headings if h) or note_type)
+                chunks.append(self.new_chunk(r, f"{part_prefix}sec{n}", f"{header}. {current}", label, semantic,
+                                             category=note_type, section=_join(h for h in headings if h),
+                                             refs=refs, status=r.get("status", "")))
+        for heading, piece in pieces:
+            candidate = f"{current} {piece}".strip()
+            if current and not self.budget.fits(f"{header}. {candidate}"):
+                flush()
+                current, headings = piece, [heading]
+            else:
+                current = candidate
+                headings.append(heading)
+        flush()
+        return chunks
+
+    def fit_section(self, header: str, heading: str, body: str) -> list[str]:
+        """A section as one or more pieces, each of which fits the window with the note header."""
+        whole = f"{heading}: {body}" if heading else body
+        if self.budget.fits(f"{header}. {whole}"):
+            return [whole]
+        sentences = re.split(r"(?<=[.!?])\s+|\n", body)
+        pieces, current = [], f"{heading}:" if heading else ""
+        for sentence in sentences:
+            candidate = f"{current} {sentence}".strip()
+            if current and not self.budget.fits(f"{header}. {candidate}"):
+                pieces.append(current)
+                current = f"{heading} (continued): {sentence}" if heading else sentence
+            else:
+                current = candidate
+        if current:
+            pieces.append(current)
+        # A single sentence longer than the window is cut on words rather than silently truncated.
+        out = []
+        for piece in pieces:
+            while not self.budget.fits(f"{header}. {piece}"):
+                words = piece.split()
+                cut = len(words) // 2 or 1
+                head, piece = " ".join(words[:cut]), " ".join(words[cut:])
+                while not self.budget.fits(f"{header}. {head}") and " " in head:
+                    words2 = head.split()
+                    piece = f"{words2[-1]} {piece}"
+                    head = " ".join(words2[:-1])
+                out.append(head)
+            out.append(piece)
+        return out
+
+    # Trends ----------------------------------------------------------------------------------
+    def trend_chunks(self) -> list[Chunk]:
+        """Per analyte with two or more values: one summary per window ending at its last value."""
+        series = defaultdict(list)
+        for r in self.resources:
+            if r["resourceType"] != "Observation" or status_code(r, "status") in WITHDRAWN:
+                continue
+            keys = codings(r.get("code"))
+            if not keys or not _to_date(clinical_date(r)):
+                continue
+            value = self.observation_value(r)
+            numeric = r.get("valueQuantity") or any(c.get("valueQuantity") for c in r.get("component") or [])
+            if numeric and value:
+                series[keys[0].get("code")].append(r)
+        out = []
+        for code, observations in series.items():
+            if len(observations) < 2:
+                continue
+            observations.sort(key=lambda o: clinical_date(o))
+            last = _to_date(clinical_date(observations[-1]))
+            previous_members = None
+            for days in TREND_WINDOWS + (None,):
+                members = [o for o in observations
+                           if days is None or _to_date(clinical_date(o)) >= last - timedelta(days=days)]
+                ids = [o["id"] for o in members]
+                if len(members) < 2 or ids == previous_members:
+                    continue
+                previous_members = ids
+                out.append(self.trend_chunk(members, days))
+        return out
+
+    def trend_chunk(self, members: list[dict], days: int | None) -> Chunk:
+        latest = members[-1]
+        name = concept_text(latest.get("code"))
+        category = self.observation_category(latest)
+        semantic = "vital" if category == "vital-signs" else "lab" if category == "laboratory" else "observation"
+        shown = members[-12:]
+        readings = "; ".join(f"{day(clinical_date(o))} {self.observation_value(o)}" for o in shown)
+        window = f"last {days} days" if days else "all recorded values"
+        first_day, last_day = day(clinical_date(members[0])), day(clinical_date(latest))
+        text = _sentence(
+            f"Trend of {name} ({window}, {first_day} to {last_day}, {len(members)} readings):",
+            f"{readings}.", f"Latest {self.observation_value(latest)} on {last_day}.",
+        )
+        label = make_label(last_day, "Trend", f"{name} · {window}")
+        refs = [f"Observation/{o['id']}" for o in reversed(members)]
+        return self.new_chunk(latest, f"trend-{days or 'all'}", text, label, semantic, category="trend",
+                              codes=code_keys(latest.get("code")), refs=refs, when=last_day)
+
+
+def group_by_patient(resources: Iterable[dict]) -> dict[str, list[dict]]:
+    """Split mixed resources (an NDJSON export, a directory) into per-patient lists.
+
+    Resources that name no patient (Medication) go with every patient that references them.
+    """
+    per_patient: dict[str, list[dict]] = defaultdict(list)
+    shared: dict[str, dict] = {}
+    for r in resources:
+        pid = patient_of(r)
+        if pid:
+            per_patient[pid].append(r)
+        else:
+            shared[f"{r['resourceType']}/{r['id']}"] = r
+    if shared:
+        for pid, items in per_patient.items():
+            wanted = {ref_id(r.get("medicationReference")) for r in items}
+            items.extend(shared[ref] for ref in wanted if ref in shared)
+    return per_patient

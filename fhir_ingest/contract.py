@@ -1,0 +1,60 @@
+"""The one data contract between ingest and search: `Chunk`."""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class Chunk:
+    tenant: str
+    patient_id: str
+    resource_type: str
+    resource_id: str
+    part: str                      # which piece of the resource ("0", "sec-2", "trend-90d")
+    text: str                      # what is searched and embedded
+    label: str                     # chip text: "2024-03-12 · Lab · HbA1c 7.9 %"
+    date: str = ""                 # clinically relevant date, ISO (YYYY-MM-DD or full)
+    semantic_type: str = ""        # medication, lab, vital, problem, allergy, encounter, procedure, note, ...
+    category: str = ""             # note type, observation category, ...
+    section: str = ""              # note heading for note chunks
+    version_id: str = ""
+    status: str = ""
+    codes: list[str] = field(default_factory=list)        # "system|code|display"
+    concepts: list[dict] = field(default_factory=list)    # filled by search.annotate
+    refs: list[str] = field(default_factory=list)         # every resource the text draws on; refs[0] is the source
+    embedding_model: str = ""
+
+    @property
+    def ref(self) -> str:
+        return f"{self.resource_type}/{self.resource_id}"
+
+    @property
+    def source(self) -> str:
+        """FHIR reference that the side panel opens."""
+        return self.ref
+
+    @property
+    def chunk_id(self) -> str:
+        key = "|".join([self.tenant, self.resource_type, self.resource_id, self.version_id, self.part])
+        return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["chunk_id"] = self.chunk_id
+        d["ref"] = self.ref
+        d["source"] = self.source
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Chunk":
+        names = cls.__dataclass_fields__.keys()
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def make_label(date: str, kind: str, words: str, limit: int = 60) -> str:
+    words = " ".join(words.split())
+    if len(words) > limit:
+        words = words[: limit - 1].rstrip() + "…"
+    parts = [p for p in (date[:10], kind, words) if p]
+    return " · ".join(parts)

@@ -1,0 +1,157 @@
+"""FHIR R4 resource → checked plain record.
+
+Resources are parsed with fhir.resources' R4B models (R4B is R4 plus errata; the package's default
+models are R5, which reject valid R4 such as `MedicationRequest.medicationCodeableConcept`).
+A resource that fails to parse is reported with the reason and never indexed half-read.
+The plain record is the resource's own JSON, which downstream code reads through the small
+accessors below, so no field is silently dropped by a model round-trip.
+"""
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+from pydantic import ValidationError
+
+# Resources chartcite turns into chunks, and the ones it reads only to resolve references.
+INDEXED_TYPES = {
+    "Encounter", "MedicationRequest", "MedicationAdministration", "Observation",
+    "DocumentReference", "DiagnosticReport", "Condition", "AllergyIntolerance",
+    "Procedure", "Immunization", "CarePlan", "Device", "ImagingStudy",
+}
+SUPPORT_TYPES = {"Patient", "Medication"}
+# Read and counted, but not clinical content a clinician asks chartcite about.
+NOT_INDEXED_TYPES = {
+    "Claim", "ExplanationOfBenefit", "Provenance", "SupplyDelivery", "CareTeam", "Coverage",
+    "Organization", "Practitioner", "PractitionerRole", "Location", "Binary", "Group",
+}
+
+_URI = re.compile(r"^(?:[a-zA-Z][a-zA-Z0-9+.-]*:)\S+$")
+
+
+class InvalidResource(ValueError):
+    pass
+
+
+@lru_cache(maxsize=None)
+def _model_class(resource_type: str):
+    from fhir.resources.R4B import get_fhir_model_class
+
+    try:
+        return get_fhir_model_class(resource_type)
+    except (KeyError, ValueError, AttributeError, ImportError) as exc:
+        raise InvalidResource(f"unknown resource type {resource_type!r}") from exc
+
+
+def check_resource(resource: dict) -> dict:
+    """Validate one resource against the FHIR R4(B) model; return it or raise InvalidResource."""
+    resource_type = resource.get("resourceType")
+    if not resource_type:
+        raise InvalidResource("missing resourceType")
+    if not resource.get("id"):
+        raise InvalidResource(f"{resource_type} without an id")
+    if resource_type not in INDEXED_TYPES | SUPPORT_TYPES:
+        return resource  # counted, not indexed: no need to parse it fully
+    cls = _model_class(resource_type)
+    try:
+        cls.model_validate(resource)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "__root__")
+        raise InvalidResource(f"{resource_type}/{resource['id']}: {where or 'resource'}: {first.get('msg')}") from None
+    _check_code_systems(resource, resource_type)
+    return resource
+
+
+def _check_code_systems(node, resource_type: str, path: str = "") -> None:
+    """A coding whose system is not an absolute URI cannot be matched to any terminology."""
+    if isinstance(node, dict):
+        if "code" in node and "system" in node and isinstance(node.get("system"), str):
+            if not _URI.match(node["system"]):
+                raise InvalidResource(f"{resource_type}: unknown code system {node['system']!r} at {path or 'root'}")
+        for key, value in node.items():
+            if key not in ("text", "div", "data", "contained"):
+                _check_code_systems(value, resource_type, f"{path}.{key}" if path else key)
+    elif isinstance(node, list):
+        for i, item in enumerate(node):
+            _check_code_systems(item, resource_type, f"{path}[{i}]")
+
+
+# --- accessors used by the chunkers --------------------------------------------------------
+
+def codings(concept: dict | None) -> list[dict]:
+    return [c for c in (concept or {}).get("coding") or [] if isinstance(c, dict)]
+
+
+def concept_text(concept: dict | None) -> str:
+    """Human text of a CodeableConcept: its text, else the first display, else the code."""
+    if not concept:
+        return ""
+    if concept.get("text"):
+        return concept["text"]
+    for coding in codings(concept):
+        if coding.get("display"):
+            return coding["display"]
+    for coding in codings(concept):
+        if coding.get("code"):
+            return coding["code"]
+    return ""
+
+
+def code_keys(*concepts: dict | None) -> list[str]:
+    keys = []
+    for concept in concepts:
+        for c in codings(concept):
+            keys.append(f"{c.get('system', '')}|{c.get('code', '')}|{c.get('display', '')}")
+    return keys
+
+
+def status_code(resource: dict, field: str) -> str:
+    value = resource.get(field)
+    if isinstance(value, dict):
+        codes = codings(value)
+        return codes[0].get("code", "") if codes else ""
+    return value or ""
+
+
+def quantity_text(q: dict | None) -> str:
+    if not q or q.get("value") is None:
+        return ""
+    value = q["value"]
+    if isinstance(value, float):
+        value = f"{value:.2f}".rstrip("0").rstrip(".")
+    unit = q.get("unit") or q.get("code") or ""
+    return f"{value} {unit}".strip()
+
+
+def ref_id(reference: dict | None) -> str:
+    """`Type/id` of a resolved reference, or '' for conditional / external ones."""
+    value = (reference or {}).get("reference") or ""
+    if "?" in value or not value:
+        return ""
+    parts = value.rstrip("/").split("/")
+    return "/".join(parts[-2:]) if len(parts) >= 2 else ""
+
+
+def patient_of(resource: dict) -> str:
+    if resource.get("resourceType") == "Patient":
+        return resource.get("id", "")
+    for field in ("subject", "patient", "beneficiary"):
+        ref = ref_id(resource.get(field))
+        if ref.startswith("Patient/"):
+            return ref.split("/", 1)[1]
+    return ""
+
+
+def strip_synthea_suffix(name: str) -> str:
+    """'Helene803' → 'Helene' (Synthea numbers its generated names)."""
+    return re.sub(r"(?<=[A-Za-z])\d+\b", "", name)
+
+
+def human_name(patient: dict) -> str:
+    for name in patient.get("name") or []:
+        given = " ".join(name.get("given") or [])
+        text = name.get("text") or f"{given} {name.get('family', '')}".strip()
+        if text:
+            return strip_synthea_suffix(text)
+    return ""

@@ -1,0 +1,92 @@
+"""The `Backend` contract every index implements (embedded SQLite now, Elasticsearch later).
+
+Scope is part of every call: tenant and patient go into the backend's own query, before any
+scoring, so no caller can forget to filter and nothing is post-filtered.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+
+from fhir_ingest.contract import Chunk
+
+
+class BackendError(RuntimeError):
+    """A clear, user-facing problem with the index (wrong model, unreachable cluster...)."""
+
+
+class ModelMismatch(BackendError):
+    pass
+
+
+@dataclass
+class Hit:
+    chunk_id: str
+    score: float
+
+
+@dataclass
+class Scope:
+    tenant: str
+    patient_id: str
+    semantic_types: tuple[str, ...] = ()   # empty = all
+    date_from: str = ""                    # ISO dates, inclusive; empty = open
+    date_to: str = ""
+
+
+class Backend(ABC):
+    embedding_model: str
+
+    @abstractmethod
+    def index(self, chunks: list[Chunk], vectors: np.ndarray, lexical_texts: list[str]) -> None:
+        """Upsert chunks by chunk_id with their vectors and BM25 text."""
+
+    @abstractmethod
+    def delete_refs(self, tenant: str, refs: list[str]) -> int:
+        """Remove every chunk drawn from these resources ("Type/id"); returns chunks removed."""
+
+    @abstractmethod
+    def delete_chunks(self, tenant: str, chunk_ids: list[str]) -> int: ...
+
+    @abstractmethod
+    def search_text(self, scope: Scope, query: str, n: int) -> list[Hit]:
+        """BM25 over the lexical text, inside the scope."""
+
+    @abstractmethod
+    def search_vector(self, scope: Scope, vector: np.ndarray, n: int) -> list[Hit]:
+        """Exact cosine similarity inside the scope."""
+
+    @abstractmethod
+    def count(self, scope: Scope) -> int: ...
+
+    @abstractmethod
+    def get_chunks(self, tenant: str, chunk_ids: list[str]) -> list[Chunk]: ...
+
+    @abstractmethod
+    def chunks_for_ref(self, tenant: str, patient_id: str, ref: str) -> list[Chunk]: ...
+
+    @abstractmethod
+    def indexed_texts(self, tenant: str, patient_id: str) -> dict[str, str]:
+        """chunk_id → hash of the text it was embedded from, for skipping unchanged chunks."""
+
+    @abstractmethod
+    def store_resources(self, tenant: str, patient_id: str, resources: list[dict]) -> None:
+        """Keep the source resources so the side panel can show the record a chip cites."""
+
+    @abstractmethod
+    def get_resource(self, tenant: str, patient_id: str, ref: str) -> dict | None:
+        """The stored resource, only if it belongs to this patient."""
+
+    @abstractmethod
+    def upsert_patient(self, tenant: str, patient_id: str, summary: dict) -> None: ...
+
+    @abstractmethod
+    def get_patient(self, tenant: str, patient_id: str) -> dict | None: ...
+
+    @abstractmethod
+    def list_patients(self, tenant: str) -> list[dict]: ...
+
+    @abstractmethod
+    def close(self) -> None: ...

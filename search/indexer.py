@@ -1,0 +1,93 @@
+"""Patient record → annotated, embedded chunks in a Backend.
+
+Idempotent: chunk ids are stable, a chunk whose text (and model) is unchanged is neither
+re-embedded nor rewritten, and chunks the record no longer produces are removed.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import date
+from typing import Callable
+
+from fhir_ingest.chunk import ChunkProblem, PatientChunker
+from fhir_ingest.load import PatientRecord
+from fhir_ingest.normalize import INDEXED_TYPES, SUPPORT_TYPES, human_name
+
+from .annotate import annotate_chunk
+from .backend import Backend
+from .embed import Embedder
+from .embedded import text_hash
+from .lexicon import lexical_text
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str, int, int], None]   # (phase, done, total)
+
+
+@dataclass
+class IndexResult:
+    patients: int = 0
+    resources: int = 0
+    chunks: int = 0
+    embedded: int = 0
+    unchanged: int = 0
+    removed: int = 0
+    problems: list[ChunkProblem] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def merge(self, other: "IndexResult") -> None:
+        for name in ("patients", "resources", "chunks", "embedded", "unchanged", "removed", "seconds"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.problems.extend(other.problems)
+
+
+def patient_summary(record: PatientRecord, chunk_counts: dict[str, int]) -> dict:
+    patient = record.patient
+    birth = patient.get("birthDate", "")
+    age = None
+    if birth:
+        try:
+            b = date.fromisoformat(birth[:10])
+            end = date.fromisoformat(patient["deceasedDateTime"][:10]) if patient.get("deceasedDateTime") else date.today()
+            age = end.year - b.year - ((end.month, end.day) < (b.month, b.day))
+        except ValueError:
+            age = None
+    counts = {}
+    for r in record.resources:
+        counts[r["resourceType"]] = counts.get(r["resourceType"], 0) + 1
+    return {
+        "patient_id": record.patient_id, "name": human_name(patient), "gender": patient.get("gender", ""),
+        "birth_date": birth, "age": age, "deceased": bool(patient.get("deceasedDateTime") or patient.get("deceasedBoolean")),
+        "resource_counts": counts, "chunk_counts": chunk_counts, "indexed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def index_record(backend: Backend, embedder: Embedder, tenant: str, record: PatientRecord,
+                 progress: Progress | None = None) -> IndexResult:
+    started = time.perf_counter()
+    pid = record.patient_id
+    chunker = PatientChunker(tenant, pid, record.resources, embedder.budget())
+    chunks = [annotate_chunk(c) for c in chunker.chunks()]
+    lexicals = [lexical_text(f"{c.label}. {c.text}") for c in chunks]
+    existing = backend.indexed_texts(tenant, pid)
+    changed = [(c, lx) for c, lx in zip(chunks, lexicals) if existing.get(c.chunk_id) != text_hash(c.text, lx)]
+    if progress:
+        progress("embedding", 0, len(changed))
+    vectors = embedder.encode([c.text for c, _ in changed],
+                              progress=(lambda done, total: progress("embedding", done, total)) if progress else None)
+    backend.index([c for c, _ in changed], vectors, [lx for _, lx in changed])
+    stale = sorted(set(existing) - {c.chunk_id for c in chunks})
+    removed = backend.delete_chunks(tenant, stale)
+    kept = [r for r in record.resources if r["resourceType"] in INDEXED_TYPES | SUPPORT_TYPES]
+    backend.store_resources(tenant, pid, kept)
+    counts: dict[str, int] = {}
+    for c in chunks:
+        counts[c.semantic_type] = counts.get(c.semantic_type, 0) + 1
+    backend.upsert_patient(tenant, pid, patient_summary(record, counts))
+    if progress:
+        progress("done", len(changed), len(changed))
+    return IndexResult(patients=1, resources=len(record.resources), chunks=len(chunks), embedded=len(changed),
+                       unchanged=len(chunks) - len(changed), removed=removed, problems=chunker.problems,
+                       seconds=time.perf_counter() - started)

