@@ -54,12 +54,11 @@ class Embedder:
         # The window in word pieces, less the [CLS] and [SEP] the tokenizer adds.
         self.max_tokens = int(self.model.max_seq_length) - 2
         self.tokenizer = self.model.tokenizer
-        # We count whole texts on purpose (to split notes before the window); silence the
-        # tokenizer's "longer than the maximum" warning, the model itself still truncates.
-        self.tokenizer.model_max_length = 1_000_000
 
     def count_tokens(self, text: str) -> int:
-        return len(self.tokenizer(text, add_special_tokens=False, truncation=False)["input_ids"])
+        # Whole texts are counted on purpose (notes are split before the window), so the
+        # tokenizer's "longer than the maximum" warning is silenced with verbose=False.
+        return len(self.tokenizer(text, add_special_tokens=False, truncation=False, verbose=False)["input_ids"])
 
     def budget(self) -> TextBudget:
         return TextBudget(self.max_tokens, self.count_tokens)

@@ -1,0 +1,99 @@
+"""Retrieval evaluation over questions with gold evidence groups (see shared/data/questions/README.md).
+
+A group is hit when any of its member refs is among the resources the top-k evidence draws on.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections import defaultdict
+
+
+def load_questions(path: str) -> list[dict]:
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def refs_at(result: dict, k: int) -> set[str]:
+    refs = set()
+    for ev in result["evidence"][:k]:
+        refs.update(ev.get("refs") or [ev["ref"]])
+    return refs
+
+
+def recall_at(result: dict, gold: list[list[str]], k: int) -> float:
+    if not gold:
+        return 0.0
+    found = refs_at(result, k)
+    return sum(1 for group in gold if found & set(group)) / len(gold)
+
+
+def reciprocal_rank(result: dict, gold: list[list[str]]) -> float:
+    wanted = {ref for group in gold for ref in group}
+    for ev in result["evidence"]:
+        if wanted & set(ev.get("refs") or [ev["ref"]]):
+            return 1.0 / ev["rank"]
+    return 0.0
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def evaluate(service, tenant: str, questions_path: str, ks: list[int], pipelines: list[str]) -> dict:
+    questions = load_questions(questions_path)
+    depth = max(ks)
+    report = {"questions": len(questions), "pipelines": {}}
+    for pipeline in pipelines:
+        rows, latencies = [], []
+        for q in questions:
+            t0 = time.perf_counter()
+            result = service.ask(tenant, q["patient_id"], q["question"], k=depth, pipeline=pipeline, question_id=q["id"])
+            latencies.append((time.perf_counter() - t0) * 1000)
+            rows.append({"id": q["id"], "kind": q["kind"], "answerable": q["answerable"],
+                         "recall": {k: recall_at(result, q["gold"], k) for k in ks},
+                         "rr": reciprocal_rank(result, q["gold"]) if q["answerable"] else 0.0,
+                         "abstained": result["abstained"]})
+        report["pipelines"][pipeline] = summarise(rows, ks, latencies)
+    return report
+
+
+def summarise(rows: list[dict], ks: list[int], latencies: list[float]) -> dict:
+    answerable = [r for r in rows if r["answerable"]]
+    unanswerable = [r for r in rows if not r["answerable"]]
+    by_kind = defaultdict(list)
+    for r in answerable:
+        by_kind[r["kind"]].append(r)
+    mean = lambda xs: round(statistics.fmean(xs), 4) if xs else 0.0
+    return {
+        "recall": {str(k): mean([r["recall"][k] for r in answerable]) for k in ks},
+        "mrr": mean([r["rr"] for r in answerable]),
+        "abstention_accuracy": mean([1.0 if r["abstained"] else 0.0 for r in unanswerable]),
+        "false_abstention": mean([1.0 if r["abstained"] else 0.0 for r in answerable]),
+        "p50_ms": round(percentile(latencies, 0.5), 1),
+        "p95_ms": round(percentile(latencies, 0.95), 1),
+        "by_kind": {kind: {str(k): mean([r["recall"][k] for r in items]) for k in ks} for kind, items in sorted(by_kind.items())},
+        "misses_at_5": [r["id"] for r in answerable if r["recall"].get(5, 1.0) < 1.0],
+        "wrong_abstentions": [r["id"] for r in rows if r["abstained"] != (not r["answerable"])],
+    }
+
+
+def format_table(report: dict, ks: list[int]) -> str:
+    lines = [f"questions: {report['questions']}", ""]
+    head = f"{'pipeline':8} " + " ".join(f"{'R@' + str(k):>6}" for k in ks) + f" {'MRR':>6} {'abstain':>8} {'false-abst':>10} {'p50 ms':>8} {'p95 ms':>8}"
+    lines.append(head)
+    for name, p in report["pipelines"].items():
+        lines.append(f"{name:8} " + " ".join(f"{p['recall'][str(k)]:>6.3f}" for k in ks)
+                     + f" {p['mrr']:>6.3f} {p['abstention_accuracy']:>8.2f} {p['false_abstention']:>10.2f}"
+                     + f" {p['p50_ms']:>8.1f} {p['p95_ms']:>8.1f}")
+    kinds = sorted({kind for p in report["pipelines"].values() for kind in p["by_kind"]})
+    k = 5 if 5 in ks else ks[0]
+    lines += ["", f"recall@{k} by question kind", f"{'kind':12} " + " ".join(f"{n:>8}" for n in report["pipelines"])]
+    for kind in kinds:
+        lines.append(f"{kind:12} " + " ".join(f"{p['by_kind'].get(kind, {}).get(str(k), 0):>8.3f}"
+                                              for p in report["pipelines"].values()))
+    return "\n".join(lines)

@@ -1,0 +1,206 @@
+"""The `chartcite` command line: the contract other tools and the README rely on."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from .settings import Settings, SettingsError
+
+log = logging.getLogger("chartcite")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="chartcite", description="Cited answers about the patient in context.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    ix = sub.add_parser("index", help="index FHIR bundles / NDJSON files or folders")
+    ix.add_argument("paths", nargs="+")
+    ix.add_argument("--tenant")
+
+    pa = sub.add_parser("patients", help="list indexed patients (no names unless --show-names)")
+    pa.add_argument("--tenant")
+    pa.add_argument("--show-names", action="store_true")
+    pa.add_argument("--json", action="store_true")
+
+    ask = sub.add_parser("ask", help="ask a question about one patient (or --batch a JSONL file)")
+    ask.add_argument("question", nargs="?")
+    ask.add_argument("--patient")
+    ask.add_argument("--batch", help="JSONL with patient_id and question (and id) per line")
+    ask.add_argument("--tenant")
+    ask.add_argument("--k", type=int, default=5)
+    ask.add_argument("--pipeline", choices=("dense", "hybrid", "full"), default="full")
+    ask.add_argument("--json", action="store_true")
+    ask.add_argument("--explain", action="store_true", help="print the per-stage table")
+
+    ev = sub.add_parser("eval", help="recall@k, MRR and abstention over a questions file")
+    ev.add_argument("questions")
+    ev.add_argument("--k", default="3,5,10")
+    ev.add_argument("--pipeline", default="dense,hybrid,full")
+    ev.add_argument("--tenant")
+    ev.add_argument("--json", action="store_true")
+
+    sv = sub.add_parser("serve", help="serve the web app")
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=5000)
+
+    sub.add_parser("worker", help="start a Celery worker for indexing tasks")
+    sub.add_parser("config", help="print the effective settings (secrets masked)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = Settings.load()
+    except SettingsError as exc:
+        print(f"chartcite: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    handler = globals()[f"cmd_{args.command}"]
+    from search.backend import BackendError
+    from search.embed import ModelNotFound
+
+    try:
+        return handler(args, settings) or 0
+    except (BackendError, ModelNotFound, SettingsError, FileNotFoundError) as exc:
+        print(f"chartcite: {exc}", file=sys.stderr)
+        return 2
+
+
+def service(settings: Settings):
+    from search.service import SearchService
+
+    return SearchService(settings.backend, settings.index_path, settings.model)
+
+
+def cmd_config(args, settings: Settings) -> int:
+    print(json.dumps(settings.masked(), indent=2))
+    return 0
+
+
+def cmd_index(args, settings: Settings) -> int:
+    from tqdm import tqdm
+
+    from fhir_ingest.load import load_resources
+
+    tenant = args.tenant or settings.tenant
+    for path in args.paths:
+        if not Path(path).exists():
+            raise FileNotFoundError(f"no such file or directory: {path}")
+    started = time.perf_counter()
+    records, report = load_resources(args.paths)
+    svc = service(settings)
+    svc.embedder  # load the model before the bar starts
+    bar = tqdm(total=len(records), unit="patient", desc="indexing", file=sys.stderr)
+    from search.indexer import IndexResult
+
+    total = IndexResult()
+    for record in records:
+        total.merge(svc.index_records(tenant, [record]))
+        bar.update(1)
+    bar.close()
+    elapsed = time.perf_counter() - started
+    print(f"resources read: {report.resources_read}  ({', '.join(f'{k} {v}' for k, v in report.by_type.most_common())})")
+    if report.not_indexed:
+        print(f"read but not indexed (not clinical content): {', '.join(f'{k} {v}' for k, v in report.not_indexed.most_common())}")
+    print(f"patients: {total.patients}  chunks written: {total.embedded}  unchanged: {total.unchanged}  "
+          f"removed: {total.removed}  total chunks: {total.chunks}  in {elapsed:.1f}s")
+    print(f"skipped: {len(report.skipped) + len(total.problems)}")
+    for s in report.skipped:
+        print(f"  {s.origin}: {s.reason}")
+    for p in total.problems:
+        print(f"  {p.ref}: {p.reason}")
+    return 0
+
+
+def cmd_patients(args, settings: Settings) -> int:
+    rows = service(settings).patients(args.tenant or settings.tenant)
+    if args.json:
+        for row in rows:
+            if not args.show_names:
+                row.pop("name", None)
+            print(json.dumps(row))
+        return 0
+    header = f"{'patient_id':38} {'age':>4} {'sex':7} {'resources':>9} {'chunks':>7}" + ("  name" if args.show_names else "")
+    print(header)
+    for row in rows:
+        line = (f"{row['patient_id']:38} {row.get('age') if row.get('age') is not None else '?':>4} "
+                f"{row.get('gender', ''):7} {sum(row.get('resource_counts', {}).values()):>9} "
+                f"{sum(row.get('chunk_counts', {}).values()):>7}")
+        print(line + (f"  {row.get('name', '')}" if args.show_names else ""))
+    return 0
+
+
+def cmd_ask(args, settings: Settings) -> int:
+    tenant = args.tenant or settings.tenant
+    svc = service(settings)
+    if args.batch:
+        with open(args.batch, encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    item = json.loads(line)
+                    pid, question = item["patient_id"], item["question"]
+                except (json.JSONDecodeError, KeyError) as exc:
+                    print(f"chartcite: {args.batch}:{lineno}: needs patient_id and question ({exc})", file=sys.stderr)
+                    continue
+                result = svc.ask(tenant, pid, question, k=args.k, pipeline=args.pipeline, question_id=item.get("id"))
+                print(json.dumps(result), flush=True)
+        return 0
+    if not args.patient or not args.question:
+        print("chartcite ask: give --patient ID and a QUESTION, or --batch FILE", file=sys.stderr)
+        return 2
+    result = svc.ask(tenant, args.patient, args.question, k=args.k, pipeline=args.pipeline)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(result["answer"])
+        print(f"\nconfidence: {result['confidence']}")
+        for c in result["citations"]:
+            print(f"  [{c['n']}] {c['label']}  ({c['ref']})")
+    if args.explain:
+        print_stage_table(result["diagnostics"]["stages"])
+    return 0
+
+
+def print_stage_table(stages: list[dict]) -> None:
+    print(f"\n{'stage':10} {'in':>7} {'out':>7} {'corpus':>8} {'ms':>9}")
+    for s in stages:
+        print(f"{s['name']:10} {s['in']:>7} {s['out']:>7} {s['corpus_ratio']:>8.3f} {s['ms']:>9.2f}")
+
+
+def cmd_eval(args, settings: Settings) -> int:
+    from search.evaluate import evaluate, format_table
+
+    ks = [int(k) for k in args.k.split(",")]
+    pipelines = args.pipeline.split(",")
+    report = evaluate(service(settings), args.tenant or settings.tenant, args.questions, ks, pipelines)
+    print(json.dumps(report, indent=2) if args.json else format_table(report, ks))
+    return 0
+
+
+def cmd_serve(args, settings: Settings) -> int:
+    from .app import create_app
+
+    app = create_app(settings)
+    print(f"chartcite is serving on http://{args.host}:{args.port}/  (Ctrl-C to stop)", flush=True)
+    app.run(host=args.host, port=args.port, threaded=True, use_reloader=False)
+    return 0
+
+
+def cmd_worker(args, settings: Settings) -> int:
+    from workers.celery_app import make_celery
+
+    app = make_celery(settings)
+    app.worker_main(["worker", "--loglevel", settings.log_level.upper(), "--concurrency", "1", "--pool", "solo"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
