@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import re
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date, timedelta
 from typing import Callable, Iterable
 
@@ -163,6 +163,20 @@ class PatientChunker:
                 ref = f"{r['resourceType']}/{r.get('id')}"
                 self.problems.append(ChunkProblem(ref, f"could not be chunked: {exc}"))
         out.extend(self.trend_chunks())
+        return [piece for chunk in out for piece in self.within_window(chunk)]
+
+    def within_window(self, chunk: Chunk) -> list[Chunk]:
+        """A structured chunk too long for the model's window (a 30-question survey, a big panel)
+        becomes several, each repeating its lead ("Survey result on 2023-02-01:") so it reads alone."""
+        if self.budget.fits(chunk.text):
+            return [chunk]
+        lead, sep, body = chunk.text.partition(": ")
+        if not sep:
+            lead, body = "", chunk.text
+        out = []
+        for i, piece in enumerate(self.fit_section(lead, "", body)):
+            text = f"{lead}: {piece}" if lead else piece
+            out.append(replace(chunk, part=f"{chunk.part}.{i}", text=text))
         return out
 
     # Encounter -------------------------------------------------------------------------------
@@ -500,7 +514,7 @@ class PatientChunker:
         whole = f"{heading}: {body}" if heading else body
         if self.budget.fits(f"{header}. {whole}"):
             return [whole]
-        sentences = re.split(r"(?<=[.!?])\s+|\n", body)
+        sentences = re.split(r"(?<=[.!?;])\s+|\n", body)
         pieces, current = [], f"{heading}:" if heading else ""
         for sentence in sentences:
             candidate = f"{current} {sentence}".strip()

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Iterable
 
 from .chunk import group_by_patient
-from .normalize import INDEXED_TYPES, SUPPORT_TYPES, InvalidResource, check_resource
+from .normalize import INDEXED_TYPES, SUPPORT_TYPES, InvalidResource, check_resource, patient_of
 from .reader import RawResource, ReadProblem, read_path
 
 
@@ -61,6 +61,9 @@ def load_resources(paths: Iterable[str | Path]) -> tuple[list[PatientRecord], Lo
                 report.skipped.append(Skipped(item.origin, str(exc)))
                 continue
             rt = resource["resourceType"]
+            if rt in INDEXED_TYPES and not patient_of(resource):
+                report.skipped.append(Skipped(item.origin, f"{rt}/{resource['id']} names no patient it belongs to"))
+                continue
             report.by_type[rt] += 1
             if rt not in INDEXED_TYPES | SUPPORT_TYPES:
                 report.not_indexed[rt] += 1
@@ -93,3 +96,10 @@ class BundleDirectorySource:
 
     def read_patient(self, patient_id: str) -> tuple[list[PatientRecord], LoadReport]:
         return load_resources([self.path_for(patient_id)])
+
+    def patient_resource(self, patient_id: str) -> dict | None:
+        """The Patient resource alone (for a picker), without checking the rest of the bundle."""
+        for item in read_path(self.path_for(patient_id)):
+            if isinstance(item, RawResource) and item.resource.get("resourceType") == "Patient":
+                return item.resource
+        return None

@@ -10,6 +10,7 @@ from fhir_ingest.load import LoadReport, PatientRecord, load_resources
 
 from .answer import compose
 from .backend import Backend, BackendError
+from .charts import trend_chart
 from .embed import Embedder, load_embedder
 from .indexer import IndexResult, index_record
 from .pipeline import retrieve
@@ -69,7 +70,14 @@ class SearchService:
     def ask(self, tenant: str, patient_id: str, question: str, k: int = 5, pipeline: str = "full",
             question_id: str | None = None) -> dict:
         retrieval = retrieve(self.backend, self.embedder, question, tenant, patient_id, k=k, pipeline=pipeline)
-        return compose(retrieval, patient_id, question_id)
+        result = compose(retrieval, patient_id, question_id)
+        result["chart"] = None
+        if not result["abstained"]:
+            cited = {c["ref"] for c in result["citations"]}
+            trend = next((e.chunk for e in retrieval.evidence if e.chunk.category == "trend" and e.chunk.ref in cited), None)
+            if trend is not None:
+                result["chart"] = trend_chart(self.backend, trend)
+        return result
 
     @property
     def catalog(self) -> Backend:

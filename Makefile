@@ -1,0 +1,53 @@
+# chartcite: two commands on a fresh machine.
+#   make demo   installs everything into .venv and serves the demo frame on http://127.0.0.1:5000/
+#   make test   installs what the tests need (Chromium from Debian too) and runs the whole suite
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+HOST ?= 127.0.0.1
+PORT ?= 5000
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export CHARTCITE_DATA_DIR ?= $(CURDIR)/chartcite-data
+
+.PHONY: demo test install install-test system-test-deps index bench clean
+
+# The venv is kept between runs: torch alone is gigabytes, so it is installed once and re-checked
+# only when setup.cfg changes (the stamp file records that).
+$(VENV)/.installed: setup.cfg pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+install-test: $(VENV)/.installed-test system-test-deps
+
+# Debian's Chromium for the browser tests (Playwright drives it; it never downloads a browser).
+system-test-deps:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing Debian's chromium for the browser tests"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+
+demo: install
+	@echo "chartcite demo: open http://$(HOST):$(PORT)/ and pick a patient"
+	$(VENV)/bin/chartcite serve --host $(HOST) --port $(PORT)
+
+index: install
+	$(VENV)/bin/chartcite index examples/synthea
+
+test: install-test
+	$(PY) -m pytest
+
+bench: install
+	$(PY) bench/ingest.py
+	$(PY) bench/ask.py
+
+clean:
+	rm -rf chartcite-data .pytest_cache

@@ -1,0 +1,38 @@
+"""Series for the frame's small trend chart, read from the observations a trend chunk cites."""
+from __future__ import annotations
+
+from fhir_ingest.chunk import DIASTOLIC, SYSTOLIC, clinical_date
+from fhir_ingest.contract import Chunk
+from fhir_ingest.normalize import concept_text
+
+from .backend import Backend
+
+
+def observation_values(resource: dict) -> tuple[list[float], str] | None:
+    comps = {(c.get("code", {}).get("coding") or [{}])[0].get("code"): c for c in resource.get("component") or []}
+    if SYSTOLIC in comps and DIASTOLIC in comps:
+        sys_q, dia_q = comps[SYSTOLIC].get("valueQuantity") or {}, comps[DIASTOLIC].get("valueQuantity") or {}
+        if sys_q.get("value") is not None and dia_q.get("value") is not None:
+            return [float(sys_q["value"]), float(dia_q["value"])], sys_q.get("unit", "mm[Hg]")
+    q = resource.get("valueQuantity") or {}
+    if q.get("value") is not None:
+        return [float(q["value"])], q.get("unit", "")
+    return None
+
+
+def trend_chart(backend: Backend, chunk: Chunk) -> dict | None:
+    points, unit, title = [], "", ""
+    for ref in chunk.refs:
+        resource = backend.get_resource(chunk.tenant, chunk.patient_id, ref)
+        if not resource:
+            continue
+        parsed = observation_values(resource)
+        if parsed is None:
+            continue
+        values, unit = parsed
+        title = title or concept_text(resource.get("code"))
+        points.append({"date": clinical_date(resource)[:10], "values": values, "ref": ref})
+    points.sort(key=lambda p: p["date"])
+    if len(points) < 2 or len({len(p["values"]) for p in points}) != 1:
+        return None
+    return {"title": title, "unit": unit, "points": points}

@@ -1,0 +1,169 @@
+"""The embedded frame and its JSON API. The patient always comes from the launch context."""
+from __future__ import annotations
+
+import logging
+from datetime import date
+from functools import lru_cache
+
+from flask import Blueprint, abort, current_app, g, jsonify, make_response, redirect, render_template, request, url_for
+
+from fhir_ingest.load import BundleDirectorySource
+from fhir_ingest.normalize import human_name
+
+from .render import readable
+from .sessions import COOKIE_NAME, SESSION_HEADER
+
+bp = Blueprint("frame", __name__)
+log = logging.getLogger(__name__)
+
+PIPELINES = ("dense", "hybrid", "full")
+
+
+def settings():
+    return current_app.config["CHARTCITE"]
+
+
+def search():
+    return current_app.extensions["chartcite.search"]
+
+
+def sessions():
+    return current_app.extensions["chartcite.sessions"]
+
+
+def runner():
+    return current_app.extensions["chartcite.runner"]
+
+
+def launch_context():
+    """The session's launch context from the header (iframe) or cookie; 401 when there is none."""
+    handle = request.headers.get(SESSION_HEADER) or request.cookies.get(COOKIE_NAME)
+    context = sessions().resolve(handle)
+    if context is None:
+        abort(make_response(jsonify(error="no active launch: open chartcite from the EHR (or the demo launcher) again"), 401))
+    g.handle = handle
+    return context
+
+
+def reject_other_patient(context, payload: dict) -> None:
+    """A patient id in a request is never trusted; one that differs from the launch is refused."""
+    asked = payload.get("patient_id") or payload.get("patient") or request.args.get("patient")
+    if asked and asked != context.patient_id:
+        log.warning("request for a patient outside the launch context was refused")
+        abort(make_response(jsonify(error="this session is not launched for that patient"), 403))
+
+
+def age_of(birth: str) -> int | None:
+    try:
+        b = date.fromisoformat(birth[:10])
+    except (TypeError, ValueError):
+        return None
+    today = date.today()
+    return today.year - b.year - ((today.month, today.day) < (b.month, b.day))
+
+
+@lru_cache(maxsize=256)
+def _demo_patient(path: str, mtime: float, patient_id: str) -> dict:
+    patient = BundleDirectorySource(path).patient_resource(patient_id) or {}
+    return {"patient_id": patient_id, "name": human_name(patient), "gender": patient.get("gender", ""),
+            "birth_date": patient.get("birthDate", ""), "age": age_of(patient.get("birthDate", ""))}
+
+
+def demo_patients() -> list[dict]:
+    source = BundleDirectorySource(settings().demo_source)
+    rows = []
+    for pid, path in zip(source.patient_ids(), source.files()):
+        row = dict(_demo_patient(str(settings().demo_source), path.stat().st_mtime, pid))
+        row["indexed"] = search().patient(settings().tenant, pid) is not None
+        rows.append(row)
+    return rows
+
+
+@bp.get("/")
+def launcher():
+    if not settings().demo_launch:
+        return render_template("error.html", message="Launch chartcite from your EHR."), 400
+    return render_template("launch.html", patients=demo_patients())
+
+
+@bp.post("/demo/launch")
+def demo_launch():
+    if not settings().demo_launch:
+        abort(404)
+    patient_id = request.form.get("patient_id", "")
+    if patient_id not in BundleDirectorySource(settings().demo_source).patient_ids():
+        return render_template("error.html", message="That demo patient does not exist."), 400
+    context, handle = sessions().create(settings().tenant, patient_id, clinician="demo-clinician", mode="demo")
+    if search().patient(context.tenant, patient_id) is None:
+        runner().enqueue_index_patient(context.tenant, patient_id)
+    # The page is rendered straight from the launch so the session handle never appears in a URL.
+    return render_patient(context, handle)
+
+
+@bp.get("/app")
+def patient_view():
+    """Reload of the frame: works where the session cookie survives, else back to launch."""
+    handle = request.cookies.get(COOKIE_NAME)
+    context = sessions().resolve(handle)
+    if context is None:
+        return redirect(url_for("frame.launcher"))
+    return render_patient(context, handle)
+
+
+def render_patient(context, handle: str):
+    summary = search().patient(context.tenant, context.patient_id) or {}
+    banner = dict(_demo_patient(str(settings().demo_source), 0, context.patient_id)) if context.mode == "demo" else {}
+    banner.update({k: v for k, v in summary.items() if k in ("name", "gender", "birth_date", "age") and v})
+    response = make_response(render_template("patient.html", handle=handle, patient=banner, pipelines=PIPELINES))
+    response.set_cookie(COOKIE_NAME, handle, httponly=True, samesite="Lax", secure=request.is_secure)
+    return response
+
+
+@bp.get("/api/status")
+def status():
+    context = launch_context()
+    reject_other_patient(context, {})
+    job = runner().jobs.get(context.tenant, context.patient_id)
+    indexed = search().patient(context.tenant, context.patient_id)
+    return jsonify(patient_id=context.patient_id, indexed=indexed is not None,
+                   chunks=sum((indexed or {}).get("chunk_counts", {}).values()),
+                   job=job.to_dict() if job else None)
+
+
+@bp.post("/api/ask")
+def ask():
+    context = launch_context()
+    payload = request.get_json(silent=True) or {}
+    reject_other_patient(context, payload)
+    question = str(payload.get("question", "")).strip()
+    if not question:
+        return jsonify(error="type a question about this patient"), 400
+    if len(question) > 1000:
+        return jsonify(error="questions are limited to 1000 characters"), 400
+    pipeline = payload.get("pipeline", "full")
+    if pipeline not in PIPELINES:
+        return jsonify(error=f"pipeline must be one of {', '.join(PIPELINES)}"), 400
+    try:
+        k = max(1, min(int(payload.get("k", 5)), 20))
+    except (TypeError, ValueError):
+        return jsonify(error="k must be a number"), 400
+    result = search().ask(context.tenant, context.patient_id, question, k=k, pipeline=pipeline)
+    log.info("answered a question: %s citations, abstained=%s", len(result["citations"]), result["abstained"])
+    return jsonify(result)
+
+
+@bp.get("/api/record")
+def record():
+    context = launch_context()
+    reject_other_patient(context, {})
+    ref = request.args.get("ref", "")
+    if ref.count("/") != 1:
+        return jsonify(error="ref must look like ResourceType/id"), 400
+    resource = search().resource(context.tenant, context.patient_id, ref)
+    if resource is None:
+        return jsonify(error="no such record for this patient"), 404
+    medication = None
+    med_ref = (resource.get("medicationReference") or {}).get("reference", "")
+    if med_ref:
+        medication = search().resource(context.tenant, context.patient_id, med_ref)
+    return jsonify(ref=ref, readable=readable(resource, medication), resource=resource)

@@ -1,0 +1,166 @@
+// The frame: progress while the record indexes, questions, cited answers, chips and the side panel.
+// Everything from the server is inserted as text, never as HTML.
+(function () {
+  "use strict";
+  const handle = document.querySelector('meta[name="chartcite-session"]').content;
+  const $ = (id) => document.getElementById(id);
+
+  function api(path, options) {
+    options = options || {};
+    options.headers = Object.assign({ "X-Chartcite-Session": handle }, options.headers || {});
+    return fetch(path, options).then((r) => r.json().then((body) => ({ ok: r.ok, status: r.status, body })));
+  }
+
+  function el(tag, attrs, text) {
+    const node = document.createElement(tag);
+    Object.entries(attrs || {}).forEach(([k, v]) => node.setAttribute(k, v));
+    if (text !== undefined) node.textContent = text;
+    return node;
+  }
+
+  // --- indexing progress -------------------------------------------------------------------
+  let ready = false;
+  function pollStatus() {
+    api("/api/status").then(({ ok, body }) => {
+      if (!ok) return;
+      const job = body.job;
+      const active = job && (job.state === "queued" || job.state === "running");
+      ready = body.indexed && !active;
+      $("sync").hidden = ready && !(job && job.state === "failed");
+      if (job && job.state === "failed") {
+        $("sync-text").textContent = "Indexing failed (" + (job.message || "error") + "). Reopen the patient to retry.";
+      } else if (active) {
+        const what = job.phase === "embedding" && job.total
+          ? "Indexing this patient's record: " + job.done + " of " + job.total + " passages embedded"
+          : "Indexing this patient's record: reading resources…";
+        $("sync-text").textContent = what + (body.indexed ? " (questions use the previous index meanwhile)" : "");
+        $("sync-bar").style.width = (job.percent || 2) + "%";
+      }
+      $("ask-button").disabled = !body.indexed;
+      $("ask-form").dataset.ready = ready ? "yes" : "no";
+      if (!ready) setTimeout(pollStatus, 1000);
+    }).catch(() => setTimeout(pollStatus, 2000));
+  }
+
+  // --- asking ------------------------------------------------------------------------------
+  let current = null;
+  $("ask-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const question = $("question").value.trim();
+    if (!question) return;
+    $("answer").textContent = "Searching the record…";
+    $("chips").textContent = ""; $("meta").textContent = ""; $("chart").hidden = true;
+    api("/api/ask", {
+      method: "POST", headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ question, pipeline: $("pipeline").value }),
+    }).then(({ ok, body }) => {
+      if (!ok) { $("answer").textContent = body.error || "Something went wrong."; return; }
+      current = body;
+      renderAnswer(body);
+    });
+  });
+
+  function renderAnswer(result) {
+    const answer = $("answer");
+    answer.textContent = "";
+    if (result.abstained) {
+      answer.appendChild(el("p", { class: "abstain" }, result.answer));
+    }
+    result.statements.forEach((s) => {
+      const p = el("p", { class: "statement" }, s.text + " ");
+      s.citations.forEach((n) => {
+        const mark = el("a", { class: "cite", href: "#", "data-n": String(n) }, "[" + n + "]");
+        mark.addEventListener("click", (e) => { e.preventDefault(); openCitation(n); });
+        p.appendChild(mark);
+      });
+      answer.appendChild(p);
+    });
+    const chips = $("chips");
+    result.citations.forEach((c) => {
+      const chip = el("button", { type: "button", class: "chip", "data-ref": c.ref });
+      chip.appendChild(el("b", {}, String(c.n)));
+      chip.appendChild(document.createTextNode(c.label));
+      chip.addEventListener("click", () => openCitation(c.n));
+      chips.appendChild(chip);
+    });
+    $("meta").textContent = "confidence: " + result.confidence + " · pipeline: " + result.diagnostics.pipeline;
+    renderChart(result.chart);
+    renderTrail(result.diagnostics.stages);
+  }
+
+  function renderTrail(stages) {
+    const body = $("trail-table").querySelector("tbody");
+    body.textContent = "";
+    stages.forEach((s) => {
+      const row = el("tr");
+      [s.name, s.in, s.out, s.corpus_ratio.toFixed(3), s.ms.toFixed(1)].forEach((v) => row.appendChild(el("td", {}, String(v))));
+      body.appendChild(row);
+    });
+    $("trail").hidden = false;
+  }
+
+  // A small line chart for a trend (BP, A1c, weight) beside the text.
+  function renderChart(chart) {
+    const box = $("chart");
+    box.textContent = "";
+    if (!chart || !chart.points || chart.points.length < 2) { box.hidden = true; return; }
+    const W = 360, H = 120, P = 28, NS = "http://www.w3.org/2000/svg";
+    const svg = document.createElementNS(NS, "svg");
+    svg.setAttribute("width", W); svg.setAttribute("height", H); svg.setAttribute("role", "img");
+    svg.setAttribute("aria-label", chart.title);
+    const values = chart.points.flatMap((p) => p.values);
+    const lo = Math.min(...values), hi = Math.max(...values), span = hi - lo || 1;
+    const x = (i) => P + (i * (W - 2 * P)) / (chart.points.length - 1);
+    const y = (v) => H - P + 8 - ((v - lo) / span) * (H - 2 * P);
+    const series = chart.points[0].values.length;
+    for (let s = 0; s < series; s++) {
+      const line = document.createElementNS(NS, "polyline");
+      line.setAttribute("points", chart.points.map((p, i) => x(i) + "," + y(p.values[s])).join(" "));
+      line.setAttribute("fill", "none"); line.setAttribute("stroke", s ? "#8aa4c8" : "#1f6feb"); line.setAttribute("stroke-width", "2");
+      svg.appendChild(line);
+      chart.points.forEach((p, i) => {
+        const dot = document.createElementNS(NS, "circle");
+        dot.setAttribute("cx", x(i)); dot.setAttribute("cy", y(p.values[s])); dot.setAttribute("r", "3");
+        dot.setAttribute("fill", s ? "#8aa4c8" : "#1f6feb");
+        const tip = document.createElementNS(NS, "title"); tip.textContent = p.date + ": " + p.values[s] + " " + (chart.unit || "");
+        dot.appendChild(tip); svg.appendChild(dot);
+      });
+    }
+    const label = document.createElementNS(NS, "text");
+    label.setAttribute("x", P); label.setAttribute("y", 14); label.setAttribute("font-size", "11");
+    label.textContent = chart.title + (chart.unit ? " (" + chart.unit + ")" : "") + "  " + chart.points[0].date + " → " + chart.points[chart.points.length - 1].date;
+    svg.appendChild(label);
+    box.appendChild(svg);
+    box.hidden = false;
+  }
+
+  // --- side panel ----------------------------------------------------------------------------
+  function openCitation(n) {
+    if (!current) return;
+    const citation = current.citations.find((c) => c.n === n);
+    if (!citation) return;
+    api("/api/record?ref=" + encodeURIComponent(citation.ref)).then(({ ok, body }) => {
+      const panel = $("panel");
+      panel.hidden = false;
+      if (!ok) { $("panel-title").textContent = body.error || "Record unavailable"; return; }
+      $("panel-title").textContent = body.readable.title;
+      $("panel-ref").textContent = body.ref;
+      const fields = $("panel-fields");
+      fields.textContent = "";
+      body.readable.fields.forEach(([k, v]) => { fields.appendChild(el("dt", {}, k)); fields.appendChild(el("dd", {}, v)); });
+      $("panel-note").hidden = !body.readable.note_text;
+      $("panel-note").textContent = body.readable.note_text || "";
+      $("panel-raw").textContent = JSON.stringify(body.resource, null, 2);
+      $("panel-raw").hidden = true;
+      $("raw-toggle").textContent = "Show raw JSON";
+    });
+  }
+  $("panel-close").addEventListener("click", () => { $("panel").hidden = true; });
+  $("raw-toggle").addEventListener("click", () => {
+    const raw = $("panel-raw");
+    raw.hidden = !raw.hidden;
+    $("raw-toggle").textContent = raw.hidden ? "Show raw JSON" : "Hide raw JSON";
+  });
+
+  pollStatus();
+})();

@@ -1,0 +1,69 @@
+"""Shared fixtures: the real model (loaded once), the shared Synthea records, a built dev index."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = Path(os.environ.get("CHARTCITE_SHARED", REPO.parent / "shared"))
+SYNTHEA = SHARED / "data" / "synthea"
+DEV_QUESTIONS = SHARED / "data" / "questions" / "dev.jsonl"
+EXAMPLES = REPO / "examples" / "synthea"
+
+
+def require_shared() -> None:
+    if not SYNTHEA.is_dir():
+        pytest.fail(f"the shared Synthea records are missing at {SYNTHEA}; "
+                    f"set CHARTCITE_SHARED to the folder that holds data/synthea")
+
+
+@pytest.fixture(scope="session")
+def synthea_dir() -> Path:
+    require_shared()
+    return SYNTHEA
+
+
+@pytest.fixture(scope="session")
+def patient_files(synthea_dir) -> list[Path]:
+    return sorted(synthea_dir.glob("*.json.gz"))
+
+
+@pytest.fixture(scope="session")
+def dev_questions() -> list[dict]:
+    require_shared()
+    if not DEV_QUESTIONS.exists():
+        return []
+    return [json.loads(line) for line in DEV_QUESTIONS.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="session")
+def embedder():
+    from search.embed import load_embedder
+
+    return load_embedder(None)
+
+
+@pytest.fixture(scope="session")
+def dev_service(tmp_path_factory, embedder, dev_questions, synthea_dir):
+    """The patients of the dev questions (plus two small others) indexed once for the session."""
+    from search.service import SearchService
+
+    ids = sorted({q["patient_id"] for q in dev_questions}) or [p.name.split(".")[0] for p in sorted(synthea_dir.glob("*.json.gz"))[:4]]
+    data = tmp_path_factory.mktemp("dev-index")
+    svc = SearchService("embedded", data / "index.sqlite")
+    summary = svc.index_paths("default", [synthea_dir / f"{pid}.json.gz" for pid in ids])
+    assert not summary.load.skipped and not summary.result.problems
+    yield svc
+    svc.close()
+
+
+@pytest.fixture()
+def small_bundle(synthea_dir) -> Path:
+    """The smallest shared record (46 resources)."""
+    return synthea_dir / "936988e9-d587-ef42-ebdf-541238540ff3.json.gz"

@@ -1,0 +1,168 @@
+"""Reading FHIR and turning it into chunks, on the real shared records and on broken input."""
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import re
+
+from fhir_ingest.chunk import PatientChunker, TextBudget
+from fhir_ingest.load import load_resources
+from fhir_ingest.reader import read_path
+
+
+def test_every_shared_bundle_ingests_with_nothing_skipped(patient_files, embedder):
+    records, report = load_resources(patient_files)
+    assert len(records) == len(patient_files) == 60
+    assert report.skipped == []
+    manifest = (patient_files[0].parent / "MANIFEST.tsv").read_text().splitlines()
+    column = manifest[0].split("\t").index("n_resources")
+    assert report.resources_read == sum(int(line.split("\t")[column]) for line in manifest[1:])
+    problems, chunks = [], 0
+    for record in records:
+        chunker = PatientChunker("t", record.patient_id, record.resources, embedder.budget())
+        chunks += len(chunker.chunks())
+        problems += chunker.problems
+    assert problems == []
+    assert chunks > 10000
+
+
+def test_chunk_contract_on_a_real_patient(synthea_dir, embedder):
+    records, _ = load_resources([synthea_dir / "a4e05cb8-cdb8-8733-1a63-5a49aa15c251.json.gz"])
+    record = records[0]
+    chunks = PatientChunker("acme", record.patient_id, record.resources, embedder.budget()).chunks()
+    by_type = {}
+    for c in chunks:
+        by_type.setdefault(c.resource_type, []).append(c)
+        assert c.patient_id == record.patient_id and c.tenant == "acme"
+        assert re.fullmatch(r"[A-Za-z]+/[\w.-]+", c.ref)
+        assert c.refs[0] == c.ref
+        assert " · " in c.label and len(c.label) <= 90
+        assert re.match(r"\d{4}-\d{2}-\d{2}", c.date) or c.resource_type == "Device"
+        assert embedder.count_tokens(c.text) <= embedder.max_tokens, (c.ref, c.part)
+    assert {"Encounter", "Observation", "Condition", "AllergyIntolerance", "DocumentReference",
+            "MedicationRequest", "Procedure", "Immunization"} <= set(by_type)
+    # The A1c with its value and unit, labelled for its chip.
+    a1c = [c for c in by_type["Observation"] if "Hemoglobin A1c" in c.text and c.category != "trend"]
+    assert any("6.31 %" in c.text and c.label.startswith("2023-02-01 · Lab ·") for c in a1c)
+    # Chunk ids are stable and unique.
+    ids = [c.chunk_id for c in chunks]
+    assert len(ids) == len(set(ids))
+    again = PatientChunker("acme", record.patient_id, record.resources, embedder.budget()).chunks()
+    assert [c.chunk_id for c in again] == ids
+
+
+def test_note_twins_are_indexed_once_and_notes_fit_the_window(synthea_dir, embedder):
+    records, _ = load_resources([synthea_dir / "3458d2d7-2b13-ee85-cd49-4ab409c1af5d.json.gz"])
+    record = records[0]
+    chunks = PatientChunker("t", record.patient_id, record.resources, embedder.budget()).chunks()
+    notes = [c for c in chunks if c.semantic_type == "note"]
+    doc_refs = {r["id"] for r in record.resources if r["resourceType"] == "DocumentReference"}
+    assert {c.resource_id for c in notes} == doc_refs           # every note, and only through its DocumentReference
+    assert not any(c.resource_type == "DiagnosticReport" and c.semantic_type == "note" for c in chunks)
+    for c in notes:
+        assert embedder.count_tokens(c.text) <= embedder.max_tokens
+    # A long note is split, and no chunk mixes two notes.
+    per_note = {}
+    for c in notes:
+        per_note.setdefault(c.resource_id, []).append(c)
+        assert c.text.startswith(c.category)
+    assert max(len(v) for v in per_note.values()) >= 2
+
+
+def test_blood_pressure_reads_systolic_over_diastolic(synthea_dir, embedder):
+    records, _ = load_resources([synthea_dir / "8ef99ca1-5615-7aa6-d383-47fe931a1f14.json.gz"])
+    record = records[0]
+    chunks = PatientChunker("t", record.patient_id, record.resources, embedder.budget()).chunks()
+    bp = [c for c in chunks if c.ref == "Observation/5b50845b-9292-4e4f-270e-9d419fb31cd1"]
+    assert bp and "116/98" in bp[0].text
+
+
+def test_trend_summaries_per_window(synthea_dir, embedder):
+    records, _ = load_resources([synthea_dir / "df0d0a6e-c262-824e-a4ff-c5b2d6ad334c.json.gz"])
+    record = records[0]
+    chunks = PatientChunker("t", record.patient_id, record.resources, embedder.budget()).chunks()
+    trends = [c for c in chunks if c.category == "trend"]
+    assert trends
+    parts = {c.part for c in trends}
+    assert "trend-365" in parts or "trend-all" in parts
+    for c in trends:
+        assert len(c.refs) >= 2 and all(r.startswith("Observation/") for r in c.refs)
+        assert embedder.count_tokens(c.text) <= embedder.max_tokens
+
+
+def _bundle(*resources):
+    return {"resourceType": "Bundle", "type": "collection",
+            "entry": [{"fullUrl": f"urn:uuid:{r['id']}", "resource": r} for r in resources]}
+
+
+PATIENT = {"resourceType": "Patient", "id": "p1", "gender": "female", "birthDate": "1970-01-01"}
+
+
+def obs(oid, value, system="http://loinc.org", status="final", subject="Patient/p1"):
+    return {"resourceType": "Observation", "id": oid, "status": status,
+            "code": {"coding": [{"system": system, "code": "2823-3", "display": "Potassium"}]},
+            "subject": {"reference": subject}, "effectiveDateTime": "2024-03-12T10:00:00Z",
+            "valueQuantity": {"value": value, "unit": "mmol/L"}}
+
+
+def test_malformed_resources_are_reported_and_the_rest_is_indexed(tmp_path):
+    good = obs("o1", 3.4)
+    missing_status = obs("o2", 4.0)
+    del missing_status["status"]                                  # required in R4
+    bad_system = obs("o3", 4.1, system="not a uri")
+    lines = [json.dumps(PATIENT), json.dumps(good), "{not json", json.dumps(missing_status), json.dumps(bad_system)]
+    path = tmp_path / "export.ndjson"
+    path.write_text("\n".join(lines) + "\n")
+    records, report = load_resources([path])
+    reasons = {s.origin: s.reason for s in report.skipped}
+    assert set(reasons) == {"export.ndjson:3", "export.ndjson:4", "export.ndjson:5"}
+    assert "bad JSON" in reasons["export.ndjson:3"]
+    assert "status" in reasons["export.ndjson:4"]
+    assert "unknown code system" in reasons["export.ndjson:5"]
+    assert [r["id"] for r in records[0].resources if r["resourceType"] == "Observation"] == ["o1"]
+
+
+def test_a_resource_that_names_no_patient_is_reported_not_dropped(tmp_path):
+    orphan = obs("o9", 5.0, subject="urn:uuid:nowhere")
+    path = tmp_path / "orphan.ndjson"
+    path.write_text(json.dumps(PATIENT) + "\n" + json.dumps(orphan) + "\n")
+    _, report = load_resources([path])
+    assert [s.origin for s in report.skipped] == ["orphan.ndjson:2"]
+    assert "names no patient" in report.skipped[0].reason
+
+
+def test_bundle_references_resolve_and_gzip_and_directories_read(tmp_path):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    with gzip.open(folder / "b.json.gz", "wt") as fh:
+        json.dump(_bundle(PATIENT, obs("o1", 3.4, subject="urn:uuid:p1")), fh)
+    items = list(read_path(folder))
+    observation = [i.resource for i in items if i.resource["resourceType"] == "Observation"][0]
+    assert observation["subject"]["reference"] == "Patient/p1"
+    assert items[1].origin == "b.json.gz#entry[1]"
+
+
+def _note(nid, content_type, payload: str):
+    return {"resourceType": "DocumentReference", "id": nid, "status": "current",
+            "type": {"coding": [{"system": "http://loinc.org", "code": "11506-3", "display": "Progress note"}]},
+            "subject": {"reference": "Patient/p1"}, "date": "2024-05-01T09:00:00Z",
+            "content": [{"attachment": {"contentType": content_type,
+                                        "data": base64.b64encode(payload.encode()).decode()}}]}
+
+
+def test_html_and_rtf_notes_are_read_as_text():
+    html = "<html><body><h2>Assessment</h2><p>Hypokalemia &amp; fatigue.</p><script>x()</script></body></html>"
+    rtf = r"{\rtf1\ansi{\fonttbl\f0\fswiss Helvetica;}\f0\pard PLAN: start potassium chloride 20 mEq daily.\par}"
+    resources = [PATIENT, _note("n1", "text/html", html), _note("n2", "text/rtf", rtf)]
+    budget = TextBudget(254, lambda t: len(t.split()))
+    chunks = PatientChunker("t", "p1", resources, budget).chunks()
+    text = {c.resource_id: c.text for c in chunks}
+    assert "Assessment: Hypokalemia & fatigue." in text["n1"] and "x()" not in text["n1"]
+    assert "potassium chloride 20 mEq daily" in text["n2"]
+
+
+def test_entered_in_error_never_becomes_a_chunk():
+    resources = [PATIENT, obs("o1", 3.4, status="entered-in-error"), obs("o2", 4.2)]
+    chunks = PatientChunker("t", "p1", resources, TextBudget(254, lambda t: len(t.split()))).chunks()
+    assert {c.resource_id for c in chunks} == {"o2"}

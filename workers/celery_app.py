@@ -1,0 +1,24 @@
+"""The Celery app. In the embedded default tasks run in-process (eagerly, off the request thread)
+or in `chartcite worker` on an SQLite broker; production points the broker at Redis."""
+from __future__ import annotations
+
+from celery import Celery
+
+
+def make_celery(settings) -> Celery:
+    app = Celery("chartcite", broker=settings.celery_broker, include=["workers.tasks"])
+    app.conf.update(
+        task_always_eager=settings.tasks_eager,
+        task_eager_propagates=True,
+        task_serializer="json",
+        accept_content=["json"],
+        task_acks_late=True,              # a task killed mid-way is redelivered, and tasks are idempotent
+        worker_prefetch_multiplier=1,
+        task_ignore_result=True,
+        broker_connection_retry_on_startup=True,
+    )
+    app.conf.chartcite_settings = settings
+    from . import tasks
+
+    tasks.bind(app)
+    return app

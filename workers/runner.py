@@ -1,0 +1,39 @@
+"""Enqueue indexing for the web app: Celery `.delay` with a broker, or a background thread
+running the same task eagerly in the embedded default (so a request never waits on embedding)."""
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+
+from .celery_app import make_celery
+from .progress import JobStore
+
+log = logging.getLogger(__name__)
+
+
+class TaskRunner:
+    def __init__(self, settings):
+        self.settings = settings
+        self.celery = make_celery(settings)
+        self.jobs = JobStore(settings.state_path)
+        # One indexing thread: embedding already uses every core, two would only contend.
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chartcite-index") if settings.tasks_eager else None
+
+    def enqueue_index_patient(self, tenant: str, patient_id: str) -> bool:
+        """Queue indexing unless it is already queued or running; True when newly queued."""
+        if not self.jobs.claim(tenant, patient_id):
+            return False
+        from .tasks import index_patient
+
+        if self.pool is not None:
+            self.pool.submit(self._run_eagerly, index_patient, tenant, patient_id)
+        else:
+            index_patient.delay(tenant, patient_id)
+        return True
+
+    @staticmethod
+    def _run_eagerly(task, tenant, patient_id):
+        try:
+            task.apply(args=(tenant, patient_id), throw=True)
+        except Exception:
+            log.exception("indexing task failed")
