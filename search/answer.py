@@ -95,6 +95,22 @@ def statement_for(ev: Evidence, analysis: Analysis) -> str:
     return f"{header}: " + " ".join(ordered)
 
 
+def relevant_evidence(retrieval: Retrieval) -> list[Evidence]:
+    """The evidence worth a statement: it carries what was asked about, or is as close as the best."""
+    analysis, evidence = retrieval.analysis, retrieval.evidence
+    best_dense = max((e.dense for e in evidence if e.dense is not None), default=0.0)
+    residual = residual_terms(analysis)
+    keep = []
+    for i, ev in enumerate(evidence):
+        if analysis.concepts:
+            ok = concept_overlap(ev.chunk, analysis) > 0
+        else:
+            ok = any(term_in(t, ev.chunk.text) for t in residual) or (ev.dense or 0) >= best_dense - 0.05
+        if ok or i == 0:
+            keep.append(ev)
+    return keep
+
+
 def compose(retrieval: Retrieval, patient_id: str, question_id: str | None = None) -> dict:
     base = {"id": question_id, "patient_id": patient_id, "question": retrieval.question}
     evidence_json = [
@@ -115,7 +131,7 @@ def compose(retrieval: Retrieval, patient_id: str, question_id: str | None = Non
                 "confidence": "low", "abstained": True, "diagnostics": diagnostics}
 
     statements, citations = [], []
-    for ev in retrieval.evidence:
+    for ev in relevant_evidence(retrieval):
         if len(statements) == MAX_STATEMENTS:
             break
         n = len(citations) + 1

@@ -36,8 +36,11 @@ def runner():
 
 
 def launch_context():
-    """The session's launch context from the header (iframe) or cookie; 401 when there is none."""
-    handle = request.headers.get(SESSION_HEADER) or request.cookies.get(COOKIE_NAME)
+    """The session's launch context from the header the frame's script sends; 401 when there is none.
+
+    The API never accepts the cookie alone: a header cannot be attached by another site's form,
+    so no cross-site request can ask on a clinician's behalf."""
+    handle = request.headers.get(SESSION_HEADER)
     context = sessions().resolve(handle)
     if context is None:
         abort(make_response(jsonify(error="no active launch: open chartcite from the EHR (or the demo launcher) again"), 401))

@@ -1,0 +1,108 @@
+"""The frame's HTTP surface through Flask's test client, with the real model and index."""
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+
+from smart_app.app import create_app
+from smart_app.settings import Settings
+
+PID = "8ef99ca1-5615-7aa6-d383-47fe931a1f14"
+OTHER = "936988e9-d587-ef42-ebdf-541238540ff3"
+TRENDS = "25e20083-13a8-d554-d92f-e69cf81e6923"   # several blood pressures over the years
+
+
+class InlineRunner:
+    """Runs the real indexing task at once, so the test does not wait on a thread."""
+
+    def __init__(self, settings):
+        from workers.runner import TaskRunner
+
+        self.inner = TaskRunner(settings)
+        self.jobs = self.inner.jobs
+
+    def enqueue_index_patient(self, tenant, patient_id):
+        from workers.tasks import index_patient
+
+        self.jobs.claim(tenant, patient_id)
+        index_patient.apply(args=(tenant, patient_id), throw=True)
+        return True
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory, synthea_dir, embedder):
+    source = tmp_path_factory.mktemp("source")
+    for pid in (PID, OTHER, TRENDS):
+        shutil.copy(synthea_dir / f"{pid}.json.gz", source)
+    settings = Settings.load({"CHARTCITE_DATA_DIR": str(tmp_path_factory.mktemp("data")),
+                              "CHARTCITE_DEMO_SOURCE": str(source),
+                              "CHARTCITE_FRAME_ANCESTORS": "https://ehr.example.org"})
+    app = create_app(settings, runner=InlineRunner(settings))
+    return app.test_client()
+
+
+def launch(client, pid=PID) -> str:
+    page = client.post("/demo/launch", data={"patient_id": pid})
+    assert page.status_code == 200
+    return re.search(r'name="chartcite-session" content="([^"]+)"', page.get_data(as_text=True)).group(1)
+
+
+def test_launcher_lists_demo_patients(client):
+    page = client.get("/").get_data(as_text=True)
+    assert PID in page and OTHER in page
+
+
+def test_launch_indexes_then_answers_with_citations(client):
+    handle = launch(client)
+    status = client.get("/api/status", headers={"X-Chartcite-Session": handle}).get_json()
+    assert status["indexed"] and status["job"]["state"] == "done"
+    result = client.post("/api/ask", json={"question": "Does he carry an EpiPen?"},
+                         headers={"X-Chartcite-Session": handle}).get_json()
+    assert not result["abstained"] and result["citations"]
+    assert set(result) >= {"answer", "statements", "citations", "evidence", "confidence", "abstained", "diagnostics"}
+    record = client.get("/api/record", query_string={"ref": result["citations"][0]["ref"]},
+                        headers={"X-Chartcite-Session": handle}).get_json()
+    assert record["resource"]["id"] == result["citations"][0]["ref"].split("/")[1]
+    assert record["readable"]["title"]
+
+
+def test_the_patient_comes_from_the_launch_not_the_request(client):
+    handle = launch(client)
+    refused = client.post("/api/ask", json={"question": "any allergies?", "patient_id": OTHER},
+                          headers={"X-Chartcite-Session": handle})
+    assert refused.status_code == 403
+    # Another patient's record is not readable through this launch either.
+    launch(client, OTHER)
+    other_ref = "Patient/" + OTHER
+    assert client.get("/api/record", query_string={"ref": other_ref},
+                      headers={"X-Chartcite-Session": handle}).status_code == 404
+
+
+def test_no_launch_no_answers(client):
+    assert client.post("/api/ask", json={"question": "any allergies?"}).status_code == 401
+    assert client.post("/api/ask", json={"question": "x"}, headers={"X-Chartcite-Session": "forged"}).status_code == 401
+
+
+def test_frame_headers_allow_only_registered_ancestors(client):
+    response = client.get("/")
+    csp = response.headers["Content-Security-Policy"]
+    assert "frame-ancestors 'self' https://ehr.example.org" in csp
+    assert "X-Frame-Options" not in response.headers
+
+
+def test_bad_requests_get_clear_errors(client):
+    handle = launch(client)
+    headers = {"X-Chartcite-Session": handle}
+    assert client.post("/api/ask", json={"question": "  "}, headers=headers).status_code == 400
+    assert client.post("/api/ask", json={"question": "bp?", "pipeline": "magic"}, headers=headers).status_code == 400
+    assert client.get("/api/record", query_string={"ref": "nonsense"}, headers=headers).status_code == 400
+
+
+def test_trend_answers_carry_a_chart(client):
+    handle = launch(client, TRENDS)
+    result = client.post("/api/ask", json={"question": "How has his blood pressure trended?"},
+                         headers={"X-Chartcite-Session": handle}).get_json()
+    assert result["chart"] and len(result["chart"]["points"]) >= 2
+    assert all(len(p["values"]) == 2 for p in result["chart"]["points"])   # systolic and diastolic
