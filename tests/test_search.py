@@ -94,7 +94,7 @@ def test_deleting_a_resource_removes_its_chunks(tmp_path, embedder, small_bundle
     svc.close()
 
 
-def test_dev_questions_full_pipeline_beats_dense(dev_service, dev_questions):
+def test_dev_questions_full_pipeline_beats_dense(dev_service, dev_questions, capsys):
     """recall@5 of `full` ≥ `dense` on the development questions, with the figures printed."""
     from search.evaluate import summarise, recall_at
 
@@ -108,8 +108,9 @@ def test_dev_questions_full_pipeline_beats_dense(dev_service, dev_questions):
             rows.append({"id": q["id"], "kind": q["kind"], "answerable": q["answerable"],
                          "recall": {5: recall_at(result, q["gold"], 5)}, "rr": 0.0, "abstained": result["abstained"]})
         figures[pipeline] = summarise(rows, [5], [0.0])
-    print("\nrecall@5 on dev: " + ", ".join(f"{p} {f['recall']['5']:.3f}" for p, f in figures.items())
-          + f"; abstention (full) {figures['full']['abstention_accuracy']:.2f}")
+    with capsys.disabled():
+        print("\nrecall@5 on dev: " + ", ".join(f"{p} {f['recall']['5']:.3f}" for p, f in figures.items())
+              + f"; abstention (full) {figures['full']['abstention_accuracy']:.2f}")
     assert figures["full"]["recall"]["5"] >= figures["dense"]["recall"]["5"]
     # Floor set from the measurement in the README (0.85 when this test was written).
     assert figures["full"]["recall"]["5"] >= 0.80

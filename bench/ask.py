@@ -1,0 +1,52 @@
+"""Latency of `ask` over the dev questions with the model warm: p50/p95 per pipeline.
+
+Indexes the dev questions' patients into a temporary embedded index first (not timed).
+Usage: python bench/ask.py [QUESTIONS.jsonl] [--repeat N]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from search.evaluate import percentile  # noqa: E402
+from search.service import SearchService  # noqa: E402
+
+
+def main() -> None:
+    shared = REPO.parent / "shared" / "data"
+    parser = argparse.ArgumentParser()
+    parser.add_argument("questions", nargs="?", default=str(shared / "questions" / "dev.jsonl"))
+    parser.add_argument("--synthea", default=str(shared / "synthea"))
+    parser.add_argument("--repeat", type=int, default=2)
+    args = parser.parse_args()
+    questions = [json.loads(line) for line in open(args.questions) if line.strip()]
+    ids = sorted({q["patient_id"] for q in questions})
+    with tempfile.TemporaryDirectory() as tmp:
+        svc = SearchService("embedded", Path(tmp) / "index.sqlite")
+        svc.index_paths("bench", [Path(args.synthea) / f"{pid}.json.gz" for pid in ids])
+        svc.ask("bench", ids[0], "warm-up question")
+        print(f"{len(questions)} questions x {args.repeat}, {len(ids)} patients, model warm")
+        print(f"{'pipeline':8} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8} {'q/s':>7}")
+        for pipeline in ("dense", "hybrid", "full"):
+            latencies = []
+            for _ in range(args.repeat):
+                for q in questions:
+                    t = time.perf_counter()
+                    svc.ask("bench", q["patient_id"], q["question"], pipeline=pipeline)
+                    latencies.append((time.perf_counter() - t) * 1000)
+            print(f"{pipeline:8} {percentile(latencies, .5):8.1f} {percentile(latencies, .95):8.1f} "
+                  f"{max(latencies):8.1f} {1000 * len(latencies) / sum(latencies):7.1f}")
+        svc.close()
+
+
+if __name__ == "__main__":
+    main()

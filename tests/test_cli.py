@@ -1,0 +1,122 @@
+"""The `chartcite` command line as other tools use it: real processes, real model, JSON out."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PID = "8ef99ca1-5615-7aa6-d383-47fe931a1f14"
+
+
+def run(args, env, timeout=300):
+    return subprocess.run([sys.executable, "-m", "smart_app.cli", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    return dict(os.environ, CHARTCITE_DATA_DIR=str(tmp_path_factory.mktemp("cli-data")), HF_HUB_OFFLINE="1",
+                CHARTCITE_SECRET_KEY="very-secret")
+
+
+@pytest.fixture(scope="module")
+def indexed(env, synthea_dir, tmp_path_factory):
+    bad = tmp_path_factory.mktemp("bad") / "broken.ndjson"
+    bad.write_text('{"resourceType": "Observation", "id": "x"\n')
+    out = run(["index", str(synthea_dir / f"{PID}.json.gz"), str(bad)], env)
+    assert out.returncode == 0, out.stderr
+    return out
+
+
+def test_index_prints_a_summary_with_skips(indexed):
+    assert "resources read: 88" in indexed.stdout          # the bundle; the broken line is reported below
+    assert "patients: 1" in indexed.stdout
+    assert "skipped: 1" in indexed.stdout and "broken.ndjson:1: bad JSON" in indexed.stdout
+
+
+def test_patients_hides_names_unless_asked(indexed, env):
+    plain = run(["patients"], env)
+    assert PID in plain.stdout and "Parker" not in plain.stdout
+    named = run(["patients", "--show-names"], env)
+    assert "Carey Jerald Parker" in named.stdout
+
+
+def test_ask_json_schema_and_explain(indexed, env):
+    out = run(["ask", "--patient", PID, "--json", "Does he carry an EpiPen?"], env)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert set(result) >= {"id", "patient_id", "question", "answer", "statements", "citations", "evidence",
+                           "confidence", "abstained", "diagnostics"}
+    assert result["confidence"] in ("high", "medium", "low") and result["abstained"] is False
+    citation = result["citations"][0]
+    assert set(citation) >= {"n", "ref", "resource_type", "date", "label", "snippet"}
+    evidence = result["evidence"][0]
+    assert set(evidence) >= {"rank", "ref", "chunk_id", "score", "label", "text"}
+    assert evidence["ref"].count("/") == 1
+    assert {s["name"] for s in result["diagnostics"]["stages"]} >= {"scope", "recall", "select"}
+    assert all({"name", "in", "out", "ms"} <= set(s) for s in result["diagnostics"]["stages"])
+    explained = run(["ask", "--patient", PID, "--explain", "--pipeline", "dense", "latest BP?"], env)
+    assert "stage" in explained.stdout and "recall" in explained.stdout
+
+
+def test_ask_batch_loads_the_model_once_and_passes_ids(indexed, env, tmp_path):
+    batch = tmp_path / "q.jsonl"
+    batch.write_text("\n".join(json.dumps({"id": f"q{i}", "patient_id": PID, "question": q}) for i, q in
+                               enumerate(["ok to give him aspirin?", "Is he on a statin?", "BP at the Oct 2022 physical?"])))
+    out = run(["ask", "--batch", str(batch), "--k", "3"], env)
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [r["id"] for r in rows] == ["q0", "q1", "q2"]
+    assert rows[1]["abstained"] and not rows[0]["abstained"]
+    assert all(len(r["evidence"]) <= 3 for r in rows)
+    assert "116/98" in rows[2]["answer"]
+
+
+def test_config_masks_secrets(env):
+    out = run(["config"], env)
+    settings = json.loads(out.stdout)
+    assert settings["secret_key"] == "****" and "very-secret" not in out.stdout
+    assert settings["backend"] == "embedded"
+
+
+def test_unknown_patient_and_missing_paths_are_clear_errors(env):
+    out = run(["index", "/nonexistent/file.json"], env)
+    assert out.returncode == 2 and "no such file" in out.stderr
+
+
+def test_a_real_celery_worker_indexes_a_patient(env, synthea_dir, tmp_path):
+    """`chartcite worker` on the SQLite broker picks up index_patient and reports progress."""
+    source = tmp_path / "source"
+    source.mkdir()
+    shutil.copy(synthea_dir / "936988e9-d587-ef42-ebdf-541238540ff3.json.gz", source)
+    worker_env = dict(env, CHARTCITE_DATA_DIR=str(tmp_path / "data"), CHARTCITE_DEMO_SOURCE=str(source),
+                      CHARTCITE_TASKS_EAGER="false")
+    worker = subprocess.Popen([sys.executable, "-m", "smart_app.cli", "worker"], cwd=REPO, env=worker_env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        code = ("from smart_app.settings import Settings; from workers.runner import TaskRunner; "
+                "r = TaskRunner(Settings.load()); print(r.enqueue_index_patient('default', "
+                "'936988e9-d587-ef42-ebdf-541238540ff3'))")
+        queued = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=worker_env, capture_output=True, text=True,
+                                timeout=120)
+        assert queued.stdout.strip() == "True", queued.stderr
+        from workers.progress import JobStore
+
+        jobs = JobStore(tmp_path / "data" / "state.sqlite")
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            job = jobs.get("default", "936988e9-d587-ef42-ebdf-541238540ff3")
+            if job and job.state in ("done", "failed"):
+                break
+            time.sleep(1)
+        assert job and job.state == "done", job
+        assert job.total > 0
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
