@@ -1,27 +1,215 @@
-"""Clinical annotation of chunks and questions: which concepts they mention, of which semantic type.
+"""Clinical annotation with spaCy: which concepts a text mentions, of which semantic type, negated or not.
 
-This first version annotates from the shipped lexicon and the record's own codings; the spaCy /
-scispacy pipeline with negation (see the retrieval issue) plugs in behind the same function.
+One pipeline per process (built once, offline, no model download): scispacy's tokenizer and
+abbreviation detector, spaCy's sentencizer, phrase matchers built from the shipped lexicon and
+from the codings present in the patient's own record, and negspacy's NegEx with its clinical
+termset, so "No Known Allergies." and "denies chest pain" are not evidence of either.
+
+A concept is a dict: key ("lex:<canonical>" or "<system>|<code>"), display, semantic_type, negated.
 """
 from __future__ import annotations
+
+import re
+import warnings
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Iterable
 
 from fhir_ingest.contract import Chunk
 
 from .lexicon import Lexicon, default_lexicon
 
+TAG = re.compile(r"\s*\((disorder|finding|situation|procedure|substance|product|qualifier value|observable entity|"
+                 r"physical object|morphologic abnormality|regime/therapy|event|person|body structure)\)\s*$", re.I)
 
-def annotate_chunk(chunk: Chunk, lexicon: Lexicon | None = None) -> Chunk:
-    lexicon = lexicon or default_lexicon()
-    concepts = {}
-    for m in lexicon.find(chunk.text, in_question=False):
-        concepts.setdefault(m.canonical, {"code": "", "display": m.canonical, "semantic_type": m.semantic_type,
-                                          "negated": False})
-        if m.drug_class:
-            concepts.setdefault(m.drug_class, {"code": "", "display": m.drug_class, "semantic_type": "medication",
-                                               "negated": False})
-    for key in chunk.codes:
-        system, code, display = (key.split("|") + ["", ""])[:3]
-        concepts.setdefault(f"{system}|{code}", {"code": f"{system}|{code}", "display": display,
-                                                 "semantic_type": chunk.semantic_type, "negated": False})
-    chunk.concepts = list(concepts.values())
-    return chunk
+GLUE = re.compile(r"[/\[\]=_]")
+
+
+@dataclass(frozen=True)
+class RecordTerm:
+    """A phrase from the patient's own codings that names a concept ("aortic valve stenosis")."""
+    phrase: str
+    key: str
+    display: str
+    semantic_type: str
+
+
+def lexicon_key(canonical: str) -> str:
+    return f"lex:{canonical}"
+
+
+def record_terms_from_chunks(chunks: Iterable[Chunk]) -> list[RecordTerm]:
+    """Phrases for the record's coded concepts: the display without its tag, and for drugs the
+    ingredient before the strength ("Tacrolimus 1 MG Oral Capsule" → "tacrolimus")."""
+    terms = {}
+    for chunk in chunks:
+        for code_key in chunk.codes:
+            system, code, display = (code_key.split("|") + ["", ""])[:3]
+            if not display or not code:
+                continue
+            key = f"{system}|{code}"
+            clean = TAG.sub("", display).strip().lower()
+            phrases = {clean}
+            if chunk.semantic_type == "medication":
+                head = re.split(r"\s\d", clean, maxsplit=1)[0].strip()
+                if len(head) >= 4 and not head.startswith("nda"):
+                    phrases.add(head)
+            for phrase in phrases:
+                if 3 <= len(phrase) <= 80:
+                    terms[(phrase, key)] = RecordTerm(phrase, key, display, chunk.semantic_type)
+    return sorted(terms.values(), key=lambda t: (t.phrase, t.key))
+
+
+class Annotator:
+    def __init__(self, lexicon: Lexicon | None = None):
+        import spacy
+        from negspacy.negation import Negex  # noqa: F401  registers the "negex" factory
+        from negspacy.termsets import termset
+        from scispacy.abbreviation import AbbreviationDetector  # noqa: F401  registers "abbreviation_detector"
+        from scispacy.custom_tokenizer import combined_rule_tokenizer
+        from spacy.matcher import Matcher, PhraseMatcher
+
+        self.lexicon = lexicon or default_lexicon()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            nlp = spacy.blank("en")
+            nlp.tokenizer = combined_rule_tokenizer(nlp)
+            nlp.add_pipe("sentencizer")
+            nlp.add_pipe("abbreviation_detector")
+            self.negex = nlp.add_pipe("negex", config={"neg_termset": termset("en_clinical").get_patterns(),
+                                                       "chunk_prefix": ["no"]})
+        self.nlp = nlp
+        self.entries = {}
+        self.record_matcher = PhraseMatcher(nlp.vocab, attr="LOWER")
+        self.question_matcher = PhraseMatcher(nlp.vocab, attr="LOWER")
+        self.cased_matcher = Matcher(nlp.vocab)
+        for i, entry in enumerate(self.lexicon.entries):
+            # label → (entry, member name or ""): a member ("atorvastatin", via "lipitor") is its own
+            # concept and also carries its class ("statin").
+            groups = [(f"E{i}", "", entry.surfaces)]
+            groups += [(f"E{i}M{j}", name, [name, *others]) for j, (name, others) in enumerate(entry.members.items())]
+            for label, member, surfaces in groups:
+                self.entries[label] = (entry, member)
+                if entry.case_sensitive:
+                    self.cased_matcher.add(label, [[{"ORTH": s}] for s in surfaces if " " not in s])
+                    continue
+                patterns = list(nlp.tokenizer.pipe(surfaces))
+                self.question_matcher.add(label, patterns)
+                if not entry.question_only:
+                    self.record_matcher.add(label, patterns)
+
+    # --- matching --------------------------------------------------------------------------
+    def _lexicon_spans(self, doc, in_question: bool):
+        from spacy.tokens import Span
+
+        spans = []
+        matcher = self.question_matcher if in_question else self.record_matcher
+        matches = list(matcher(doc)) + (list(self.cased_matcher(doc)) if in_question else [])
+        for match_id, start, end in matches:
+            label = self.nlp.vocab.strings[match_id]
+            entry, _ = self.entries[label]
+            spans.append(Span(doc, start, end, label=entry.semantic_type, kb_id=label))
+        return spans
+
+    def _record_spans(self, doc, terms: list[RecordTerm], matcher):
+        from spacy.tokens import Span
+
+        spans = []
+        if matcher is None:
+            return spans
+        for match_id, start, end in matcher(doc):
+            term = terms[int(self.nlp.vocab.strings[match_id][1:])]
+            spans.append(Span(doc, start, end, label=term.semantic_type, kb_id=f"R{self.nlp.vocab.strings[match_id][1:]}"))
+        return spans
+
+    def _term_matcher(self, terms: list[RecordTerm]):
+        from spacy.matcher import PhraseMatcher
+
+        if not terms:
+            return None
+        matcher = PhraseMatcher(self.nlp.vocab, attr="LOWER")
+        for i, term in enumerate(terms):
+            matcher.add(f"T{i}", [self.nlp.make_doc(term.phrase)])
+        return matcher
+
+    def annotate(self, texts: list[str], terms: list[RecordTerm] | None = None,
+                 in_question: bool = False) -> list[list[dict]]:
+        """Concepts of each text. `terms` are the patient's record phrases; questions also match
+        question-only abbreviations ("K", "ER", "PT")."""
+        from spacy.util import filter_spans
+
+        terms = terms or []
+        matcher = self._term_matcher(terms)
+        out = []
+        # "A1c/Hemoglobin.total", "mm[Hg]", "K+=3.4": split glued punctuation so phrases match.
+        texts = [GLUE.sub(" ", t) for t in texts]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # scispacy warns on every doc that its global matcher is empty
+            docs = list(self.nlp.pipe(texts, disable=["negex"]))
+        for doc in docs:
+            lexical = self._lexicon_spans(doc, in_question)
+            # "chronic kidney disease (CKD)": an abbreviation the text defines counts as its long form.
+            for abbreviation in doc._.abbreviations:
+                for span in self._lexicon_spans(abbreviation._.long_form.as_doc(), in_question):
+                    found = doc.char_span(abbreviation.start_char, abbreviation.end_char, label=span.label_, kb_id=span.kb_id_)
+                    if found is not None:
+                        lexical.append(found)
+            concepts: dict[str, dict] = {}
+            # Lexicon and record phrases overlap ("blood pressure" inside "blood pressure panel ..."),
+            # and entities may not, so each set is resolved and negated on its own and then merged.
+            for spans in (lexical, self._record_spans(doc, terms, matcher)):
+                doc.ents = filter_spans(spans)
+                self.negex(doc)
+                self._collect(doc, terms, concepts)
+            out.append(list(concepts.values()))
+        return out
+
+    def _collect(self, doc, terms: list[RecordTerm], concepts: dict[str, dict]) -> None:
+        def add(key, display, semantic_type, negated, surface, role="", start=0):
+            current = concepts.get(key)
+            if current is None:
+                concepts[key] = {"key": key, "display": display, "semantic_type": semantic_type, "negated": negated,
+                                 "text": surface, "role": role, "start": start}
+            elif not negated:
+                current["negated"] = False   # asserted once anywhere in the text: asserted
+
+        for ent in doc.ents:
+            negated = bool(ent._.negex)
+            if ent.kb_id_.startswith("E"):
+                entry, member = self.entries[ent.kb_id_]
+                if member:
+                    add(lexicon_key(member), member, entry.semantic_type, negated, ent.text, "member", ent.start_char)
+                # The class a named member belongs to helps ranking, but never stands in for it:
+                # "metformin" is not answered by insulin, though both are diabetes medications.
+                add(lexicon_key(entry.canonical), entry.canonical, entry.semantic_type, negated, ent.text,
+                    "class" if member else "", ent.start_char)
+            else:
+                term = terms[int(ent.kb_id_[1:])]
+                add(term.key, term.display, term.semantic_type, negated, ent.text, "", ent.start_char)
+
+    def annotate_chunks(self, chunks: list[Chunk], terms: list[RecordTerm]) -> list[Chunk]:
+        """Concepts from the text (with negation) plus the chunk's own codings (asserted)."""
+        for chunk, concepts in zip(chunks, self.annotate([c.text for c in chunks], terms)):
+            by_key = {c["key"]: c for c in concepts}
+            for code_key in chunk.codes:
+                system, code, display = (code_key.split("|") + ["", ""])[:3]
+                if code:
+                    by_key[f"{system}|{code}"] = {"key": f"{system}|{code}", "display": display,
+                                                  "semantic_type": chunk.semantic_type, "negated": False}
+            chunk.concepts = list(by_key.values())
+        return chunks
+
+
+@lru_cache(maxsize=1)
+def default_annotator() -> Annotator:
+    """Built once per process (about a second): the pipeline and the lexicon matchers."""
+    return Annotator()
+
+
+def asserted_keys(concepts: list[dict]) -> set[str]:
+    return {c["key"] for c in concepts if not c.get("negated")}
+
+
+def canonical_names(concepts: list[dict]) -> list[str]:
+    """Canonical names to add to a chunk's BM25 text (asserted lexicon concepts only)."""
+    return sorted({c["display"] for c in concepts if c["key"].startswith("lex:") and not c.get("negated")})

@@ -8,24 +8,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .lexicon import STOP_WORDS, tokens
+from .annotate import asserted_keys
+from .lexicon import tokens
 from .pipeline import Analysis, Evidence, Retrieval, concept_overlap
 
 NO_EVIDENCE = "I don't have evidence for that in this patient's record."
 NEW_PATIENT = "This is a new patient; I have no prior records."
 MAX_STATEMENTS = 4
-
-# Words of a question that say what kind of answer is wanted, not what it is about.
-QUESTION_WORDS = frozenset("""
-kind sort type which what when where why how many much ok okay give giving carry carrying using use used
-getting going thinking ordering worked work-up workup brought bring happened happen show shows showed say says
-said list lists listed document documented mention mentioned actually entries entry file on-file instead old
-older new newer last few three two four five years year months month days day week weeks ago trend trended
-trending changed change going up down draws draw checks check reading readings number numbers kid child adult
-dx diagnosis diagnoses diagnosed problem problems any ever been has have had she he her his him they them
-their per right now also again still next does did do done get got are was were be is it this that those these
-the a an and or of for in on at to with from by as about into over under since until during while
-""".split())
 
 
 @dataclass
@@ -33,15 +22,6 @@ class Support:
     supported: bool
     coverage: float
     reason: str
-
-
-def residual_terms(analysis: Analysis) -> list[str]:
-    """Content words not covered by a recognised concept (e.g. 'pacemaker', 'breast')."""
-    covered = set()
-    for m in analysis.matches:
-        covered.update(tokens(m.surface))
-    return [t for t in analysis.terms
-            if t not in covered and t not in QUESTION_WORDS and t not in STOP_WORDS and len(t) > 2 and not t.isdigit()]
 
 
 def _stem(word: str) -> str:
@@ -53,32 +33,36 @@ def term_in(term: str, text: str) -> bool:
 
 
 def judge_support(retrieval: Retrieval) -> Support:
+    """Does the evidence carry what the question asks about? Concepts absent, only denied, or a
+    clinical word of the question that this record never uses all mean: no evidence."""
     analysis, evidence = retrieval.analysis, retrieval.evidence
     if not evidence:
         return Support(False, 0.0, "no evidence retrieved")
-    texts = " ".join(f"{e.chunk.label} {e.chunk.text} " + " ".join(c["display"] for c in e.chunk.concepts)
-                     for e in evidence)
-    residual = residual_terms(analysis)
-    residual_hit = [t for t in residual if term_in(t, texts)]
-    concept_hit = [c for c in analysis.concepts if any(concept_overlap(e.chunk, _only(analysis, c)) for e in evidence)]
+    if retrieval.absent_terms:
+        return Support(False, 0.0, f"not in this record: {', '.join(sorted(retrieval.absent_terms))}")
+    asserted = set().union(*(asserted_keys(e.chunk.concepts) for e in evidence))
+    required = analysis.required_keys
+    members = {c["key"] for c in analysis.concepts if c.get("role") == "member"}
+    if required:
+        hit = required & asserted
+        if not hit:
+            mentioned = any(c["key"] in required for e in evidence for c in e.chunk.concepts)
+            return Support(False, 0.0, "the record only denies it" if mentioned else "the question's concepts are not in the record")
+        if members and not members & asserted:
+            return Support(False, 0.0, "the named medication is not in the record")
+        return Support(True, len(hit) / len(required), "concepts found")
+    texts = " ".join(f"{e.chunk.label} {e.chunk.text}" for e in evidence)
+    residual = analysis.residual
+    if residual:
+        coverage = sum(1 for t in residual if term_in(t, texts)) / len(residual)
+        if coverage > 0:
+            return Support(True, coverage, "terms found")
+    if analysis.wants_note and retrieval.scope.semantic_types and (retrieval.scope.date_from or retrieval.scope.date_to):
+        return Support(True, 1.0, "the note asked for")
     best_dense = max((e.dense for e in evidence if e.dense is not None), default=0.0)
-    if analysis.concepts:
-        if not concept_hit:
-            return Support(False, 0.0, "the question's concepts are not in the record")
-        if residual and not residual_hit and best_dense < 0.55:
-            return Support(False, 0.5, "a qualifying term of the question is not in the record")
-        items = len(analysis.concepts) + len(residual)
-        return Support(True, (len(concept_hit) + len(residual_hit)) / items, "concepts found")
-    if not residual:
-        return Support(best_dense >= 0.35, 1.0 if best_dense >= 0.35 else 0.0, "semantic match only")
-    coverage = len(residual_hit) / len(residual)
-    if coverage >= 0.5 and best_dense >= 0.25:
-        return Support(True, coverage, "terms found")
-    return Support(False, coverage, "the question's terms are not in the record")
-
-
-def _only(analysis: Analysis, concept: str) -> Analysis:
-    return Analysis(analysis.question, [], [], [concept], [])
+    if best_dense >= 0.35:
+        return Support(True, 0.5, "semantic match only")
+    return Support(False, 0.0, "nothing in the record matches the question")
 
 
 def statement_for(ev: Evidence, analysis: Analysis) -> str:
@@ -88,7 +72,7 @@ def statement_for(ev: Evidence, analysis: Analysis) -> str:
         return text
     header, _, body = text.partition(". ")
     sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+|\n", body) if s.strip()]
-    wanted = set(analysis.terms) | {t for c in analysis.concepts for t in tokens(c)}
+    wanted = set(analysis.terms) | {t for name in analysis.names for t in tokens(name)}
     scored = sorted(sentences, key=lambda s: -len(wanted & set(tokens(s))))
     best = [s for s in scored[:2] if wanted & set(tokens(s))] or sentences[:2]
     ordered = [s for s in sentences if s in best]
@@ -99,13 +83,12 @@ def relevant_evidence(retrieval: Retrieval) -> list[Evidence]:
     """The evidence worth a statement: it carries what was asked about, or is as close as the best."""
     analysis, evidence = retrieval.analysis, retrieval.evidence
     best_dense = max((e.dense for e in evidence if e.dense is not None), default=0.0)
-    residual = residual_terms(analysis)
     keep = []
     for i, ev in enumerate(evidence):
-        if analysis.concepts:
+        if analysis.keys:
             ok = concept_overlap(ev.chunk, analysis) > 0
         else:
-            ok = any(term_in(t, ev.chunk.text) for t in residual) or (ev.dense or 0) >= best_dense - 0.05
+            ok = any(term_in(t, ev.chunk.text) for t in analysis.residual) or (ev.dense or 0) >= best_dense - 0.05
         if ok or i == 0:
             keep.append(ev)
     return keep

@@ -59,6 +59,22 @@ class Backend(ABC):
         """Exact cosine similarity inside the scope."""
 
     @abstractmethod
+    def search_concepts(self, scope: Scope, concept_keys: list[str], n: int) -> list[Hit]:
+        """Chunks in scope that assert any of these concepts (most matches, then newest first)."""
+
+    @abstractmethod
+    def latest(self, scope: Scope, n: int) -> list[Hit]:
+        """The newest chunks in scope."""
+
+    @abstractmethod
+    def has_terms(self, tenant: str, patient_id: str | None, terms: list[str]) -> set[str]:
+        """Which words occur in the tenant's indexed text (in one patient's, when given)."""
+
+    @abstractmethod
+    def refs_in_scope(self, scope: Scope, refs: list[str]) -> set[str]:
+        """Which of these resources have a chunk inside the scope (for filter-stage recall)."""
+
+    @abstractmethod
     def count(self, scope: Scope) -> int: ...
 
     @abstractmethod

@@ -14,6 +14,7 @@ import numpy as np
 
 from fhir_ingest.contract import Chunk
 
+from .annotate import asserted_keys
 from .backend import Backend, Hit, ModelMismatch, Scope
 from .lexicon import tokens
 
@@ -38,6 +39,10 @@ CREATE TABLE IF NOT EXISTS chunk_refs (
 CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5(
     lexical, chunk_id UNINDEXED, tenant UNINDEXED, patient_id UNINDEXED,
     tokenize = 'porter unicode61'
+);
+CREATE TABLE IF NOT EXISTS chunk_concepts (
+    tenant TEXT NOT NULL, patient_id TEXT NOT NULL, concept TEXT NOT NULL, chunk_id TEXT NOT NULL,
+    PRIMARY KEY (tenant, patient_id, concept, chunk_id)
 );
 CREATE TABLE IF NOT EXISTS resources (
     tenant TEXT NOT NULL, patient_id TEXT NOT NULL, ref TEXT NOT NULL, data TEXT NOT NULL,
@@ -97,7 +102,7 @@ class EmbeddedBackend(Backend):
         if not chunks:
             return
         db = self._db()
-        rows, fts, refs = [], [], []
+        rows, fts, refs, concepts = [], [], [], []
         for chunk, vector, lexical in zip(chunks, vectors, lexical_texts):
             chunk.embedding_model = self.embedding_model
             cid = chunk.chunk_id
@@ -107,6 +112,7 @@ class EmbeddedBackend(Backend):
             fts.append((lexical, cid, chunk.tenant, chunk.patient_id))
             # Every resource a chunk draws on: deleting any of them removes the chunk (a trend, a panel).
             refs.extend((chunk.tenant, ref, cid) for ref in chunk.refs)
+            concepts.extend((chunk.tenant, chunk.patient_id, key, cid) for key in asserted_keys(chunk.concepts))
         ids = [(r[0],) for r in rows]
         db.execute("BEGIN")
         try:
@@ -114,6 +120,8 @@ class EmbeddedBackend(Backend):
             db.executemany("INSERT OR REPLACE INTO chunks VALUES (?,?,?,?,?,?,?,?,?)", rows)
             db.executemany("INSERT INTO chunks_fts (lexical, chunk_id, tenant, patient_id) VALUES (?,?,?,?)", fts)
             db.executemany("INSERT OR IGNORE INTO chunk_refs VALUES (?,?,?)", refs)
+            db.executemany("DELETE FROM chunk_concepts WHERE chunk_id = ?", ids)
+            db.executemany("INSERT OR IGNORE INTO chunk_concepts VALUES (?,?,?,?)", concepts)
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -131,6 +139,7 @@ class EmbeddedBackend(Backend):
             removed = db.total_changes - before
             db.executemany("DELETE FROM chunks_fts WHERE tenant = ? AND chunk_id = ?", ids)
             db.executemany("DELETE FROM chunk_refs WHERE tenant = ? AND chunk_id = ?", ids)
+            db.executemany("DELETE FROM chunk_concepts WHERE tenant = ? AND chunk_id = ?", ids)
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -188,6 +197,45 @@ class EmbeddedBackend(Backend):
         scores = matrix @ np.asarray(vector, dtype=np.float32)
         top = np.argsort(-scores, kind="stable")[:n]
         return [Hit(rows[i][0], float(scores[i])) for i in top]
+
+    def search_concepts(self, scope: Scope, concept_keys: list[str], n: int) -> list[Hit]:
+        if not concept_keys:
+            return []
+        where, args = self._scope_sql(scope)
+        marks = ",".join("?" * len(concept_keys))
+        sql = (f"SELECT k.chunk_id, count(*) AS hits, c.date FROM chunk_concepts k JOIN chunks c ON c.chunk_id = k.chunk_id "
+               f"WHERE k.tenant = ? AND k.patient_id = ? AND k.concept IN ({marks}) AND {where} "
+               f"GROUP BY k.chunk_id ORDER BY hits DESC, c.date DESC LIMIT ?")
+        rows = self._db().execute(sql, [scope.tenant, scope.patient_id, *concept_keys, *args, n]).fetchall()
+        return [Hit(cid, float(hits)) for cid, hits, _ in rows]
+
+    def latest(self, scope: Scope, n: int) -> list[Hit]:
+        where, args = self._scope_sql(scope)
+        rows = self._db().execute(f"SELECT chunk_id FROM chunks c WHERE {where} ORDER BY date DESC, chunk_id LIMIT ?",
+                                  [*args, n]).fetchall()
+        return [Hit(r[0], 0.0) for r in rows]
+
+    def has_terms(self, tenant: str, patient_id: str | None, terms: list[str]) -> set[str]:
+        found = set()
+        for term in terms:
+            clean = term.replace('"', "")
+            sql = "SELECT 1 FROM chunks_fts WHERE chunks_fts MATCH ? AND tenant = ?"
+            args = [f'"{clean}"', tenant]
+            if patient_id is not None:
+                sql += " AND patient_id = ?"
+                args.append(patient_id)
+            if self._db().execute(sql + " LIMIT 1", args).fetchone():
+                found.add(term)
+        return found
+
+    def refs_in_scope(self, scope: Scope, refs: list[str]) -> set[str]:
+        if not refs:
+            return set()
+        where, args = self._scope_sql(scope)
+        marks = ",".join("?" * len(refs))
+        sql = (f"SELECT DISTINCT r.ref FROM chunk_refs r JOIN chunks c ON c.chunk_id = r.chunk_id "
+               f"WHERE r.tenant = ? AND r.ref IN ({marks}) AND {where}")
+        return {row[0] for row in self._db().execute(sql, [scope.tenant, *refs, *args])}
 
     def count(self, scope: Scope) -> int:
         where, args = self._scope_sql(scope)

@@ -15,11 +15,10 @@ from fhir_ingest.chunk import ChunkProblem, PatientChunker
 from fhir_ingest.load import PatientRecord
 from fhir_ingest.normalize import INDEXED_TYPES, SUPPORT_TYPES, human_name
 
-from .annotate import annotate_chunk
+from .annotate import canonical_names, default_annotator, record_terms_from_chunks
 from .backend import Backend
 from .embed import Embedder
 from .embedded import text_hash
-from .lexicon import lexical_text
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +42,14 @@ class IndexResult:
         self.problems.extend(other.problems)
 
 
-def patient_summary(record: PatientRecord, chunk_counts: dict[str, int]) -> dict:
+def lexical_text(chunk) -> str:
+    """What BM25 indexes: the chip label, the text, and the canonical names of asserted concepts,
+    so "HTN", "water pill" or "Fosamax" in a question match the record's own words."""
+    names = canonical_names(chunk.concepts)
+    return f"{chunk.label}. {chunk.text}" + (" || " + " ; ".join(names) if names else "")
+
+
+def patient_summary(record: PatientRecord, chunk_counts: dict[str, int], terms=()) -> dict:
     patient = record.patient
     birth = patient.get("birthDate", "")
     age = None
@@ -60,7 +66,8 @@ def patient_summary(record: PatientRecord, chunk_counts: dict[str, int]) -> dict
     return {
         "patient_id": record.patient_id, "name": human_name(patient), "gender": patient.get("gender", ""),
         "birth_date": birth, "age": age, "deceased": bool(patient.get("deceasedDateTime") or patient.get("deceasedBoolean")),
-        "resource_counts": counts, "chunk_counts": chunk_counts, "indexed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "resource_counts": counts, "chunk_counts": chunk_counts,
+        "terms": [[t.phrase, t.key, t.display, t.semantic_type] for t in terms], "indexed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
 
@@ -69,8 +76,10 @@ def index_record(backend: Backend, embedder: Embedder, tenant: str, record: Pati
     started = time.perf_counter()
     pid = record.patient_id
     chunker = PatientChunker(tenant, pid, record.resources, embedder.budget())
-    chunks = [annotate_chunk(c) for c in chunker.chunks()]
-    lexicals = [lexical_text(f"{c.label}. {c.text}") for c in chunks]
+    chunks = chunker.chunks()
+    terms = record_terms_from_chunks(chunks)
+    default_annotator().annotate_chunks(chunks, terms)
+    lexicals = [lexical_text(c) for c in chunks]
     existing = backend.indexed_texts(tenant, pid)
     changed = [(c, lx) for c, lx in zip(chunks, lexicals) if existing.get(c.chunk_id) != text_hash(c.text, lx)]
     if progress:
@@ -85,7 +94,7 @@ def index_record(backend: Backend, embedder: Embedder, tenant: str, record: Pati
     counts: dict[str, int] = {}
     for c in chunks:
         counts[c.semantic_type] = counts.get(c.semantic_type, 0) + 1
-    backend.upsert_patient(tenant, pid, patient_summary(record, counts))
+    backend.upsert_patient(tenant, pid, patient_summary(record, counts, terms))
     if progress:
         progress("done", len(changed), len(changed))
     return IndexResult(patients=1, resources=len(record.resources), chunks=len(chunks), embedded=len(changed),

@@ -33,20 +33,10 @@ _WORD = re.compile(r"[a-z0-9]+(?:[+'-][a-z0-9]+)*\+?")
 class Entry:
     canonical: str
     semantic_type: str
-    surfaces: list[str]
+    surfaces: list[str]                       # synonyms of the canonical name
     question_only: bool = False
     case_sensitive: bool = False
-    drug_class: str = ""
-
-
-@dataclass
-class Match:
-    canonical: str
-    semantic_type: str
-    surface: str
-    start: int
-    end: int
-    drug_class: str = ""
+    members: dict[str, list[str]] = field(default_factory=dict)   # member name → its other names (brands)
 
 
 @dataclass
@@ -56,54 +46,20 @@ class Lexicon:
     @classmethod
     def load(cls, path: Path = TABLE) -> "Lexicon":
         entries = []
-        for line in path.read_text(encoding="utf-8").splitlines():
+        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             if not line.strip() or line.startswith("#"):
                 continue
-            cols = line.split("\t")
-            canonical, semantic_type, surfaces = cols[0], cols[1], cols[2]
-            flags = cols[3].split() if len(cols) > 3 else []
-            flagset = set("".join(f for f in flags if not f.startswith("class:")))
-            drug_class = next((f.split(":", 1)[1] for f in flags if f.startswith("class:")), "")
+            cols = line.split("\t") + ["", ""]
+            canonical, semantic_type, surfaces, flags, members = cols[:5]
+            if not canonical or not semantic_type:
+                raise ValueError(f"{path.name}:{lineno}: needs a canonical name and a semantic type")
+            parsed_members = {}
+            for item in filter(None, members.split("|")):
+                name, _, others = item.partition("=")
+                parsed_members[name.strip()] = [o.strip() for o in others.split("/") if o.strip()]
             entries.append(Entry(canonical, semantic_type, [s.strip() for s in surfaces.split("|") if s.strip()],
-                                 question_only="q" in flagset, case_sensitive="C" in flagset,
-                                 drug_class=drug_class))
+                                 question_only="q" in flags, case_sensitive="C" in flags, members=parsed_members))
         return cls(entries)
-
-    @property
-    def _patterns(self):
-        return _compile(tuple((e.canonical, e.semantic_type, tuple(e.surfaces), e.question_only,
-                               e.case_sensitive, e.drug_class) for e in self.entries))
-
-    def find(self, text: str, in_question: bool) -> list[Match]:
-        """Every table entry mentioned in `text` (longest surface form first)."""
-        found = []
-        for pattern, entry in self._patterns:
-            if entry[3] and not in_question:
-                continue
-            for m in pattern.finditer(text):
-                found.append(Match(entry[0], entry[1], m.group(0), m.start(), m.end(), entry[5]))
-        return found
-
-    def expansion_terms(self, text: str, in_question: bool) -> list[str]:
-        """Canonical names (and drug classes) for what `text` mentions, to add to its lexical form."""
-        terms = []
-        for m in self.find(text, in_question):
-            terms.append(m.canonical)
-            if m.drug_class:
-                terms.append(m.drug_class)
-        return sorted(set(terms))
-
-
-@lru_cache(maxsize=8)
-def _compile(entries: tuple) -> list:
-    compiled = []
-    for entry in entries:
-        surfaces = sorted(entry[2], key=len, reverse=True)
-        alternation = "|".join(re.escape(s) for s in surfaces)
-        flags = 0 if entry[4] else re.IGNORECASE
-        # "k+" ends in a non-word character, so the right boundary is "not followed by a word character".
-        compiled.append((re.compile(rf"(?<![\w+])(?:{alternation})(?!\w)", flags), entry))
-    return compiled
 
 
 @lru_cache(maxsize=1)
@@ -117,10 +73,3 @@ def tokens(text: str) -> list[str]:
 
 def content_tokens(text: str) -> list[str]:
     return [t for t in tokens(text) if t not in STOP_WORDS and len(t) > 1 or t in ("k+",)]
-
-
-def lexical_text(text: str, lexicon: Lexicon | None = None) -> str:
-    """What the BM25 index stores for a chunk: its words plus canonical names and drug classes."""
-    lexicon = lexicon or default_lexicon()
-    extra = lexicon.expansion_terms(text, in_question=False)
-    return text + (" || " + " ; ".join(extra) if extra else "")

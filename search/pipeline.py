@@ -3,54 +3,129 @@
 Pipelines:
   dense  — dense kNN over the patient's chunks (the baseline)
   hybrid — BM25 over concept-normalised text ∪ dense, fused with reciprocal rank fusion
-  full   — hybrid with query expansion and a deterministic feature rerank (concepts, dates, recency)
+  full   — analyse → filter (time, note type; recall guard) → recall with concept expansion →
+           recovery of chunks sharing a question concept → deterministic feature rerank → select
+Stages of `full` can be switched off (`ablate`) to measure what each one earns.
 """
 from __future__ import annotations
 
 import calendar
 import re
 import time
-from dataclasses import dataclass, field
-from datetime import date
+from dataclasses import dataclass, field, replace
+from datetime import date, timedelta
 
 from fhir_ingest.contract import Chunk
 
+from .annotate import RecordTerm, asserted_keys, default_annotator
 from .backend import Backend, Hit, Scope
 from .embed import Embedder
-from .lexicon import Match, content_tokens, default_lexicon
+from .lexicon import content_tokens, tokens
 
 PIPELINES = ("dense", "hybrid", "full")
+ABLATABLE = ("filter", "recovery", "rerank")
 RECALL_N = 50
+RECOVERY_N = 40
 RRF_K = 60
+FILTER_GUARD = 6          # a filter that leaves fewer chunks than this is widened, then dropped
 
 MONTHS = {name.lower(): i for i, name in enumerate(calendar.month_name) if name}
 MONTHS.update({name.lower(): i for i, name in enumerate(calendar.month_abbr) if name})
 MONTHS["sept"] = 9
 _MONTH_RE = "|".join(sorted(MONTHS, key=len, reverse=True))
-LATEST_WORDS = re.compile(r"\b(latest|last|most recent|recent|current|currently|now|today|newest)\b", re.I)
-TREND_WORDS = re.compile(r"\b(trend|trending|over time|been|history of|changed|change|progress|control)\b", re.I)
+LATEST = re.compile(r"\b(latest|last|most recent|recent|recently|current|currently|now|today|newest|right now)\b", re.I)
+TREND = re.compile(r"\b(trend|trends|trended|trending|over time|changed|change|going up|going down|over the (?:last|past))\b", re.I)
+EVER = re.compile(r"\b(ever|history|hx|any|previous|prior|past)\b", re.I)
+LIST = re.compile(r"\b(what|which|list|all|any)\b.*\b(meds|medications|drugs|problems|diagnoses|allergies|procedures|"
+                  r"vaccines|immunizations|visits|conditions|dx|blood thinners|antiplatelets|statins|pills)\b", re.I)
+WHY = re.compile(r"\b(why|reason|what for|indication)\b", re.I)
+NOTE_TYPES = ("note",)
+
+# Words of a question that say what kind of answer is wanted, not what it is about.
+QUESTION_WORDS = frozenset("""
+kind sort type which what when where why how many much ok okay give giving carry carrying using use used
+getting going thinking ordering worked work-up workup brought bring happened happen show shows showed say says
+said list lists listed document documented mention mentioned actually entries entry file on-file instead old
+older new newer last few three two four five years year months month days day week weeks ago trend trended
+trending changed change going up down draws draw checks check reading readings number numbers kid child adult
+dx diagnosis diagnoses diagnosed problem problems any ever been has have had she he her his him they them
+their per right now also again still next does did do done get got are was were be is it this that those these
+the a an and or of for in on at to with from by as about into over under since until during while coming came
+come seen see visit visits episode happened report reported reports
+""".split())
 
 
 @dataclass
 class Analysis:
     question: str
-    matches: list[Match]
+    concepts: list[dict]             # {key, display, semantic_type, negated}
     terms: list[str]                 # content words of the question
-    concepts: list[str]              # canonical concept names found
     semantic_types: list[str]
     date_from: str = ""
     date_to: str = ""
     wants_latest: bool = False
     wants_trend: bool = False
+    wants_ever: bool = False
+    wants_list: bool = False
+    wants_why: bool = False
+
+    @property
+    def keys(self) -> set[str]:
+        """Concepts the evidence must carry. Note-section words ("chief complaint", "assessment")
+        only steer the filter: a note never 'asserts' them."""
+        return {c["key"] for c in self.concepts if c["semantic_type"] != "note"}
+
+    @property
+    def required_keys(self) -> set[str]:
+        """What the answer must rest on: named things, not the classes they were recognised through.
+        For a question about a note's content, visit words ("at her Sept physical") only say which note."""
+        skip = {"note", "encounter"} if self.wants_note_content else {"note"}
+        return {c["key"] for c in self.concepts if c["semantic_type"] not in skip and c.get("role") != "class"}
+
+    @property
+    def names(self) -> list[str]:
+        return sorted({c["display"] for c in self.concepts})
+
+    @property
+    def wants_note(self) -> bool:
+        return "note" in self.semantic_types
+
+    @property
+    def wants_note_content(self) -> bool:
+        """Asked for what a note says (its complaint, assessment, social history), not for a fact
+        that notes merely mention ("notes say NKA — any allergy entries?")."""
+        content_types = {c["semantic_type"] for c in self.concepts} - {"note", "encounter"}
+        return self.wants_note and not content_types
+
+    def modifiers(self, words: set[str]) -> set[str]:
+        """Words that qualify a recognised concept right after them ("breast" in "breast cancer")."""
+        q = self.question.lower()
+        found = set()
+        for c in self.concepts:
+            before = q[: c.get("start", 0)].split()
+            if before and before[-1].strip(",.;:?!") in words:
+                found.add(before[-1].strip(",.;:?!"))
+        return found
+
+    @property
+    def residual(self) -> list[str]:
+        """Content words no recognised concept covers ("pacemaker", "breast"), less question words."""
+        covered = {t for c in self.concepts for t in tokens(c.get("text", ""))}
+        return [t for t in self.terms if t not in covered and t not in QUESTION_WORDS and len(t) > 2
+                and not t.isdigit() and t not in MONTHS]
+
+    def intents(self) -> list[str]:
+        return [name for name in ("latest", "trend", "ever", "list", "why") if getattr(self, f"wants_{name}")]
 
 
 @dataclass
 class Evidence:
     chunk: Chunk
     score: float
-    dense: float | None = None       # cosine similarity to the question, when the chunk was seen by dense recall
+    dense: float | None = None       # cosine similarity to the question, when dense recall saw the chunk
     lexical_rank: int | None = None
     dense_rank: int | None = None
+    recovered: bool = False
     features: dict = field(default_factory=dict)
 
 
@@ -61,10 +136,14 @@ class StageReport:
     n_out: int
     ms: float
     corpus_ratio: float
+    note: str = ""
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "in": self.n_in, "out": self.n_out, "ms": round(self.ms, 2),
-                "corpus_ratio": round(self.corpus_ratio, 4)}
+        d = {"name": self.name, "in": self.n_in, "out": self.n_out, "ms": round(self.ms, 2),
+             "corpus_ratio": round(self.corpus_ratio, 4)}
+        if self.note:
+            d["note"] = self.note
+        return d
 
 
 @dataclass
@@ -75,18 +154,21 @@ class Retrieval:
     evidence: list[Evidence]
     stages: list[StageReport]
     corpus_size: int
+    scope: Scope                      # the scope after the filter stage
+    candidates: list[Evidence] = field(default_factory=list)   # everything the rerank saw
+    absent_terms: set[str] = field(default_factory=set)        # clinical words of the question this record never uses
 
 
 # --- stage 2: analyse ---------------------------------------------------------------------------
 
-def analyse(question: str) -> Analysis:
-    lexicon = default_lexicon()
-    matches = lexicon.find(question, in_question=True)
-    concepts = sorted({m.canonical for m in matches} | {m.drug_class for m in matches if m.drug_class})
-    semantic_types = sorted({m.semantic_type for m in matches})
+def analyse(question: str, terms: list[RecordTerm] | None = None) -> Analysis:
+    concepts = default_annotator().annotate([question], terms or [], in_question=True)[0]
     date_from, date_to = time_window(question)
-    return Analysis(question, matches, content_tokens(question), concepts, semantic_types, date_from, date_to,
-                    wants_latest=bool(LATEST_WORDS.search(question)), wants_trend=bool(TREND_WORDS.search(question)))
+    return Analysis(
+        question, concepts, content_tokens(question), sorted({c["semantic_type"] for c in concepts}),
+        date_from, date_to, wants_latest=bool(LATEST.search(question)), wants_trend=bool(TREND.search(question)),
+        wants_ever=bool(EVER.search(question)), wants_list=bool(LIST.search(question)),
+        wants_why=bool(WHY.search(question)))
 
 
 def time_window(question: str) -> tuple[str, str]:
@@ -97,8 +179,11 @@ def time_window(question: str) -> tuple[str, str]:
         return m.group(0), m.group(0)
     m = re.search(rf"\b({_MONTH_RE})\.?\s+(\d{{1,2}})(?:st|nd|rd|th)?,?\s+(\d{{4}})\b", q)
     if m:
-        d = date(int(m.group(3)), MONTHS[m.group(1)], int(m.group(2)))
-        return d.isoformat(), d.isoformat()
+        try:
+            d = date(int(m.group(3)), MONTHS[m.group(1)], int(m.group(2)))
+            return d.isoformat(), d.isoformat()
+        except ValueError:
+            pass
     m = re.search(rf"\b({_MONTH_RE})\.?\s+(\d{{4}})\b", q)
     if m:
         year, month = int(m.group(2)), MONTHS[m.group(1)]
@@ -115,8 +200,31 @@ def time_window(question: str) -> tuple[str, str]:
 
 
 def expanded_query(analysis: Analysis) -> str:
-    """The question's content words plus canonical concept names and classes (LLM-free expansion)."""
-    return " ".join(analysis.terms + analysis.concepts)
+    """The question's content words plus canonical names of its concepts (an LLM-free expansion)."""
+    return " ".join(analysis.terms + analysis.names)
+
+
+# --- stage 3: filter ----------------------------------------------------------------------------
+
+def _widen(day_iso: str, days: int) -> str:
+    return (date.fromisoformat(day_iso) + timedelta(days=days)).isoformat()
+
+
+def filter_scope(backend: Backend, scope: Scope, analysis: Analysis) -> tuple[Scope, str]:
+    """Narrow by the asked-for dates and, for note questions, to notes; widen when too little is left."""
+    candidates = []
+    if analysis.date_from or analysis.date_to:
+        base = replace(scope, date_from=analysis.date_from, date_to=analysis.date_to)
+        wide = replace(scope, date_from=_widen(analysis.date_from, -31) if analysis.date_from else "",
+                       date_to=_widen(analysis.date_to, 31) if analysis.date_to else "")
+        candidates += [(base, "dates"), (wide, "dates ±1 month")]
+    if analysis.wants_note_content:
+        candidates = [(replace(s, semantic_types=NOTE_TYPES), f"notes, {why}") for s, why in candidates] + candidates
+        candidates.append((replace(scope, semantic_types=NOTE_TYPES), "notes"))
+    for narrowed, why in candidates:
+        if backend.count(narrowed) >= (1 if narrowed.semantic_types and narrowed.date_from else FILTER_GUARD):
+            return narrowed, why
+    return scope, "none"
 
 
 # --- stage 4: recall and fusion -------------------------------------------------------------------
@@ -139,60 +247,88 @@ def in_window(chunk: Chunk, analysis: Analysis) -> bool:
 
 
 def concept_overlap(chunk: Chunk, analysis: Analysis) -> float:
-    if not analysis.concepts:
+    """Share of the question's concepts the chunk asserts."""
+    if not analysis.keys:
         return 0.0
-    names = {c["display"].lower() for c in chunk.concepts}
-    return sum(1 for c in analysis.concepts if c in names) / len(analysis.concepts)
+    return len(asserted_keys(chunk.concepts) & analysis.keys) / len(analysis.keys)
+
+
+def negated_overlap(chunk: Chunk, analysis: Analysis) -> bool:
+    """The chunk mentions a question concept only to deny it ("No Known Allergies.")."""
+    keys = analysis.keys
+    mentioned = {c["key"] for c in chunk.concepts if c["key"] in keys}
+    return bool(mentioned) and not (mentioned & asserted_keys(chunk.concepts))
 
 
 def rerank(evidence: list[Evidence], analysis: Analysis) -> list[Evidence]:
-    """Deterministic feature rerank: concept overlap, the asked-for dates, recency for 'latest'."""
+    """Deterministic features: concepts asserted (not negated), the asked-for dates, the newest
+    for 'latest', trend summaries for trends, structured facts over templated note lines."""
     if not evidence:
         return evidence
     newest: dict[str, str] = {}
     for ev in evidence:
-        for c in ev.chunk.concepts:
-            key = c["display"].lower()
+        for key in asserted_keys(ev.chunk.concepts) & analysis.keys:
             if ev.chunk.date > newest.get(key, ""):
                 newest[key] = ev.chunk.date
+    newest_any = max((ev.chunk.date for ev in evidence), default="")
     top_fused = max(ev.score for ev in evidence) or 1.0
     for ev in evidence:
+        chunk = ev.chunk
+        overlap = concept_overlap(chunk, analysis)
+        matched = asserted_keys(chunk.concepts) & analysis.keys
         f = {
             "fused": ev.score / top_fused,
-            "concepts": concept_overlap(ev.chunk, analysis),
-            "in_window": 1.0 if in_window(ev.chunk, analysis) else 0.0,
-            "latest": 0.0,
-            "type": 1.0 if ev.chunk.semantic_type in analysis.semantic_types else 0.0,
-            "trend": 1.0 if analysis.wants_trend and ev.chunk.category == "trend" else 0.0,
+            "concepts": overlap,
+            "negated": 1.0 if negated_overlap(chunk, analysis) else 0.0,
+            "in_window": 1.0 if in_window(chunk, analysis) else 0.0,
+            "latest": 1.0 if analysis.wants_latest and (
+                any(chunk.date >= newest[k] for k in matched) if analysis.keys else chunk.date[:10] == newest_any[:10]) else 0.0,
+            "type": 1.0 if chunk.semantic_type in analysis.semantic_types else 0.0,
+            "trend": 1.0 if analysis.wants_trend and chunk.category == "trend" else 0.0,
+            "structured": 1.0 if overlap and chunk.semantic_type != "note" else 0.0,
         }
-        if analysis.wants_latest and f["concepts"] > 0:
-            matched = [c["display"].lower() for c in ev.chunk.concepts if c["display"].lower() in analysis.concepts]
-            f["latest"] = 1.0 if any(ev.chunk.date and ev.chunk.date >= newest.get(m, "") for m in matched) else 0.0
         ev.features = f
-        ev.score = (f["fused"] + 0.6 * f["concepts"] + 0.5 * f["in_window"] + 0.4 * f["latest"]
-                    + 0.15 * f["type"] + 0.3 * f["trend"])
+        ev.score = (f["fused"] + 0.8 * f["concepts"] - 0.6 * f["negated"] + 0.6 * f["in_window"]
+                    + 0.4 * f["latest"] + 0.2 * f["type"] + 0.4 * f["trend"] + 0.3 * f["structured"])
     return sorted(evidence, key=lambda e: (-e.score, e.chunk.chunk_id))
 
 
 # --- stage 7: select ------------------------------------------------------------------------------
 
-def select(evidence: list[Evidence], k: int) -> list[Evidence]:
-    """Top-k without twins: one chunk per identical text, one note's twin forms once."""
-    chosen, seen_text = [], set()
+def fact_key(chunk: Chunk) -> str:
+    """What makes two chunks the same fact: identical text, or for orders and results the same
+    code (yearly renewals of one drug, the same analyte repeated on one day)."""
+    if chunk.semantic_type == "medication" and chunk.codes:
+        return "med:" + chunk.codes[0].split("|")[1]
+    if chunk.resource_type == "Observation" and chunk.category != "trend" and chunk.codes:
+        return f"obs:{chunk.codes[0].split('|')[1]}:{chunk.date[:10]}:{chunk.text.split('=', 1)[-1]}"
+    return "text:" + " ".join(chunk.text.split()).lower()
+
+
+def select(evidence: list[Evidence], k: int, by_fact: bool = True, diverse: bool = False) -> list[Evidence]:
+    """Top-k without twins: one chunk per fact (identical text, a drug's renewals, repeated results).
+    For lists and histories, a chunk that only repeats codes already chosen (the visit for a
+    condition already listed) waits until the distinct facts are in."""
+    chosen, deferred, seen, covered = [], [], set(), set()
     for ev in evidence:
-        key = " ".join(ev.chunk.text.split()).lower()
-        if key in seen_text:
+        key = fact_key(ev.chunk) if by_fact else "text:" + " ".join(ev.chunk.text.split()).lower()
+        if key in seen:
             continue
-        seen_text.add(key)
+        seen.add(key)
+        codes = {c.split("|", 2)[0] + "|" + c.split("|", 2)[1] for c in ev.chunk.codes} if diverse else set()
+        if diverse and codes and codes <= covered:
+            deferred.append(ev)
+            continue
+        covered |= codes
         chosen.append(ev)
         if len(chosen) == k:
-            break
-    return chosen
+            return chosen
+    return (chosen + deferred)[:k]
 
 
 # --- the pipeline -----------------------------------------------------------------------------------
 
-class _Timer:
+class _Stage:
     def __init__(self, stages: list[StageReport], name: str, n_in: int, corpus: int):
         self.stages, self.name, self.n_in, self.corpus = stages, name, n_in, corpus
 
@@ -200,18 +336,27 @@ class _Timer:
         self.t0 = time.perf_counter()
         return self
 
-    def done(self, n_out: int) -> None:
+    def done(self, n_out: int, note: str = "") -> None:
         ms = (time.perf_counter() - self.t0) * 1000
-        self.stages.append(StageReport(self.name, self.n_in, n_out, ms, n_out / self.corpus if self.corpus else 0.0))
+        self.stages.append(StageReport(self.name, self.n_in, n_out, ms, n_out / self.corpus if self.corpus else 0.0, note))
 
     def __exit__(self, *exc):
         return False
 
 
+def patient_terms(backend: Backend, tenant: str, patient_id: str) -> list[RecordTerm]:
+    summary = backend.get_patient(tenant, patient_id) or {}
+    return [RecordTerm(*t) for t in summary.get("terms", [])]
+
+
 def retrieve(backend: Backend, embedder: Embedder, question: str, tenant: str, patient_id: str,
-             k: int = 5, pipeline: str = "full") -> Retrieval:
+             k: int = 5, pipeline: str = "full", ablate: tuple[str, ...] = ()) -> Retrieval:
     if pipeline not in PIPELINES:
         raise ValueError(f"unknown pipeline {pipeline!r}; choose one of {', '.join(PIPELINES)}")
+    unknown = set(ablate) - set(ABLATABLE)
+    if unknown:
+        raise ValueError(f"cannot ablate {', '.join(sorted(unknown))}; choose from {', '.join(ABLATABLE)}")
+    full = pipeline == "full"
     stages: list[StageReport] = []
     scope = Scope(tenant, patient_id)
 
@@ -219,22 +364,30 @@ def retrieve(backend: Backend, embedder: Embedder, question: str, tenant: str, p
     corpus = backend.count(scope)
     stages.append(StageReport("scope", corpus, corpus, (time.perf_counter() - t0) * 1000, 1.0 if corpus else 0.0))
 
-    with _Timer(stages, "analyse", corpus, corpus) as t:
-        analysis = analyse(question)
-        t.done(corpus)
+    with _Stage(stages, "analyse", corpus, corpus) as st:
+        analysis = analyse(question, patient_terms(backend, tenant, patient_id) if full else [])
+        # A clinical word (one the tenant's records use somewhere) that this patient's record never
+        # uses is something the record cannot answer: "breast" for a patient with prostate cancer.
+        clinical = backend.has_terms(tenant, None, analysis.residual) if corpus else set()
+        absent = clinical - backend.has_terms(tenant, patient_id, sorted(clinical))
+        if analysis.required_keys:
+            absent = analysis.modifiers(absent)   # with a concept asked about, only its qualifiers count
+        st.done(corpus, ", ".join(analysis.names + analysis.intents() + [f"absent: {t}" for t in sorted(absent)]))
 
-    with _Timer(stages, "recall", corpus, corpus) as t:
-        dense_text = question if pipeline == "dense" else f"{question} {' '.join(analysis.concepts)}".strip()
+    if full and "filter" not in ablate:
+        with _Stage(stages, "filter", corpus, corpus) as st:
+            scope, why = filter_scope(backend, scope, analysis)
+            st.done(backend.count(scope) if why != "none" else corpus, why)
+
+    with _Stage(stages, "recall", stages[-1].n_out, corpus) as st:
+        dense_text = f"{question} {' '.join(analysis.names)}".strip() if full else question
         dense_hits = backend.search_vector(scope, embedder.encode_query(dense_text), RECALL_N)
         lexical_hits = [] if pipeline == "dense" else backend.search_text(
-            scope, expanded_query(analysis) if pipeline == "full" else " ".join(analysis.terms), RECALL_N)
-        t.done(len({h.chunk_id for h in dense_hits} | {h.chunk_id for h in lexical_hits}))
+            scope, expanded_query(analysis) if full else " ".join(analysis.terms), RECALL_N)
+        st.done(len({h.chunk_id for h in dense_hits} | {h.chunk_id for h in lexical_hits}))
 
-    with _Timer(stages, "fuse", stages[-1].n_out, corpus) as t:
-        if pipeline == "dense":
-            fused = {h.chunk_id: h.score for h in dense_hits}
-        else:
-            fused = rrf(lexical_hits, dense_hits)
+    with _Stage(stages, "fuse", stages[-1].n_out, corpus) as st:
+        fused = {h.chunk_id: h.score for h in dense_hits} if pipeline == "dense" else rrf(lexical_hits, dense_hits)
         dense_scores = {h.chunk_id: h.score for h in dense_hits}
         dense_rank = {h.chunk_id: i for i, h in enumerate(dense_hits)}
         lexical_rank = {h.chunk_id: i for i, h in enumerate(lexical_hits)}
@@ -242,15 +395,27 @@ def retrieve(backend: Backend, embedder: Embedder, question: str, tenant: str, p
         chunks = {c.chunk_id: c for c in backend.get_chunks(tenant, ids)}
         evidence = [Evidence(chunks[c], fused[c], dense_scores.get(c), lexical_rank.get(c), dense_rank.get(c))
                     for c in ids if c in chunks]
-        t.done(len(evidence))
+        st.done(len(evidence))
 
-    if pipeline == "full":
-        with _Timer(stages, "rerank", len(evidence), corpus) as t:
+    if full and "recovery" not in ablate:
+        with _Stage(stages, "recovery", len(evidence), corpus) as st:
+            have = {ev.chunk.chunk_id for ev in evidence}
+            hits = backend.search_concepts(scope, sorted(analysis.keys), RECOVERY_N)
+            if analysis.wants_latest and not analysis.keys:
+                hits += backend.latest(scope, 10)   # "her most recent note": the newest in scope
+            missed = list(dict.fromkeys(h.chunk_id for h in hits if h.chunk_id not in have))
+            floor = min((ev.score for ev in evidence), default=0.0)
+            evidence += [Evidence(c, floor, recovered=True) for c in backend.get_chunks(tenant, missed)]
+            st.done(len(evidence), f"+{len(missed)}")
+
+    candidates = list(evidence)
+    if full and "rerank" not in ablate:
+        with _Stage(stages, "rerank", len(evidence), corpus) as st:
             evidence = rerank(evidence, analysis)
-            t.done(len(evidence))
+            st.done(len(evidence))
 
-    with _Timer(stages, "select", len(evidence), corpus) as t:
-        evidence = select(evidence, k)
-        t.done(len(evidence))
+    with _Stage(stages, "select", len(evidence), corpus) as st:
+        evidence = select(evidence, k, by_fact=full, diverse=full and (analysis.wants_list or analysis.wants_ever))
+        st.done(len(evidence))
 
-    return Retrieval(question, pipeline, analysis, evidence, stages, corpus)
+    return Retrieval(question, pipeline, analysis, evidence, stages, corpus, scope, candidates, absent)

@@ -112,6 +112,9 @@ def test_dev_questions_full_pipeline_beats_dense(dev_service, dev_questions, cap
         print("\nrecall@5 on dev: " + ", ".join(f"{p} {f['recall']['5']:.3f}" for p, f in figures.items())
               + f"; abstention (full) {figures['full']['abstention_accuracy']:.2f}")
     assert figures["full"]["recall"]["5"] >= figures["dense"]["recall"]["5"]
-    # Floor set from the measurement in the README (0.85 when this test was written).
-    assert figures["full"]["recall"]["5"] >= 0.80
-    assert figures["full"]["abstention_accuracy"] >= 0.80
+    # Floors set from the measurement in the README (full 0.957 vs dense 0.712, abstention 1.00,
+    # no false abstention when this test was written), with room for unseen phrasing.
+    assert figures["full"]["recall"]["5"] >= 0.90
+    assert figures["full"]["recall"]["5"] >= 1.25 * figures["dense"]["recall"]["5"]
+    assert figures["full"]["abstention_accuracy"] >= 0.95
+    assert figures["full"]["false_abstention"] <= 0.05
