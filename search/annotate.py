@@ -83,6 +83,12 @@ class Annotator:
         self.record_matcher = PhraseMatcher(nlp.vocab, attr="LOWER")
         self.question_matcher = PhraseMatcher(nlp.vocab, attr="LOWER")
         self.cased_matcher = Matcher(nlp.vocab)
+        # member name → the classes that list it; a class can itself be a member ("insulin" of
+        # "diabetes medication"), so class membership is followed upwards.
+        self.member_of: dict[str, list] = {}
+        for entry in self.lexicon.entries:
+            for name in entry.members:
+                self.member_of.setdefault(name, []).append(entry)
         for i, entry in enumerate(self.lexicon.entries):
             # label → (entry, member name or ""): a member ("atorvastatin", via "lipitor") is its own
             # concept and also carries its class ("statin").
@@ -183,13 +189,23 @@ class Annotator:
                 # "metformin" is not answered by insulin, though both are diabetes medications.
                 add(lexicon_key(entry.canonical), entry.canonical, entry.semantic_type, negated, ent.text,
                     "class" if member else "", ent.start_char)
+                for parent in self.classes_of(member or entry.canonical) - {entry.canonical}:
+                    add(lexicon_key(parent), parent, entry.semantic_type, negated, ent.text, "class", ent.start_char)
             else:
                 term = terms[int(ent.kb_id_[1:])]
                 add(term.key, term.display, term.semantic_type, negated, ent.text, "", ent.start_char)
 
+    def classes_of(self, name: str, seen: frozenset = frozenset()) -> set[str]:
+        out = set()
+        for entry in self.member_of.get(name, []):
+            if entry.canonical not in seen:
+                out.add(entry.canonical)
+                out |= self.classes_of(entry.canonical, seen | {name})
+        return out
+
     def annotate_chunks(self, chunks: list[Chunk], terms: list[RecordTerm]) -> list[Chunk]:
         """Concepts from the text (with negation) plus the chunk's own codings (asserted)."""
-        for chunk, concepts in zip(chunks, self.annotate([c.text for c in chunks], terms)):
+        for chunk, concepts in zip(chunks, self.annotate([without_headings(c) for c in chunks], terms)):
             by_key = {c["key"]: c for c in concepts}
             for code_key in chunk.codes:
                 system, code, display = (code_key.split("|") + ["", ""])[:3]
@@ -198,6 +214,15 @@ class Annotator:
                                                   "semantic_type": chunk.semantic_type, "negated": False}
             chunk.concepts = list(by_key.values())
         return chunks
+
+
+def without_headings(chunk: Chunk) -> str:
+    """A note's section headings ("Allergies:", "Medications:") name a topic, they assert nothing:
+    "Allergies: No Known Allergies." must read as a denial, not as an allergy."""
+    text = chunk.text
+    for heading in filter(None, (h.strip() for h in chunk.section.split(","))):
+        text = re.sub(rf"\b{re.escape(heading)}(?: \(continued\))?:", " ", text)
+    return text
 
 
 @lru_cache(maxsize=1)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .annotate import asserted_keys
+from .annotate import asserted_keys, default_annotator
 from .lexicon import tokens
 from .pipeline import Analysis, Evidence, Retrieval, concept_overlap
 
@@ -66,17 +66,26 @@ def judge_support(retrieval: Retrieval) -> Support:
 
 
 def statement_for(ev: Evidence, analysis: Analysis) -> str:
-    """One or two sentences of a chunk: the whole fact for structured data, the best lines of a note."""
+    """One or two sentences of a chunk: the whole fact for structured data; for a note the lines
+    that assert what was asked (never a line that denies it)."""
     text = ev.chunk.text
     if ev.chunk.semantic_type != "note":
         return text
     header, _, body = text.partition(". ")
     sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+|\n", body) if s.strip()]
+    # A leading "Allergies:" is the section's heading, not an assertion of allergy.
+    unheaded = [re.sub(r"^[A-Z][A-Za-z /&()-]{2,40}:\s+", "", s) for s in sentences]
+    concepts = default_annotator().annotate(unheaded) if analysis.keys else [[] for _ in sentences]
     wanted = set(analysis.terms) | {t for name in analysis.names for t in tokens(name)}
-    scored = sorted(sentences, key=lambda s: -len(wanted & set(tokens(s))))
-    best = [s for s in scored[:2] if wanted & set(tokens(s))] or sentences[:2]
-    ordered = [s for s in sentences if s in best]
-    return f"{header}: " + " ".join(ordered)
+
+    def score(i: int) -> tuple:
+        asserted = len(asserted_keys(concepts[i]) & analysis.keys)
+        denied = any(c["key"] in analysis.keys and c.get("negated") for c in concepts[i])
+        return (asserted, 0 if denied else 1, len(wanted & set(tokens(sentences[i]))))
+
+    ranked = sorted(range(len(sentences)), key=lambda i: score(i), reverse=True)
+    best = [i for i in ranked[:2] if score(i)[0] or (score(i)[1] and score(i)[2])] or ranked[:1]
+    return f"{header}: " + " ".join(sentences[i] for i in sorted(best))
 
 
 def relevant_evidence(retrieval: Retrieval) -> list[Evidence]:
@@ -94,6 +103,28 @@ def relevant_evidence(retrieval: Retrieval) -> list[Evidence]:
     return keep
 
 
+def note_conflict(retrieval: Retrieval, cited: list[Evidence]) -> tuple[Evidence, str] | None:
+    """A note that denies what the structured record asserts ("No Known Allergies." beside a
+    recorded shellfish allergy): surfaced, not silently dropped, and never the answer itself."""
+    keys = retrieval.analysis.keys
+    structured = set()
+    for ev in cited:
+        if ev.chunk.semantic_type != "note":
+            structured |= asserted_keys(ev.chunk.concepts) & keys
+    if not structured:
+        return None
+    for ev in sorted(retrieval.candidates, key=lambda e: e.chunk.date, reverse=True):
+        if ev.chunk.semantic_type != "note":
+            continue
+        denied = [c for c in ev.chunk.concepts if c["key"] in structured and c.get("negated")]
+        if denied and not (asserted_keys(ev.chunk.concepts) & structured):
+            surface = denied[0].get("text", "")
+            for sentence in re.split(r"(?<=[.!?])\s+|\n", ev.chunk.text):
+                if surface and surface.lower() in sentence.lower():
+                    return ev, sentence.strip().split(": ")[-1]
+    return None
+
+
 def compose(retrieval: Retrieval, patient_id: str, question_id: str | None = None) -> dict:
     base = {"id": question_id, "patient_id": patient_id, "question": retrieval.question}
     evidence_json = [
@@ -101,8 +132,13 @@ def compose(retrieval: Retrieval, patient_id: str, question_id: str | None = Non
          "score": round(e.score, 4), "label": e.chunk.label, "text": e.chunk.text}
         for i, e in enumerate(retrieval.evidence)
     ]
+    scope = retrieval.scope
     diagnostics = {"pipeline": retrieval.pipeline, "corpus_size": retrieval.corpus_size,
-                   "stages": [s.to_dict() for s in retrieval.stages]}
+                   "stages": [s.to_dict() for s in retrieval.stages],
+                   "filter": {"semantic_types": list(scope.semantic_types), "date_from": scope.date_from,
+                              "date_to": scope.date_to},
+                   "analysis": {"concepts": retrieval.analysis.names, "intents": retrieval.analysis.intents(),
+                                "date_from": retrieval.analysis.date_from, "date_to": retrieval.analysis.date_to}}
     if retrieval.corpus_size == 0:
         return {**base, "answer": NEW_PATIENT, "statements": [], "citations": [], "evidence": [],
                 "confidence": "low", "abstained": True, "diagnostics": diagnostics}
@@ -124,6 +160,14 @@ def compose(retrieval: Retrieval, patient_id: str, question_id: str | None = Non
         citations.append({"n": n, "ref": ev.chunk.ref, "resource_type": ev.chunk.resource_type,
                           "date": ev.chunk.date[:10], "label": ev.chunk.label, "snippet": ev.chunk.text[:240]})
         statements.append({"text": text, "citations": [n]})
+    conflict = note_conflict(retrieval, [ev for ev in relevant_evidence(retrieval)])
+    if conflict is not None:
+        ev, sentence = conflict
+        n = len(citations) + 1
+        citations.append({"n": n, "ref": ev.chunk.ref, "resource_type": ev.chunk.resource_type,
+                          "date": ev.chunk.date[:10], "label": ev.chunk.label, "snippet": ev.chunk.text[:240]})
+        statements.append({"text": f"Note: the note of {ev.chunk.date[:10]} says \"{sentence}\", which conflicts "
+                                   f"with the structured record above.", "citations": [n], "conflict": True})
     answer = " ".join(f"{s['text']} [{s['citations'][0]}]" for s in statements)
     best_dense = max((e.dense for e in retrieval.evidence if e.dense is not None), default=0.0)
     if support.coverage >= 0.99 and best_dense >= 0.5:

@@ -1,6 +1,9 @@
 """Retrieval evaluation over questions with gold evidence groups (see shared/data/questions/README.md).
 
 A group is hit when any of its member refs is among the resources the top-k evidence draws on.
+Besides recall@k and MRR it reports, like the published ablations, the filter stage's corpus
+ratio and filtering recall (gold groups still reachable after filtering), abstention accuracy on
+unanswerable questions, false abstentions on answerable ones, and latency.
 """
 from __future__ import annotations
 
@@ -8,6 +11,8 @@ import json
 import statistics
 import time
 from collections import defaultdict
+
+from .backend import Scope
 
 
 def load_questions(path: str) -> list[dict]:
@@ -37,6 +42,19 @@ def reciprocal_rank(result: dict, gold: list[list[str]]) -> float:
     return 0.0
 
 
+def filter_figures(service, tenant: str, q: dict, result: dict) -> tuple[float, float]:
+    """(corpus ratio, filtering recall) after the filter stage."""
+    stages = {s["name"]: s for s in result["diagnostics"]["stages"]}
+    if "filter" not in stages or not result["diagnostics"]["corpus_size"]:
+        return 1.0, 1.0
+    ratio = stages["filter"]["corpus_ratio"]
+    f = result["diagnostics"]["filter"]
+    scope = Scope(tenant, q["patient_id"], tuple(f["semantic_types"]), f["date_from"], f["date_to"])
+    reachable = service.backend.refs_in_scope(scope, [ref for group in q["gold"] for ref in group])
+    recall = sum(1 for group in q["gold"] if reachable & set(group)) / len(q["gold"]) if q["gold"] else 1.0
+    return ratio, recall
+
+
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return 0.0
@@ -44,21 +62,31 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-def evaluate(service, tenant: str, questions_path: str, ks: list[int], pipelines: list[str]) -> dict:
+def variants(pipelines: list[str], ablate: list[str]) -> list[tuple[str, str, tuple[str, ...]]]:
+    """(label, pipeline, ablated stages): the pipelines asked for, then full without each stage."""
+    out = [(p, p, ()) for p in pipelines]
+    out += [(f"full -{stage}", "full", (stage,)) for stage in ablate]
+    return out
+
+
+def evaluate(service, tenant: str, questions_path: str, ks: list[int], pipelines: list[str],
+             ablate: list[str] | None = None) -> dict:
     questions = load_questions(questions_path)
     depth = max(ks)
     report = {"questions": len(questions), "pipelines": {}}
-    for pipeline in pipelines:
+    for label, pipeline, ablated in variants(pipelines, ablate or []):
         rows, latencies = [], []
         for q in questions:
             t0 = time.perf_counter()
-            result = service.ask(tenant, q["patient_id"], q["question"], k=depth, pipeline=pipeline, question_id=q["id"])
+            result = service.ask(tenant, q["patient_id"], q["question"], k=depth, pipeline=pipeline,
+                                 question_id=q["id"], ablate=ablated)
             latencies.append((time.perf_counter() - t0) * 1000)
+            ratio, filter_recall = filter_figures(service, tenant, q, result)
             rows.append({"id": q["id"], "kind": q["kind"], "answerable": q["answerable"],
                          "recall": {k: recall_at(result, q["gold"], k) for k in ks},
                          "rr": reciprocal_rank(result, q["gold"]) if q["answerable"] else 0.0,
-                         "abstained": result["abstained"]})
-        report["pipelines"][pipeline] = summarise(rows, ks, latencies)
+                         "abstained": result["abstained"], "corpus_ratio": ratio, "filter_recall": filter_recall})
+        report["pipelines"][label] = summarise(rows, ks, latencies)
     return report
 
 
@@ -72,6 +100,8 @@ def summarise(rows: list[dict], ks: list[int], latencies: list[float]) -> dict:
     return {
         "recall": {str(k): mean([r["recall"][k] for r in answerable]) for k in ks},
         "mrr": mean([r["rr"] for r in answerable]),
+        "corpus_ratio": mean([r.get("corpus_ratio", 1.0) for r in answerable]),
+        "filter_recall": mean([r.get("filter_recall", 1.0) for r in answerable]),
         "abstention_accuracy": mean([1.0 if r["abstained"] else 0.0 for r in unanswerable]),
         "false_abstention": mean([1.0 if r["abstained"] else 0.0 for r in answerable]),
         "p50_ms": round(percentile(latencies, 0.5), 1),
@@ -84,16 +114,24 @@ def summarise(rows: list[dict], ks: list[int], latencies: list[float]) -> dict:
 
 def format_table(report: dict, ks: list[int]) -> str:
     lines = [f"questions: {report['questions']}", ""]
-    head = f"{'pipeline':8} " + " ".join(f"{'R@' + str(k):>6}" for k in ks) + f" {'MRR':>6} {'abstain':>8} {'false-abst':>10} {'p50 ms':>8} {'p95 ms':>8}"
+    head = (f"{'pipeline':16} {'corpus':>7} {'filt-R':>7} " + " ".join(f"{'R@' + str(k):>6}" for k in ks)
+            + f" {'MRR':>6} {'abstain':>8} {'false-abst':>10} {'p50 ms':>8} {'p95 ms':>8}")
     lines.append(head)
     for name, p in report["pipelines"].items():
-        lines.append(f"{name:8} " + " ".join(f"{p['recall'][str(k)]:>6.3f}" for k in ks)
+        lines.append(f"{name:16} {p.get('corpus_ratio', 1.0):>7.3f} {p.get('filter_recall', 1.0):>7.3f} "
+                     + " ".join(f"{p['recall'][str(k)]:>6.3f}" for k in ks)
                      + f" {p['mrr']:>6.3f} {p['abstention_accuracy']:>8.2f} {p['false_abstention']:>10.2f}"
                      + f" {p['p50_ms']:>8.1f} {p['p95_ms']:>8.1f}")
+    names = list(report["pipelines"])
+    if "dense" in report["pipelines"] and "full" in report["pipelines"]:
+        k = "5" if 5 in ks else str(ks[0])
+        base, full = report["pipelines"]["dense"]["recall"][k], report["pipelines"]["full"]["recall"][k]
+        if base:
+            lines.append(f"\nfull vs dense: recall@{k} {full:.3f} vs {base:.3f} ({100 * (full - base) / base:+.1f}% relative)")
     kinds = sorted({kind for p in report["pipelines"].values() for kind in p["by_kind"]})
     k = 5 if 5 in ks else ks[0]
-    lines += ["", f"recall@{k} by question kind", f"{'kind':12} " + " ".join(f"{n:>8}" for n in report["pipelines"])]
+    lines += ["", f"recall@{k} by question kind", f"{'kind':12} " + " ".join(f"{n:>16}" for n in names)]
     for kind in kinds:
-        lines.append(f"{kind:12} " + " ".join(f"{p['by_kind'].get(kind, {}).get(str(k), 0):>8.3f}"
+        lines.append(f"{kind:12} " + " ".join(f"{p['by_kind'].get(kind, {}).get(str(k), 0):>16.3f}"
                                               for p in report["pipelines"].values()))
     return "\n".join(lines)

@@ -68,8 +68,9 @@ class SearchService:
         return IndexSummary(report, result)
 
     def ask(self, tenant: str, patient_id: str, question: str, k: int = 5, pipeline: str = "full",
-            question_id: str | None = None) -> dict:
-        retrieval = retrieve(self.backend, self.embedder, question, tenant, patient_id, k=k, pipeline=pipeline)
+            question_id: str | None = None, ablate: tuple[str, ...] = ()) -> dict:
+        retrieval = retrieve(self.backend, self.embedder, question, tenant, patient_id, k=k, pipeline=pipeline,
+                             ablate=ablate)
         result = compose(retrieval, patient_id, question_id)
         result["chart"] = None
         if not result["abstained"]:

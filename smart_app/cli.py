@@ -40,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("questions")
     ev.add_argument("--k", default="3,5,10")
     ev.add_argument("--pipeline", default="dense,hybrid,full")
+    ev.add_argument("--ablate", default="", help="also run full without these stages: filter,recovery,rerank")
+    ev.add_argument("--backend", choices=("embedded", "elasticsearch"), help="overrides CHARTCITE_BACKEND")
     ev.add_argument("--tenant")
     ev.add_argument("--json", action="store_true")
 
@@ -170,17 +172,20 @@ def cmd_ask(args, settings: Settings) -> int:
 
 
 def print_stage_table(stages: list[dict]) -> None:
-    print(f"\n{'stage':10} {'in':>7} {'out':>7} {'corpus':>8} {'ms':>9}")
+    print(f"\n{'stage':10} {'in':>7} {'out':>7} {'corpus':>8} {'ms':>9}  note")
     for s in stages:
-        print(f"{s['name']:10} {s['in']:>7} {s['out']:>7} {s['corpus_ratio']:>8.3f} {s['ms']:>9.2f}")
+        print(f"{s['name']:10} {s['in']:>7} {s['out']:>7} {s['corpus_ratio']:>8.3f} {s['ms']:>9.2f}  {s.get('note', '')}")
 
 
 def cmd_eval(args, settings: Settings) -> int:
     from search.evaluate import evaluate, format_table
 
     ks = [int(k) for k in args.k.split(",")]
-    pipelines = args.pipeline.split(",")
-    report = evaluate(service(settings), args.tenant or settings.tenant, args.questions, ks, pipelines)
+    pipelines = [p for p in args.pipeline.split(",") if p]
+    ablate = [a for a in args.ablate.split(",") if a]
+    if args.backend:
+        settings.backend = args.backend
+    report = evaluate(service(settings), args.tenant or settings.tenant, args.questions, ks, pipelines, ablate)
     print(json.dumps(report, indent=2) if args.json else format_table(report, ks))
     return 0
 
