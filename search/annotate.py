@@ -206,6 +206,11 @@ class Annotator:
     def annotate_chunks(self, chunks: list[Chunk], terms: list[RecordTerm]) -> list[Chunk]:
         """Concepts from the text (with negation) plus the chunk's own codings (asserted)."""
         for chunk, concepts in zip(chunks, self.annotate([without_headings(c) for c in chunks], terms)):
+            if chunk.semantic_type != "note":
+                # A structured resource is itself the assertion: NegEx would misread coded names
+                # such as "Influenza, seasonal, injectable, preservative free" as denials.
+                for c in concepts:
+                    c["negated"] = False
             by_key = {c["key"]: c for c in concepts}
             for code_key in chunk.codes:
                 system, code, display = (code_key.split("|") + ["", ""])[:3]
