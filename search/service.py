@@ -25,10 +25,11 @@ class IndexSummary:
 
 
 class SearchService:
-    def __init__(self, backend_kind: str, index_path: Path, model_path: str = ""):
+    def __init__(self, backend_kind: str, index_path: Path, model_path: str = "", es: dict | None = None):
         self.backend_kind = backend_kind
         self.index_path = Path(index_path)
         self.model_path = model_path or None
+        self.es_options = es or {}
         self._embedder: Embedder | None = None
         self._backend: Backend | None = None
         self._catalog: Backend | None = None
@@ -47,9 +48,42 @@ class SearchService:
 
                 self._backend = EmbeddedBackend(self.index_path, self.embedder.name, self.embedder.dimension)
             else:
-                raise BackendError(f"backend {self.backend_kind!r} is not available in this build; "
-                                   "use CHARTCITE_BACKEND=embedded")
+                self._backend = self._elastic(self.embedder.name, self.embedder.dimension)
         return self._backend
+
+    def _elastic(self, model: str | None, dimension: int = 0, check_model: bool = True):
+        from .elastic import ElasticsearchBackend
+
+        options = dict(self.es_options)
+        urls = options.pop("urls", None)
+        if not urls:
+            raise BackendError("the Elasticsearch backend needs at least one URL (CHARTCITE_ES_URL)")
+        return ElasticsearchBackend(urls, model, dimension, check_model=check_model, **options)
+
+    def reindex(self, tenant: str, progress: Callable[[str, int, int], None] | None = None) -> int:
+        """Rebuild the tenant's index with the configured model into a new versioned index and swap
+        the alias atomically: questions keep working on the old index until the swap."""
+        if self.backend_kind != "elasticsearch":
+            raise BackendError("reindex with an alias swap is for the Elasticsearch backend; the embedded index "
+                               "is rebuilt by indexing into a new CHARTCITE_DATA_DIR")
+        embedder = self.embedder
+        old = self._elastic(None, check_model=False)
+        chunks = list(old.scan_chunks(tenant))
+        target = old.start_reindex(tenant, embedder.name, embedder.dimension)
+        from .indexer import lexical_text
+
+        for start in range(0, len(chunks), 256):
+            batch = chunks[start:start + 256]
+            vectors = embedder.encode([c.text for c in batch])
+            old.write_chunks(target, batch, vectors, [lexical_text(c) for c in batch])
+            if progress:
+                progress("reindexing", start + len(batch), len(chunks))
+        old.finish_reindex(tenant, target)
+        old.close()
+        if self._backend is not None:
+            self._backend.close()
+            self._backend = None
+        return len(chunks)
 
     def index_records(self, tenant: str, records: list[PatientRecord],
                       progress: Callable[[str, int, int], None] | None = None) -> IndexResult:
@@ -86,11 +120,12 @@ class SearchService:
         if self._backend is not None:
             return self._backend
         if self._catalog is None:
-            if self.backend_kind != "embedded":
-                return self.backend
-            from .embedded import EmbeddedBackend
+            if self.backend_kind == "embedded":
+                from .embedded import EmbeddedBackend
 
-            self._catalog = EmbeddedBackend(self.index_path, None)
+                self._catalog = EmbeddedBackend(self.index_path, None)
+            else:
+                self._catalog = self._elastic(None, check_model=False)
         return self._catalog
 
     def patients(self, tenant: str) -> list[dict]:

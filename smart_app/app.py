@@ -21,7 +21,7 @@ def create_app(settings: Settings | None = None, runner=None) -> Flask:
     from .sessions import SessionStore
 
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    app.extensions["chartcite.search"] = SearchService(settings.backend, settings.index_path, settings.model)
+    app.extensions["chartcite.search"] = SearchService(**settings.search_options())
     app.extensions["chartcite.sessions"] = SessionStore(settings.state_path, settings.secret_key)
     if runner is None:
         from workers.runner import TaskRunner

@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
 def service(settings: Settings):
     from search.service import SearchService
 
-    return SearchService(settings.backend, settings.index_path, settings.model)
+    return SearchService(**settings.search_options())
 
 
 def cmd_config(args, settings: Settings) -> int:

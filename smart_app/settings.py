@@ -13,6 +13,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SECRET_FIELDS = {"secret_key", "es_api_key", "es_password", "llm_api_key", "token_key"}
+URL_FIELDS = {"redis_url", "broker_url", "es_url"}      # may carry a password: user:secret@host
 
 
 class SettingsError(ValueError):
@@ -32,9 +33,16 @@ class Settings:
     tasks_eager: bool = True              # run indexing tasks in-process (embedded default)
     broker_url: str = ""                  # Celery broker; "" = SQLite file in the data dir
     log_level: str = "INFO"
-    es_url: str = ""
+    es_url: str = ""                      # comma-separated node URLs
     es_api_key: str = ""
+    es_username: str = ""
     es_password: str = ""
+    es_ca_certs: str = ""                 # CA bundle for TLS
+    es_verify_certs: bool = True
+    es_shards: str = "1"
+    es_replicas: str = "0"
+    redis_url: str = ""                   # Celery broker and job progress in production
+    sync_interval_minutes: str = "60"     # Celery beat: how often each tenant's record source is re-synced
 
     @classmethod
     def load(cls, environ: dict | None = None) -> "Settings":
@@ -83,7 +91,20 @@ class Settings:
 
     @property
     def celery_broker(self) -> str:
-        return self.broker_url or f"sqla+sqlite:///{self.data_dir / 'celery-broker.sqlite'}"
+        return self.broker_url or self.redis_url or f"sqla+sqlite:///{self.data_dir / 'celery-broker.sqlite'}"
+
+    def search_options(self) -> dict:
+        """What search.SearchService needs to open the configured backend."""
+        if self.backend == "elasticsearch" and not self.es_url:
+            raise SettingsError("CHARTCITE_BACKEND=elasticsearch needs CHARTCITE_ES_URL (e.g. http://127.0.0.1:9250)")
+        try:
+            shards, replicas = int(self.es_shards), int(self.es_replicas)
+        except ValueError as exc:
+            raise SettingsError("CHARTCITE_ES_SHARDS and CHARTCITE_ES_REPLICAS must be numbers") from exc
+        return {"backend_kind": self.backend, "index_path": self.index_path, "model_path": self.model,
+                "es": {"urls": [u.strip() for u in self.es_url.split(",") if u.strip()], "api_key": self.es_api_key,
+                       "username": self.es_username, "password": self.es_password, "ca_certs": self.es_ca_certs,
+                       "verify_certs": self.es_verify_certs, "shards": shards, "replicas": replicas}}
 
     def masked(self) -> dict:
         out = {}
@@ -91,10 +112,18 @@ class Settings:
             value = getattr(self, f.name)
             if f.name in SECRET_FIELDS and value:
                 value = "****"
+            elif f.name in URL_FIELDS and value:
+                value = mask_url_password(str(value))
             out[f.name] = str(value) if isinstance(value, Path) else value
         out["index_path"] = str(self.index_path)
-        out["celery_broker"] = self.celery_broker
+        out["celery_broker"] = mask_url_password(self.celery_broker)
         return out
+
+
+def mask_url_password(url: str) -> str:
+    import re
+
+    return re.sub(r"(://[^:/@]*:)[^@/]+@", r"\1****@", url)
 
 
 def _coerce(default, raw, name: str):

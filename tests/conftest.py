@@ -63,6 +63,35 @@ def dev_service(tmp_path_factory, embedder, dev_questions, synthea_dir):
     svc.close()
 
 
+BACKENDS = ("embedded", "elasticsearch")
+
+
+def es_url() -> str:
+    url = os.environ.get("CHARTCITE_ES_URL", "")
+    if not url:
+        pytest.fail("Elasticsearch is not configured: run the suite with `make test` (it starts a test node), "
+                    "or `eval $(scripts/services.sh up)` first")
+    return url
+
+
+def make_service(kind: str, data_dir: Path):
+    """A SearchService on the embedded index or on the real test Elasticsearch node."""
+    from search.service import SearchService
+
+    if kind == "embedded":
+        return SearchService("embedded", data_dir / "index.sqlite")
+    return SearchService("elasticsearch", data_dir / "unused.sqlite", es={"urls": [es_url()]})
+
+
+def drop_tenants(service, tenants) -> None:
+    """Remove a test's Elasticsearch indices so runs do not see each other's data."""
+    if service.backend_kind != "elasticsearch":
+        return
+    es = service.backend.es
+    for tenant in tenants:
+        es.indices.delete(index=f"chartcite-{tenant}-*", ignore_unavailable=True, allow_no_indices=True)
+
+
 @pytest.fixture()
 def small_bundle(synthea_dir) -> Path:
     """The smallest shared record (46 resources)."""

@@ -1,8 +1,8 @@
 """Thin, idempotent task wrappers around fhir_ingest and search. Tasks take ids, not objects."""
 from __future__ import annotations
 
+import json
 import logging
-from functools import lru_cache
 
 from celery import Celery, shared_task
 
@@ -25,15 +25,18 @@ def _settings():
     return _app.conf.chartcite_settings
 
 
-@lru_cache(maxsize=2)
-def _service(backend: str, index_path: str, model: str):
-    from search.service import SearchService
-
-    return SearchService(backend, index_path, model)
+_services: dict = {}
 
 
 def service_for(settings):
-    return _service(settings.backend, str(settings.index_path), settings.model)
+    """One SearchService (model + backend connection) per worker process and configuration."""
+    from search.service import SearchService
+
+    options = settings.search_options()
+    key = json.dumps(options, sort_keys=True, default=str)
+    if key not in _services:
+        _services[key] = SearchService(**options)
+    return _services[key]
 
 
 @shared_task(name="chartcite.index_bundle", bind=True, max_retries=3, retry_backoff=True)

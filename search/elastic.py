@@ -1,0 +1,406 @@
+"""ElasticsearchBackend: the same Backend contract on an Elasticsearch 8 cluster.
+
+One chunk index per tenant behind an alias (`chartcite-<tenant>` → `chartcite-<tenant>-v<N>`),
+created from an index template; a small records index per tenant for source resources and
+patient summaries. Every query carries the tenant and patient filter inside the query (kNN
+pre-filter and bool filter), never as a post-filter. Dense vectors use `flat` index options:
+exact, deterministic search within a patient, as DESIGN.md asks. BM25 runs on the lexical text;
+when the cluster has no English analyzer (the minimal distribution has no analysis-common module)
+the text is stemmed in the application with the same Porter stemmer SQLite FTS5 uses.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+
+import numpy as np
+
+from fhir_ingest.contract import Chunk
+
+from .annotate import asserted_keys
+from .backend import Backend, BackendError, Hit, ModelMismatch, Scope
+from .embedded import text_hash
+from .lexicon import tokens
+
+log = logging.getLogger(__name__)
+TEMPLATE = "chartcite-chunks"
+MAX_RESULT = 10_000
+
+
+def safe_tenant(tenant: str) -> str:
+    clean = re.sub(r"[^a-z0-9_]", "_", tenant.lower())
+    if not clean:
+        raise BackendError("tenant names need at least one letter or digit")
+    return clean
+
+
+class PorterText:
+    """Application-side stemming for clusters without language analyzers (same stems as FTS5 porter)."""
+
+    def __init__(self):
+        import snowballstemmer
+
+        self.stemmer = snowballstemmer.stemmer("porter")
+
+    def __call__(self, text: str) -> str:
+        return " ".join(self.stemmer.stemWords(tokens(text)))
+
+
+class ElasticsearchBackend(Backend):
+    def __init__(self, urls: list[str], embedding_model: str | None, dimension: int = 0, *, api_key: str = "",
+                 username: str = "", password: str = "", ca_certs: str = "", verify_certs: bool = True,
+                 shards: int = 1, replicas: int = 0, check_model: bool = True, request_timeout: float = 30.0):
+        from elasticsearch import Elasticsearch
+
+        options = {"request_timeout": request_timeout, "retry_on_timeout": True, "max_retries": 3}
+        if api_key:
+            options["api_key"] = api_key
+        elif username:
+            options["basic_auth"] = (username, password)
+        if ca_certs:
+            options["ca_certs"] = ca_certs
+        if not verify_certs:
+            options["verify_certs"] = False
+        self.urls = urls
+        self.es = Elasticsearch(urls, **options)
+        self.embedding_model = embedding_model
+        self.dimension = dimension
+        self.check_model = check_model
+        self.shards, self.replicas = shards, replicas
+        self._ready: set[str] = set()
+        self._call(lambda: self.es.cluster.health(wait_for_status="yellow", timeout="30s"))
+        self.english = self._has_module("analysis-common")
+        self.stem = None if self.english else PorterText()
+        self._put_template()
+
+    # --- plumbing ---------------------------------------------------------------------------
+    def _call(self, fn):
+        from elasticsearch import ApiError, ConnectionError as ESConnectionError, TransportError
+
+        try:
+            return fn()
+        except ESConnectionError as exc:
+            raise BackendError(f"cannot reach Elasticsearch at {', '.join(self.urls)}: {exc.message}") from exc
+        except ApiError as exc:
+            if exc.meta.status == 429:
+                raise BackendError("Elasticsearch is overloaded (429 Too Many Requests); retry later") from exc
+            error = exc.body.get("error") if isinstance(exc.body, dict) else exc.body
+            reason = error.get("reason") if isinstance(error, dict) else str(error)
+            raise BackendError(f"Elasticsearch refused the request ({exc.meta.status}): {reason}") from exc
+        except TransportError as exc:
+            raise BackendError(f"Elasticsearch transport error: {exc}") from exc
+
+    def _has_module(self, name: str) -> bool:
+        info = self._call(lambda: self.es.nodes.info(metric="plugins"))
+        return all(any(m["name"] == name for m in node.get("modules", [])) for node in info["nodes"].values())
+
+    def _put_template(self) -> None:
+        lexical = {"type": "text", "analyzer": "english" if self.english else "standard"}
+        mappings = {
+            "dynamic": "strict",
+            "properties": {
+                "chunk_id": {"type": "keyword"}, "tenant": {"type": "keyword"}, "patient_id": {"type": "keyword"},
+                "resource_type": {"type": "keyword"}, "ref": {"type": "keyword"}, "refs": {"type": "keyword"},
+                "semantic_type": {"type": "keyword"}, "category": {"type": "keyword"}, "codes": {"type": "keyword"},
+                "concepts": {"type": "keyword"}, "date": {"type": "keyword"}, "text_hash": {"type": "keyword"},
+                "lexical": lexical, "data": {"type": "object", "enabled": False},
+                "vector": {"type": "dense_vector", "dims": self.dimension or 384, "index": True,
+                           "similarity": "cosine", "index_options": {"type": "flat"}},
+            },
+        }
+        body = {"index_patterns": ["chartcite-*-v*"], "priority": 100,
+                "template": {"settings": {"number_of_shards": self.shards, "number_of_replicas": self.replicas},
+                             "mappings": mappings}}
+        self._call(lambda: self.es.indices.put_index_template(name=TEMPLATE, **body))
+
+    def alias(self, tenant: str) -> str:
+        return f"chartcite-{safe_tenant(tenant)}"
+
+    def records_index(self, tenant: str) -> str:
+        return f"chartcite-{safe_tenant(tenant)}-records"
+
+    def current_index(self, tenant: str) -> str | None:
+        alias = self.alias(tenant)
+        if not self._call(lambda: self.es.indices.exists_alias(name=alias)):
+            return None
+        return sorted(self._call(lambda: self.es.indices.get_alias(name=alias)).keys())[-1]
+
+    def _versioned(self, tenant: str, version: int) -> str:
+        return f"{self.alias(tenant)}-v{version}"
+
+    def _create_chunk_index(self, name: str, model: str, dimension: int) -> None:
+        mappings = {"_meta": {"embedding_model": model, "dimension": dimension},
+                    "properties": {"vector": {"type": "dense_vector", "dims": dimension, "index": True,
+                                              "similarity": "cosine", "index_options": {"type": "flat"}}}}
+        self._call(lambda: self.es.indices.create(index=name, mappings=mappings))
+
+    def _ensure(self, tenant: str) -> str:
+        """The tenant's chunk alias, created on first use and checked against this process's model."""
+        alias = self.alias(tenant)
+        if alias in self._ready:
+            return alias
+        index = self.current_index(tenant)
+        if index is None:
+            if self.embedding_model is None:
+                return alias       # catalogue reads of a tenant that has no index yet
+            first = self._versioned(tenant, 1)
+            self._create_chunk_index(first, self.embedding_model, self.dimension)
+            self._call(lambda: self.es.indices.put_alias(index=first, name=alias))
+        elif self.check_model and self.embedding_model is not None:
+            meta = self._call(lambda: self.es.indices.get_mapping(index=index))[index]["mappings"].get("_meta", {})
+            if meta.get("embedding_model") != self.embedding_model:
+                raise ModelMismatch(
+                    f"the index {index} was built with embedding model {meta.get('embedding_model')!r}, but this "
+                    f"process uses {self.embedding_model!r}; run `chartcite reindex --tenant {tenant}` to rebuild "
+                    f"it with the configured model (questions keep working on the old index meanwhile)")
+        records = self.records_index(tenant)
+        if not self._call(lambda: self.es.indices.exists(index=records)):
+            self._call(lambda: self.es.indices.create(index=records, settings={
+                "number_of_shards": 1, "number_of_replicas": self.replicas}, mappings={"dynamic": False, "properties": {
+                    "kind": {"type": "keyword"}, "patient_id": {"type": "keyword"}, "ref": {"type": "keyword"},
+                    "data": {"type": "object", "enabled": False}}}))
+        self._ready.add(alias)
+        return alias
+
+    def _lexical(self, text: str) -> str:
+        return self.stem(text) if self.stem else text
+
+    # --- writing ----------------------------------------------------------------------------
+    def _doc(self, chunk: Chunk, vector, lexical: str) -> dict:
+        chunk.embedding_model = self.embedding_model or chunk.embedding_model
+        return {"chunk_id": chunk.chunk_id, "tenant": chunk.tenant, "patient_id": chunk.patient_id,
+                "resource_type": chunk.resource_type, "ref": chunk.ref, "refs": chunk.refs,
+                "semantic_type": chunk.semantic_type, "category": chunk.category, "codes": chunk.codes,
+                "concepts": sorted(asserted_keys(chunk.concepts)), "date": chunk.date,
+                "text_hash": text_hash(chunk.text, lexical), "lexical": self._lexical(lexical),
+                "data": chunk.to_dict(), "vector": [float(x) for x in vector]}
+
+    def _bulk(self, actions) -> int:
+        from elasticsearch.helpers import streaming_bulk
+
+        failed, done = [], 0
+
+        def run():
+            nonlocal done
+            # Retries 429s with exponential backoff; anything else that fails is reported, so no
+            # acknowledged write is silently lost.
+            for ok, item in streaming_bulk(self.es, actions, chunk_size=200, max_retries=5, initial_backoff=1,
+                                           max_backoff=30, raise_on_error=False, raise_on_exception=True):
+                if ok:
+                    done += 1
+                else:
+                    failed.append(item)
+        self._call(run)
+        if failed:
+            first = next(iter(failed[0].values()))
+            raise BackendError(f"Elasticsearch rejected {len(failed)} documents, e.g. {first.get('error')}")
+        return done
+
+    def index(self, chunks: list[Chunk], vectors: np.ndarray, lexical_texts: list[str]) -> None:
+        if not chunks:
+            return
+        alias = self._ensure(chunks[0].tenant)
+        self.write_chunks(alias, chunks, vectors, lexical_texts)
+
+    def write_chunks(self, index: str, chunks: list[Chunk], vectors, lexical_texts: list[str]) -> None:
+        actions = ({"_op_type": "index", "_index": index, "_id": c.chunk_id, "_source": self._doc(c, v, lx)}
+                   for c, v, lx in zip(chunks, vectors, lexical_texts))
+        self._bulk(actions)
+        self._call(lambda: self.es.indices.refresh(index=index))
+
+    def delete_chunks(self, tenant: str, chunk_ids: list[str]) -> int:
+        if not chunk_ids:
+            return 0
+        alias = self._ensure(tenant)
+        index = self.current_index(tenant)
+        removed = self._bulk({"_op_type": "delete", "_index": index, "_id": c} for c in chunk_ids)
+        self._call(lambda: self.es.indices.refresh(index=alias))
+        return removed
+
+    def delete_refs(self, tenant: str, refs: list[str]) -> int:
+        # Search, then bulk-delete by id: delete_by_query lives in the reindex module, which the
+        # minimal distribution does not ship.
+        self._ensure(tenant)
+        chunk_ids = [h["_id"] for h in self._search(tenant, size=MAX_RESULT, source=False, query={"bool": {
+            "filter": [{"term": {"tenant": tenant}}, {"terms": {"refs": refs}}]}})]
+        records = self.records_index(tenant)
+        record_ids = [h["_id"] for h in self._call(lambda: self.es.search(
+            index=records, size=MAX_RESULT, source=False, query={"terms": {"ref": refs}}))["hits"]["hits"]]
+        if record_ids:
+            self._bulk({"_op_type": "delete", "_index": records, "_id": i} for i in record_ids)
+            self._call(lambda: self.es.indices.refresh(index=records))
+        return self.delete_chunks(tenant, chunk_ids)
+
+    def store_resources(self, tenant: str, patient_id: str, resources: list[dict]) -> None:
+        self._ensure(tenant)
+        index = self.records_index(tenant)
+        self._bulk({"_op_type": "index", "_index": index, "_id": f"{patient_id}|{r['resourceType']}/{r['id']}",
+                    "_source": {"kind": "resource", "patient_id": patient_id, "ref": f"{r['resourceType']}/{r['id']}",
+                                "data": r}} for r in resources)
+        self._call(lambda: self.es.indices.refresh(index=index))
+
+    def upsert_patient(self, tenant: str, patient_id: str, summary: dict) -> None:
+        self._ensure(tenant)
+        index = self.records_index(tenant)
+        self._call(lambda: self.es.index(index=index, id=f"patient|{patient_id}", refresh=True,
+                                         document={"kind": "patient", "patient_id": patient_id, "data": summary}))
+
+    # --- reading ----------------------------------------------------------------------------
+    @staticmethod
+    def _filters(scope: Scope) -> list[dict]:
+        filters = [{"term": {"tenant": scope.tenant}}, {"term": {"patient_id": scope.patient_id}}]
+        if scope.semantic_types:
+            filters.append({"terms": {"semantic_type": list(scope.semantic_types)}})
+        if scope.date_from or scope.date_to:
+            rng = {}
+            if scope.date_from:
+                rng["gte"] = scope.date_from
+            if scope.date_to:
+                rng["lte"] = scope.date_to + "\uffff"   # dates are ISO strings; include the whole last day
+            filters.append({"range": {"date": rng}})
+        return filters
+
+    def _search(self, tenant: str, **body) -> list[dict]:
+        alias = self._ensure(tenant)
+        if not self._call(lambda: self.es.indices.exists_alias(name=alias)):
+            return []
+        return self._call(lambda: self.es.search(index=alias, **body))["hits"]["hits"]
+
+    def search_text(self, scope: Scope, query: str, n: int) -> list[Hit]:
+        text = self._lexical(query)
+        if not text.strip():
+            return []
+        hits = self._search(scope.tenant, size=n, source=False, query={"bool": {
+            "filter": self._filters(scope), "must": [{"match": {"lexical": {"query": text, "operator": "or"}}}]}})
+        return [Hit(h["_id"], float(h["_score"])) for h in hits]
+
+    def search_vector(self, scope: Scope, vector: np.ndarray, n: int) -> list[Hit]:
+        hits = self._search(scope.tenant, size=n, source=False, knn={
+            "field": "vector", "query_vector": [float(x) for x in vector], "k": n, "num_candidates": MAX_RESULT,
+            "filter": {"bool": {"filter": self._filters(scope)}}})
+        # ES reports cosine as (1 + cos) / 2; give callers the cosine itself, like the embedded backend.
+        return [Hit(h["_id"], 2.0 * float(h["_score"]) - 1.0) for h in hits]
+
+    def search_concepts(self, scope: Scope, concept_keys: list[str], n: int) -> list[Hit]:
+        if not concept_keys:
+            return []
+        should = [{"constant_score": {"filter": {"term": {"concepts": key}}, "boost": 1.0}} for key in concept_keys]
+        hits = self._search(scope.tenant, size=n, source=False, sort=[{"_score": "desc"}, {"date": "desc"}],
+                            query={"bool": {"filter": self._filters(scope), "should": should, "minimum_should_match": 1}})
+        return [Hit(h["_id"], float(h["_score"] or 0.0)) for h in hits]
+
+    def latest(self, scope: Scope, n: int) -> list[Hit]:
+        hits = self._search(scope.tenant, size=n, source=False, sort=[{"date": "desc"}, {"chunk_id": "asc"}],
+                            query={"bool": {"filter": self._filters(scope)}})
+        return [Hit(h["_id"], 0.0) for h in hits]
+
+    def has_terms(self, tenant: str, patient_id: str | None, terms: list[str]) -> set[str]:
+        alias = self._ensure(tenant)
+        found = set()
+        for term in terms:
+            filters = [{"term": {"tenant": tenant}}] + ([{"term": {"patient_id": patient_id}}] if patient_id else [])
+            query = {"bool": {"filter": filters, "must": [{"match": {"lexical": self._lexical(term)}}]}}
+            if self._call(lambda: self.es.count(index=alias, query=query))["count"]:
+                found.add(term)
+        return found
+
+    def refs_in_scope(self, scope: Scope, refs: list[str]) -> set[str]:
+        if not refs:
+            return set()
+        hits = self._search(scope.tenant, size=MAX_RESULT, source=["refs"], query={"bool": {
+            "filter": self._filters(scope) + [{"terms": {"refs": refs}}]}})
+        return {r for h in hits for r in h["_source"]["refs"]} & set(refs)
+
+    def count(self, scope: Scope) -> int:
+        alias = self._ensure(scope.tenant)
+        if not self._call(lambda: self.es.indices.exists_alias(name=alias)):
+            return 0
+        return int(self._call(lambda: self.es.count(index=alias, query={"bool": {"filter": self._filters(scope)}}))["count"])
+
+    def get_chunks(self, tenant: str, chunk_ids: list[str]) -> list[Chunk]:
+        if not chunk_ids:
+            return []
+        alias = self._ensure(tenant)
+        if not self._call(lambda: self.es.indices.exists_alias(name=alias)):
+            return []
+        docs = self._call(lambda: self.es.mget(index=alias, ids=chunk_ids, source=["data", "tenant"]))["docs"]
+        by_id = {d["_id"]: Chunk.from_dict(d["_source"]["data"]) for d in docs
+                 if d.get("found") and d["_source"]["tenant"] == tenant}
+        return [by_id[c] for c in chunk_ids if c in by_id]
+
+    def chunks_for_ref(self, tenant: str, patient_id: str, ref: str) -> list[Chunk]:
+        hits = self._search(tenant, size=MAX_RESULT, source=["data"], query={"bool": {"filter": [
+            {"term": {"tenant": tenant}}, {"term": {"patient_id": patient_id}}, {"term": {"ref": ref}}]}})
+        return [Chunk.from_dict(h["_source"]["data"]) for h in hits]
+
+    def indexed_texts(self, tenant: str, patient_id: str) -> dict[str, str]:
+        from elasticsearch.helpers import scan
+
+        alias = self._ensure(tenant)
+        if not self._call(lambda: self.es.indices.exists_alias(name=alias)):
+            return {}
+        query = {"query": {"bool": {"filter": [{"term": {"tenant": tenant}}, {"term": {"patient_id": patient_id}}]}},
+                 "_source": ["text_hash"]}
+        return self._call(lambda: {h["_id"]: h["_source"]["text_hash"] for h in scan(self.es, index=alias, query=query)})
+
+    def get_resource(self, tenant: str, patient_id: str, ref: str) -> dict | None:
+        from elasticsearch import NotFoundError
+
+        try:
+            doc = self.es.get(index=self.records_index(tenant), id=f"{patient_id}|{ref}")
+        except NotFoundError:
+            return None
+        return doc["_source"]["data"] if doc["_source"]["patient_id"] == patient_id else None
+
+    def get_patient(self, tenant: str, patient_id: str) -> dict | None:
+        from elasticsearch import NotFoundError
+
+        try:
+            return self.es.get(index=self.records_index(tenant), id=f"patient|{patient_id}")["_source"]["data"]
+        except NotFoundError:
+            return None
+
+    def list_patients(self, tenant: str) -> list[dict]:
+        index = self.records_index(tenant)
+        if not self._call(lambda: self.es.indices.exists(index=index)):
+            return []
+        hits = self._call(lambda: self.es.search(index=index, size=MAX_RESULT, query={"term": {"kind": "patient"}},
+                                                 sort=[{"patient_id": "asc"}]))["hits"]["hits"]
+        return [h["_source"]["data"] for h in hits]
+
+    # --- reindex with an atomic alias swap -------------------------------------------------
+    def scan_chunks(self, tenant: str):
+        """Every chunk of the tenant with its lexical text, from the index the alias points at."""
+        from elasticsearch.helpers import scan
+
+        index = self.current_index(tenant)
+        if index is None:
+            return
+        for hit in scan(self.es, index=index, query={"query": {"term": {"tenant": tenant}}, "_source": ["data", "lexical"]}):
+            yield Chunk.from_dict(hit["_source"]["data"])
+
+    def start_reindex(self, tenant: str, model: str, dimension: int) -> str:
+        current = self.current_index(tenant)
+        version = int(current.rsplit("-v", 1)[1]) + 1 if current else 1
+        target = self._versioned(tenant, version)
+        if self._call(lambda: self.es.indices.exists(index=target)):
+            self._call(lambda: self.es.indices.delete(index=target))   # a half-finished earlier attempt
+        self._create_chunk_index(target, model, dimension)
+        return target
+
+    def finish_reindex(self, tenant: str, target: str) -> None:
+        """Point the alias at the new index in one atomic step, then drop the old one."""
+        alias = self.alias(tenant)
+        old = self.current_index(tenant)
+        actions = [{"add": {"index": target, "alias": alias}}]
+        if old:
+            actions.insert(0, {"remove": {"index": old, "alias": alias}})
+        self._call(lambda: self.es.indices.update_aliases(actions=actions))
+        if old and old != target:
+            self._call(lambda: self.es.indices.delete(index=old))
+        self._ready.discard(alias)
+
+    def close(self) -> None:
+        self.es.close()

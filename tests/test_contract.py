@@ -1,0 +1,155 @@
+"""The same behaviour on both backends: the embedded SQLite index and a real Elasticsearch node."""
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from search.answer import NEW_PATIENT, NO_EVIDENCE
+from search.backend import ModelMismatch
+
+from .conftest import BACKENDS, drop_tenants, make_service
+
+A = "8ef99ca1-5615-7aa6-d383-47fe931a1f14"   # aspirin allergy, EpiPen
+B = "a4e05cb8-cdb8-8733-1a63-5a49aa15c251"   # shellfish allergy, prediabetes
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def two_tenants(request, tmp_path_factory, embedder, synthea_dir):
+    """Patients A and B in tenant north; B also in tenant south (tenant names unique per run)."""
+    svc = make_service(request.param, tmp_path_factory.mktemp(request.param))
+    run = uuid.uuid4().hex[:8]
+    north, south = f"north{run}", f"south{run}"
+    svc.index_paths(north, [synthea_dir / f"{A}.json.gz", synthea_dir / f"{B}.json.gz"])
+    svc.index_paths(south, [synthea_dir / f"{B}.json.gz"])
+    yield svc, north, south
+    drop_tenants(svc, [north, south])
+    svc.close()
+
+
+@pytest.mark.parametrize("pipeline", ["dense", "hybrid", "full"])
+def test_a_question_about_one_patient_never_returns_another(two_tenants, pipeline):
+    svc, north, _ = two_tenants
+    result = svc.ask(north, A, "shellfish allergy reaction?", k=10, pipeline=pipeline)
+    assert result["evidence"]
+    chunks = svc.backend.get_chunks(north, [e["chunk_id"] for e in result["evidence"]])
+    assert len(chunks) == len(result["evidence"])
+    assert all(c.patient_id == A and c.tenant == north for c in chunks)
+
+
+def test_tenants_are_isolated_inside_the_query(two_tenants):
+    svc, north, south = two_tenants
+    assert svc.ask(south, A, "any allergies?")["answer"] == NEW_PATIENT
+    south_answer = svc.ask(south, B, "What kind of reaction does he get with shellfish?")
+    assert not south_answer["abstained"] and "anaphylaxis" in south_answer["answer"].lower()
+    ids = [e["chunk_id"] for e in south_answer["evidence"]]
+    assert all(c.tenant == south for c in svc.backend.get_chunks(south, ids))
+    assert svc.backend.get_chunks(north, ids) == []    # chunk ids include the tenant
+
+
+def test_cited_answer_points_at_the_record(two_tenants):
+    svc, north, _ = two_tenants
+    result = svc.ask(north, B, "What kind of reaction does he get with shellfish?")
+    assert "AllergyIntolerance/ed2878e8-2a6a-1670-fe41-7671badcf53f" in {c["ref"] for c in result["citations"]}
+    for statement in result["statements"]:
+        assert f"[{statement['citations'][0]}]" in result["answer"]
+    assert svc.resource(north, B, result["citations"][0]["ref"])["resourceType"] == result["citations"][0]["resource_type"]
+    assert svc.resource(north, A, result["citations"][0]["ref"]) is None      # not A's record
+
+
+@pytest.mark.parametrize("question", ["Is he on a statin?", "Any COPD history?", "Does he have a pacemaker?"])
+def test_abstains_when_the_record_does_not_mention_it(two_tenants, question):
+    svc, north, _ = two_tenants
+    result = svc.ask(north, A, question)
+    assert result["abstained"] and result["answer"] == NO_EVIDENCE and result["citations"] == []
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_reindexing_is_idempotent_and_deletes_remove_chunks(kind, tmp_path, embedder, small_bundle):
+    svc = make_service(kind, tmp_path)
+    tenant = f"idem{uuid.uuid4().hex[:8]}"
+    pid = small_bundle.name.split(".")[0]
+    try:
+        first = svc.index_paths(tenant, [small_bundle]).result
+        ids = set(svc.backend.indexed_texts(tenant, pid))
+        second = svc.index_paths(tenant, [small_bundle]).result
+        assert first.embedded == first.chunks == len(ids) > 0
+        assert second.embedded == 0 and second.removed == 0
+        assert set(svc.backend.indexed_texts(tenant, pid)) == ids
+        ref = svc.ask(tenant, pid, "What conditions does he have?", k=3)["evidence"][0]["ref"]
+        assert svc.backend.delete_refs(tenant, [ref]) >= 1
+        again = svc.ask(tenant, pid, "What conditions does he have?", k=10)
+        assert all(ref not in e["refs"] for e in again["evidence"])
+        assert svc.resource(tenant, pid, ref) is None
+    finally:
+        drop_tenants(svc, [tenant])
+        svc.close()
+
+
+def test_model_check_on_both_backends(tmp_path, embedder, small_bundle):
+    from search.elastic import ElasticsearchBackend
+    from search.embedded import EmbeddedBackend
+
+    from .conftest import es_url
+
+    EmbeddedBackend(tmp_path / "index.sqlite", "model-a@384-aaaa", 384).close()
+    with pytest.raises(ModelMismatch, match="model-a@384-aaaa"):
+        EmbeddedBackend(tmp_path / "index.sqlite", "model-b@384-bbbb", 384)
+    tenant = f"model{uuid.uuid4().hex[:8]}"
+    es = ElasticsearchBackend([es_url()], "model-a@384-aaaa", 384)
+    try:
+        es.count(__import__("search.backend", fromlist=["Scope"]).Scope(tenant, "p"))
+        with pytest.raises(ModelMismatch, match="chartcite reindex"):
+            ElasticsearchBackend([es_url()], "model-b@384-bbbb", 384).count(
+                __import__("search.backend", fromlist=["Scope"]).Scope(tenant, "p"))
+    finally:
+        es.es.indices.delete(index=f"chartcite-{tenant}-*", ignore_unavailable=True, allow_no_indices=True)
+        es.close()
+
+
+def test_reindex_swaps_the_alias_and_questions_keep_working(tmp_path, embedder, small_bundle):
+    svc = make_service("elasticsearch", tmp_path)
+    tenant = f"swap{uuid.uuid4().hex[:8]}"
+    pid = small_bundle.name.split(".")[0]
+    try:
+        svc.index_paths(tenant, [small_bundle])
+        before = svc.ask(tenant, pid, "What conditions does he have?")
+        old_index = svc.backend.current_index(tenant)
+        moved = svc.reindex(tenant)
+        after = svc.ask(tenant, pid, "What conditions does he have?")
+        assert moved == sum(1 for _ in svc.backend.scan_chunks(tenant))
+        assert svc.backend.current_index(tenant) != old_index and svc.backend.current_index(tenant).endswith("-v2")
+        assert not svc.backend.es.indices.exists(index=old_index)
+        assert [e["chunk_id"] for e in after["evidence"]] == [e["chunk_id"] for e in before["evidence"]]
+    finally:
+        drop_tenants(svc, [tenant])
+        svc.close()
+
+
+def test_unreachable_cluster_is_a_clear_error(tmp_path):
+    from search.backend import BackendError
+    from search.elastic import ElasticsearchBackend
+
+    with pytest.raises(BackendError, match="cannot reach Elasticsearch at http://127.0.0.1:9"):
+        ElasticsearchBackend(["http://127.0.0.1:9"], "m", 384, request_timeout=2)
+
+
+def test_dev_recall_is_the_same_on_both_backends(tmp_path_factory, embedder, dev_questions, synthea_dir):
+    """recall@5 of `full` on each backend, printed, within 0.05 of each other."""
+    from search.evaluate import recall_at
+
+    ids = sorted({q["patient_id"] for q in dev_questions})
+    figures = {}
+    for kind in BACKENDS:
+        svc = make_service(kind, tmp_path_factory.mktemp(f"dev-{kind}"))
+        tenant = f"dev{uuid.uuid4().hex[:8]}"
+        try:
+            svc.index_paths(tenant, [synthea_dir / f"{pid}.json.gz" for pid in ids])
+            answerable = [q for q in dev_questions if q["answerable"]]
+            figures[kind] = sum(recall_at(svc.ask(tenant, q["patient_id"], q["question"]), q["gold"], 5)
+                                for q in answerable) / len(answerable)
+        finally:
+            drop_tenants(svc, [tenant])
+            svc.close()
+    print(f"\ndev recall@5 (full): embedded {figures['embedded']:.3f}, elasticsearch {figures['elasticsearch']:.3f}")
+    assert abs(figures["embedded"] - figures["elasticsearch"]) <= 0.05
