@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export CHARTCITE_DATA_DIR ?= $(CURDIR)/chartcite-data
 
-.PHONY: demo test install install-test system-test-deps index bench clean
+.PHONY: demo test install install-test system-test-deps index bench clean services-up services-down
 
 # The venv is kept between runs: torch alone is gigabytes, so it is installed once and re-checked
 # only when setup.cfg changes (the stamp file records that).
@@ -42,12 +42,25 @@ demo: install
 index: install
 	$(VENV)/bin/chartcite index examples/synthea
 
+# The suite runs against a real Elasticsearch node and a real Redis, started here and stopped
+# afterwards even when tests fail.
 test: install-test
-	$(PY) -m pytest
+	@scripts/services.sh up > .services.env
+	@set -a; . ./.services.env; set +a; status=0; $(PY) -m pytest || status=$$?; \
+	  scripts/services.sh down; rm -f .services.env; exit $$status
+
+services-up:
+	@scripts/services.sh up
+
+services-down:
+	@scripts/services.sh down
 
 bench: install
 	$(PY) bench/ingest.py
 	$(PY) bench/ask.py
+	@scripts/services.sh up > .services.env
+	@set -a; . ./.services.env; set +a; status=0; $(PY) bench/elastic.py || status=$$?; \
+	  scripts/services.sh down; rm -f .services.env; exit $$status
 
 clean:
 	rm -rf chartcite-data .pytest_cache

@@ -21,6 +21,10 @@ class ModelMismatch(BackendError):
     pass
 
 
+class BackendUnavailable(BackendError):
+    """A fault that may pass (cluster unreachable, overloaded): worth retrying with backoff."""
+
+
 @dataclass
 class Hit:
     chunk_id: str

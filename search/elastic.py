@@ -20,7 +20,7 @@ import numpy as np
 from fhir_ingest.contract import Chunk
 
 from .annotate import asserted_keys
-from .backend import Backend, BackendError, Hit, ModelMismatch, Scope
+from .backend import Backend, BackendError, BackendUnavailable, Hit, ModelMismatch, Scope
 from .embedded import text_hash
 from .lexicon import tokens
 
@@ -82,15 +82,15 @@ class ElasticsearchBackend(Backend):
         try:
             return fn()
         except ESConnectionError as exc:
-            raise BackendError(f"cannot reach Elasticsearch at {', '.join(self.urls)}: {exc.message}") from exc
+            raise BackendUnavailable(f"cannot reach Elasticsearch at {', '.join(self.urls)}: {exc.message}") from exc
         except ApiError as exc:
             if exc.meta.status == 429:
-                raise BackendError("Elasticsearch is overloaded (429 Too Many Requests); retry later") from exc
+                raise BackendUnavailable("Elasticsearch is overloaded (429 Too Many Requests); retry later") from exc
             error = exc.body.get("error") if isinstance(exc.body, dict) else exc.body
             reason = error.get("reason") if isinstance(error, dict) else str(error)
             raise BackendError(f"Elasticsearch refused the request ({exc.meta.status}): {reason}") from exc
         except TransportError as exc:
-            raise BackendError(f"Elasticsearch transport error: {exc}") from exc
+            raise BackendUnavailable(f"Elasticsearch transport error: {exc}") from exc
 
     def _has_module(self, name: str) -> bool:
         info = self._call(lambda: self.es.nodes.info(metric="plugins"))

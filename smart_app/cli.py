@@ -50,6 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--port", type=int, default=5000)
 
     sub.add_parser("worker", help="start a Celery worker for indexing tasks")
+    sub.add_parser("beat", help="start Celery beat: periodic re-sync of the tenant's records")
+    st = sub.add_parser("status", help="queue depth and the last sync per tenant")
+    st.add_argument("--json", action="store_true")
+    rx = sub.add_parser("reindex", help="rebuild a tenant's index with the configured model (atomic alias swap)")
+    rx.add_argument("--tenant")
     sub.add_parser("config", help="print the effective settings (secrets masked)")
     return p
 
@@ -196,6 +201,61 @@ def cmd_serve(args, settings: Settings) -> int:
     app = create_app(settings)
     print(f"chartcite is serving on http://{args.host}:{args.port}/  (Ctrl-C to stop)", flush=True)
     app.run(host=args.host, port=args.port, threaded=True, use_reloader=False)
+    return 0
+
+
+def cmd_beat(args, settings: Settings) -> int:
+    from workers.celery_app import make_celery
+
+    app = make_celery(settings)
+    schedule = settings.data_dir / "celerybeat-schedule"
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    app.start(["beat", "--loglevel", settings.log_level.upper(), "--schedule", str(schedule)])
+    return 0
+
+
+def cmd_status(args, settings: Settings) -> int:
+    from workers.celery_app import make_celery
+    from workers.progress import job_store
+
+    app = make_celery(settings)
+    with app.connection_for_read() as conn:
+        try:
+            depth = conn.default_channel.queue_declare(queue="celery", passive=True).message_count
+        except Exception as exc:  # an empty SQLite broker has no queue yet; a down Redis is worth saying
+            depth = 0 if "sqla" in settings.celery_broker else f"unavailable ({type(exc).__name__})"
+    jobs = job_store(settings).jobs()
+    last = {}
+    for job in jobs:
+        if job.state == "done":
+            last[job.tenant] = max(last.get(job.tenant, 0.0), job.updated_at)
+    active = [j for j in jobs if j.state in ("queued", "running")]
+    failed = [j for j in jobs if j.state == "failed"]
+    when = lambda t: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    if args.json:
+        print(json.dumps({"queue_depth": depth, "active": len(active), "failed": len(failed),
+                          "last_sync": {t: when(v) for t, v in last.items()}}))
+        return 0
+    print(f"broker: {settings.masked()['celery_broker']}\nqueue depth: {depth}\nsyncing now: {len(active)}  failed: {len(failed)}")
+    for tenant, at in sorted(last.items()):
+        print(f"tenant {tenant}: last sync {when(at)}")
+    return 0
+
+
+def cmd_reindex(args, settings: Settings) -> int:
+    from tqdm import tqdm
+
+    tenant = args.tenant or settings.tenant
+    bar = tqdm(unit="chunk", desc=f"reindexing {tenant}", file=sys.stderr)
+
+    def progress(phase, done, total):
+        bar.total = total
+        bar.n = done
+        bar.refresh()
+
+    moved = service(settings).reindex(tenant, progress)
+    bar.close()
+    print(f"reindexed {moved} chunks for tenant {tenant}; the alias now points at the new index")
     return 0
 
 

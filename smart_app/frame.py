@@ -98,7 +98,7 @@ def demo_launch():
         return render_template("error.html", message="That demo patient does not exist."), 400
     context, handle = sessions().create(settings().tenant, patient_id, clinician="demo-clinician", mode="demo")
     if search().patient(context.tenant, patient_id) is None:
-        runner().enqueue_index_patient(context.tenant, patient_id)
+        runner().enqueue_sync(context.tenant, patient_id)
     # The page is rendered straight from the launch so the session handle never appears in a URL.
     return render_patient(context, handle)
 

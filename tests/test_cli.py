@@ -91,7 +91,7 @@ def test_unknown_patient_and_missing_paths_are_clear_errors(env):
 
 
 def test_a_real_celery_worker_indexes_a_patient(env, synthea_dir, tmp_path):
-    """`chartcite worker` on the SQLite broker picks up index_patient and reports progress."""
+    """`chartcite worker` on the SQLite broker picks up sync_patient and reports progress."""
     source = tmp_path / "source"
     source.mkdir()
     shutil.copy(synthea_dir / "936988e9-d587-ef42-ebdf-541238540ff3.json.gz", source)
@@ -101,7 +101,7 @@ def test_a_real_celery_worker_indexes_a_patient(env, synthea_dir, tmp_path):
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         code = ("from smart_app.settings import Settings; from workers.runner import TaskRunner; "
-                "r = TaskRunner(Settings.load()); print(r.enqueue_index_patient('default', "
+                "r = TaskRunner(Settings.load()); print(r.enqueue_sync('default', "
                 "'936988e9-d587-ef42-ebdf-541238540ff3'))")
         queued = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=worker_env, capture_output=True, text=True,
                                 timeout=120)

@@ -23,11 +23,11 @@ class InlineRunner:
         self.inner = TaskRunner(settings)
         self.jobs = self.inner.jobs
 
-    def enqueue_index_patient(self, tenant, patient_id):
-        from workers.tasks import index_patient
+    def enqueue_sync(self, tenant, patient_id):
+        from workers.tasks import sync_patient
 
         self.jobs.claim(tenant, patient_id)
-        index_patient.apply(args=(tenant, patient_id), throw=True)
+        sync_patient.apply(args=(tenant, patient_id), throw=True)
         return True
 
 

@@ -1,23 +1,18 @@
-"""Job progress (fetched / indexed of total) that tasks write and the frame reads.
+"""Job progress (fetched / indexed of total) that tasks write and the frame and `chartcite status` read.
 
-Kept in a small SQLite file in the data directory so a task in another process (a Celery
-worker on the SQLite broker) and the web app see the same rows.
+Embedded default: a small SQLite file in the data directory, shared by the web app and a worker
+on the same machine. Production: Redis, shared by every app and worker host.
 """
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
-    tenant TEXT NOT NULL, patient_id TEXT NOT NULL, state TEXT NOT NULL, phase TEXT NOT NULL,
-    done INTEGER NOT NULL, total INTEGER NOT NULL, message TEXT NOT NULL, updated_at REAL NOT NULL,
-    PRIMARY KEY (tenant, patient_id)
-);
-"""
 ACTIVE = ("queued", "running")
+STALE_AFTER = 600.0      # a queued/running job not updated for this long may be queued again
 
 
 @dataclass
@@ -37,31 +32,35 @@ class Job:
         return d
 
 
-class JobStore:
+class SqliteJobStore:
+    SCHEMA = """CREATE TABLE IF NOT EXISTS jobs (
+        tenant TEXT NOT NULL, patient_id TEXT NOT NULL, state TEXT NOT NULL, phase TEXT NOT NULL,
+        done INTEGER NOT NULL, total INTEGER NOT NULL, message TEXT NOT NULL, updated_at REAL NOT NULL,
+        PRIMARY KEY (tenant, patient_id))"""
+
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._connect() as db:
-            db.executescript(SCHEMA)
+            db.execute(self.SCHEMA)
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, timeout=30)
         db.execute("PRAGMA journal_mode=WAL")
         return db
 
-    def set(self, tenant: str, patient_id: str, state: str, phase: str = "", done: int = 0, total: int = 0,
-            message: str = "") -> None:
+    def set(self, tenant, patient_id, state, phase="", done=0, total=0, message="") -> None:
         with self._connect() as db:
             db.execute("INSERT OR REPLACE INTO jobs VALUES (?,?,?,?,?,?,?,?)",
                        (tenant, patient_id, state, phase, done, total, message, time.time()))
 
-    def claim(self, tenant: str, patient_id: str, stale_after: float = 600.0) -> bool:
+    def claim(self, tenant: str, patient_id: str) -> bool:
         """Mark a job queued unless one is already queued or running (and not stale)."""
         with self._connect() as db:
             db.execute("BEGIN IMMEDIATE")
             row = db.execute("SELECT state, updated_at FROM jobs WHERE tenant=? AND patient_id=?",
                              (tenant, patient_id)).fetchone()
-            if row and row[0] in ACTIVE and time.time() - row[1] < stale_after:
+            if row and row[0] in ACTIVE and time.time() - row[1] < STALE_AFTER:
                 db.execute("COMMIT")
                 return False
             db.execute("INSERT OR REPLACE INTO jobs VALUES (?,?,?,?,?,?,?,?)",
@@ -73,3 +72,63 @@ class JobStore:
         with self._connect() as db:
             row = db.execute("SELECT * FROM jobs WHERE tenant=? AND patient_id=?", (tenant, patient_id)).fetchone()
         return Job(*row) if row else None
+
+    def jobs(self) -> list[Job]:
+        with self._connect() as db:
+            return [Job(*row) for row in db.execute("SELECT * FROM jobs ORDER BY tenant, updated_at")]
+
+
+class RedisJobStore:
+    def __init__(self, url: str):
+        import redis
+
+        self.redis = redis.Redis.from_url(url)
+        self.prefix = "chartcite:job:"
+
+    def _key(self, tenant: str, patient_id: str) -> str:
+        return f"{self.prefix}{tenant}:{patient_id}"
+
+    def set(self, tenant, patient_id, state, phase="", done=0, total=0, message="") -> None:
+        job = Job(tenant, patient_id, state, phase, done, total, message, time.time())
+        self.redis.set(self._key(tenant, patient_id), json.dumps(asdict(job)))
+
+    def claim(self, tenant: str, patient_id: str) -> bool:
+        """Compare-and-set under WATCH, so two launches of one patient queue a single sync."""
+        import redis
+
+        key = self._key(tenant, patient_id)
+        queued = json.dumps(asdict(Job(tenant, patient_id, "queued", "queued", 0, 0, "", time.time())))
+        with self.redis.pipeline() as pipe:
+            try:
+                pipe.watch(key)
+                raw = pipe.get(key)
+                if raw:
+                    job = Job(**json.loads(raw))
+                    if job.state in ACTIVE and time.time() - job.updated_at < STALE_AFTER:
+                        pipe.unwatch()
+                        return False
+                pipe.multi()
+                pipe.set(key, queued)
+                pipe.execute()
+                return True
+            except redis.WatchError:
+                return False
+
+    def get(self, tenant: str, patient_id: str) -> Job | None:
+        raw = self.redis.get(self._key(tenant, patient_id))
+        return Job(**json.loads(raw)) if raw else None
+
+    def jobs(self) -> list[Job]:
+        out = []
+        for key in self.redis.scan_iter(f"{self.prefix}*"):
+            raw = self.redis.get(key)
+            if raw:
+                out.append(Job(**json.loads(raw)))
+        return sorted(out, key=lambda j: (j.tenant, j.updated_at))
+
+
+def job_store(settings):
+    return RedisJobStore(settings.redis_url) if settings.redis_url else SqliteJobStore(settings.state_path)
+
+
+JobStore = SqliteJobStore   # the embedded default, by its old name

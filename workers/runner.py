@@ -6,7 +6,7 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 
 from .celery_app import make_celery
-from .progress import JobStore
+from .progress import job_store
 
 log = logging.getLogger(__name__)
 
@@ -15,20 +15,20 @@ class TaskRunner:
     def __init__(self, settings):
         self.settings = settings
         self.celery = make_celery(settings)
-        self.jobs = JobStore(settings.state_path)
+        self.jobs = job_store(settings)
         # One indexing thread: embedding already uses every core, two would only contend.
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chartcite-index") if settings.tasks_eager else None
 
-    def enqueue_index_patient(self, tenant: str, patient_id: str) -> bool:
-        """Queue indexing unless it is already queued or running; True when newly queued."""
+    def enqueue_sync(self, tenant: str, patient_id: str) -> bool:
+        """Queue a sync of the patient unless one is already queued or running; True when newly queued."""
         if not self.jobs.claim(tenant, patient_id):
             return False
-        from .tasks import index_patient
+        from .tasks import sync_patient
 
         if self.pool is not None:
-            self.pool.submit(self._run_eagerly, index_patient, tenant, patient_id)
+            self.pool.submit(self._run_eagerly, sync_patient, tenant, patient_id)
         else:
-            index_patient.delay(tenant, patient_id)
+            sync_patient.delay(tenant, patient_id)
         return True
 
     @staticmethod
