@@ -46,7 +46,7 @@ index: install
 # afterwards even when tests fail.
 test: install-test
 	@scripts/services.sh up > .services.env
-	@set -a; . ./.services.env; set +a; status=0; $(PY) -m pytest || status=$$?; \
+	@set -a; . ./.services.env; set +a; unset CHARTCITE_BACKEND; status=0; $(PY) -m pytest || status=$$?; \
 	  scripts/services.sh down; rm -f .services.env; exit $$status
 
 services-up:

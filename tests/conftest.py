@@ -66,6 +66,15 @@ def dev_service(tmp_path_factory, embedder, dev_questions, synthea_dir):
 BACKENDS = ("embedded", "elasticsearch")
 
 
+def clean_env(**settings) -> dict:
+    """The environment for a chartcite subprocess: this one without any CHARTCITE_ setting the
+    suite was started with (make test exports the service URLs), plus the given ones."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHARTCITE_")}
+    env["HF_HUB_OFFLINE"] = "1"
+    env.update({f"CHARTCITE_{k.upper()}": str(v) for k, v in settings.items()})
+    return env
+
+
 def es_url() -> str:
     url = os.environ.get("CHARTCITE_ES_URL", "")
     if not url:

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import clean_env
+
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 PID = "8ef99ca1-5615-7aa6-d383-47fe931a1f14"
 REPO = Path(__file__).resolve().parent.parent
@@ -48,8 +50,8 @@ def servers(tmp_path_factory, synthea_dir):
     app_port, ehr_port = free_port(), free_port()
     source = tmp_path_factory.mktemp("source")
     shutil.copy(synthea_dir / f"{PID}.json.gz", source)
-    env = dict(os.environ, CHARTCITE_DATA_DIR=str(tmp_path_factory.mktemp("data")), CHARTCITE_DEMO_SOURCE=str(source),
-               CHARTCITE_FRAME_ANCESTORS=f"http://localhost:{ehr_port}", HF_HUB_OFFLINE="1")
+    env = clean_env(data_dir=tmp_path_factory.mktemp("data"), demo_source=source,
+                    frame_ancestors=f"http://localhost:{ehr_port}")
     log = open(tmp_path_factory.mktemp("logs") / "serve.log", "w")
     app = subprocess.Popen([sys.executable, "-m", "smart_app.cli", "serve", "--port", str(app_port)],
                            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import clean_env
+
 REPO = Path(__file__).resolve().parent.parent
 PID = "8ef99ca1-5615-7aa6-d383-47fe931a1f14"
 
@@ -22,8 +24,7 @@ def run(args, env, timeout=300):
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    return dict(os.environ, CHARTCITE_DATA_DIR=str(tmp_path_factory.mktemp("cli-data")), HF_HUB_OFFLINE="1",
-                CHARTCITE_SECRET_KEY="very-secret")
+    return clean_env(data_dir=tmp_path_factory.mktemp("cli-data"), secret_key="very-secret")
 
 
 @pytest.fixture(scope="module")

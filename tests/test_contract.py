@@ -134,7 +134,7 @@ def test_unreachable_cluster_is_a_clear_error(tmp_path):
         ElasticsearchBackend(["http://127.0.0.1:9"], "m", 384, request_timeout=2)
 
 
-def test_dev_recall_is_the_same_on_both_backends(tmp_path_factory, embedder, dev_questions, synthea_dir):
+def test_dev_recall_is_the_same_on_both_backends(tmp_path_factory, embedder, dev_questions, synthea_dir, capsys):
     """recall@5 of `full` on each backend, printed, within 0.05 of each other."""
     from search.evaluate import recall_at
 
@@ -151,5 +151,6 @@ def test_dev_recall_is_the_same_on_both_backends(tmp_path_factory, embedder, dev
         finally:
             drop_tenants(svc, [tenant])
             svc.close()
-    print(f"\ndev recall@5 (full): embedded {figures['embedded']:.3f}, elasticsearch {figures['elasticsearch']:.3f}")
+    with capsys.disabled():
+        print(f"\ndev recall@5 (full): embedded {figures['embedded']:.3f}, elasticsearch {figures['elasticsearch']:.3f}")
     assert abs(figures["embedded"] - figures["elasticsearch"]) <= 0.05

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import es_url
+from .conftest import clean_env, es_url
 
 REPO = Path(__file__).resolve().parent.parent
 SMALL = "8ef99ca1-5615-7aa6-d383-47fe931a1f14"
@@ -37,9 +37,8 @@ def env(tmp_path, synthea_dir):
     for pid in (SMALL, LARGE):
         shutil.copy(synthea_dir / f"{pid}.json.gz", source)
     tenant = f"e2e{uuid.uuid4().hex[:8]}"
-    settings_env = dict(os.environ, CHARTCITE_DATA_DIR=str(tmp_path / "data"), CHARTCITE_DEMO_SOURCE=str(source),
-                        CHARTCITE_BACKEND="elasticsearch", CHARTCITE_ES_URL=es_url(), CHARTCITE_REDIS_URL=redis_url(),
-                        CHARTCITE_TASKS_EAGER="false", CHARTCITE_TENANT=tenant, HF_HUB_OFFLINE="1")
+    settings_env = clean_env(data_dir=tmp_path / "data", demo_source=source, backend="elasticsearch", es_url=es_url(),
+                             redis_url=redis_url(), tasks_eager="false", tenant=tenant)
     import redis
 
     redis.Redis.from_url(redis_url()).flushdb()     # no tasks left over from another run
