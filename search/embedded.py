@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -83,6 +84,18 @@ class EmbeddedBackend(Backend):
             self._local.conn = conn
         return conn
 
+    @contextmanager
+    def _transaction(self):
+        """All of a write or none of it: the chunk, its FTS row, its refs and concepts move together."""
+        db = self._db()
+        db.execute("BEGIN")
+        try:
+            yield db
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
     def _check_model(self) -> None:
         if self.embedding_model is None:
             return
@@ -114,36 +127,25 @@ class EmbeddedBackend(Backend):
             refs.extend((chunk.tenant, ref, cid) for ref in chunk.refs)
             concepts.extend((chunk.tenant, chunk.patient_id, key, cid) for key in asserted_keys(chunk.concepts))
         ids = [(r[0],) for r in rows]
-        db.execute("BEGIN")
-        try:
+        with self._transaction() as db:
             db.executemany("DELETE FROM chunks_fts WHERE chunk_id = ?", ids)
             db.executemany("INSERT OR REPLACE INTO chunks VALUES (?,?,?,?,?,?,?,?,?)", rows)
             db.executemany("INSERT INTO chunks_fts (lexical, chunk_id, tenant, patient_id) VALUES (?,?,?,?)", fts)
             db.executemany("INSERT OR IGNORE INTO chunk_refs VALUES (?,?,?)", refs)
             db.executemany("DELETE FROM chunk_concepts WHERE chunk_id = ?", ids)
             db.executemany("INSERT OR IGNORE INTO chunk_concepts VALUES (?,?,?,?)", concepts)
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
 
     def delete_chunks(self, tenant: str, chunk_ids: list[str]) -> int:
         if not chunk_ids:
             return 0
-        db = self._db()
         ids = [(tenant, c) for c in chunk_ids]
-        db.execute("BEGIN")
-        try:
+        with self._transaction() as db:
             before = db.total_changes
             db.executemany("DELETE FROM chunks WHERE tenant = ? AND chunk_id = ?", ids)
             removed = db.total_changes - before
             db.executemany("DELETE FROM chunks_fts WHERE tenant = ? AND chunk_id = ?", ids)
             db.executemany("DELETE FROM chunk_refs WHERE tenant = ? AND chunk_id = ?", ids)
             db.executemany("DELETE FROM chunk_concepts WHERE tenant = ? AND chunk_id = ?", ids)
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
         return removed
 
     def delete_refs(self, tenant: str, refs: list[str]) -> int:

@@ -90,6 +90,12 @@ def sync_patient(tenant: str, patient_id: str) -> dict:
     return {"chunks": result.chunks, "embedded": result.embedded, "removed": result.removed}
 
 
+@shared_task(name="chartcite.index_patient", **RETRY)
+def index_patient(tenant: str, patient_id: str) -> dict:
+    """The walking skeleton's name for a full sync of one patient."""
+    return sync_patient.run(tenant, patient_id)
+
+
 @shared_task(name="chartcite.index_resources", **RETRY)
 def index_resources(tenant: str, patient_id: str, refs: list[str]) -> dict:
     """Re-index after these resources changed. Chunks cross-reference the rest of the record
