@@ -10,10 +10,8 @@ the text is stemmed in the application with the same Porter stemmer SQLite FTS5 
 """
 from __future__ import annotations
 
-import json
 import logging
 import re
-import time
 
 import numpy as np
 
