@@ -22,10 +22,8 @@ from .notes import NoteDecodeError, decode_attachment, split_sections
 log = logging.getLogger(__name__)
 
 WITHDRAWN = {"entered-in-error"}
-BP_PANEL = "85354-9"
 SYSTOLIC, DIASTOLIC = "8480-6", "8462-4"
 TREND_WINDOWS = (30, 90, 365)
-NOTE_LOINC = {"34117-2", "51847-2", "11506-3", "18842-5", "11488-4", "34111-5", "28570-0"}
 
 
 @dataclass

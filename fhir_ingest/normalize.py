@@ -20,11 +20,8 @@ INDEXED_TYPES = {
     "Procedure", "Immunization", "CarePlan", "Device", "ImagingStudy",
 }
 SUPPORT_TYPES = {"Patient", "Medication"}
-# Read and counted, but not clinical content a clinician asks chartcite about.
-NOT_INDEXED_TYPES = {
-    "Claim", "ExplanationOfBenefit", "Provenance", "SupplyDelivery", "CareTeam", "Coverage",
-    "Organization", "Practitioner", "PractitionerRole", "Location", "Binary", "Group",
-}
+# Every other type (Claim, ExplanationOfBenefit, Provenance, SupplyDelivery, CareTeam, ...) is
+# read and counted in the index summary as "read but not indexed", never dropped silently.
 
 _URI = re.compile(r"^(?:[a-zA-Z][a-zA-Z0-9+.-]*:)\S+$")
 
