@@ -23,6 +23,15 @@ log = logging.getLogger(__name__)
 
 WITHDRAWN = {"entered-in-error"}
 SYSTOLIC, DIASTOLIC = "8480-6", "8462-4"
+
+
+def blood_pressure(resource: dict) -> tuple[dict, dict] | None:
+    """(systolic, diastolic) valueQuantity of a blood-pressure Observation, whatever the component
+    order (Synthea lists the diastolic first), or None for any other observation."""
+    comps = {((c.get("code") or {}).get("coding") or [{}])[0].get("code"): c for c in resource.get("component") or []}
+    if SYSTOLIC in comps and DIASTOLIC in comps:
+        return comps[SYSTOLIC].get("valueQuantity") or {}, comps[DIASTOLIC].get("valueQuantity") or {}
+    return None
 TREND_WINDOWS = (30, 90, 365)
 
 
@@ -288,15 +297,13 @@ class PatientChunker:
     # Observations ---------------------------------------------------------------------------
     @staticmethod
     def observation_value(r) -> str:
-        comps = {c.get("code", {}).get("coding", [{}])[0].get("code"): c for c in r.get("component") or []}
-        if SYSTOLIC in comps and DIASTOLIC in comps:
-            sys_q = comps[SYSTOLIC].get("valueQuantity") or {}
-            dia_q = comps[DIASTOLIC].get("valueQuantity") or {}
+        bp = blood_pressure(r)
+        if bp:
+            sys_q, dia_q = bp
             unit = sys_q.get("unit") or "mm[Hg]"
-            return f"{quantity_text({'value': sys_q.get('value')}) }/{quantity_text({'value': dia_q.get('value')})} {unit}".replace(" /", "/")
-        for field in ("valueQuantity",):
-            if r.get(field):
-                return quantity_text(r[field])
+            return f"{quantity_text({'value': sys_q.get('value')})}/{quantity_text({'value': dia_q.get('value')})} {unit}"
+        if r.get("valueQuantity"):
+            return quantity_text(r["valueQuantity"])
         if r.get("valueCodeableConcept"):
             return concept_text(r["valueCodeableConcept"])
         for field in ("valueString", "valueBoolean", "valueInteger", "valueDateTime"):

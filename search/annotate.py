@@ -79,6 +79,7 @@ class Annotator:
             self.negex = nlp.add_pipe("negex", config={"neg_termset": termset("en_clinical").get_patterns(),
                                                        "chunk_prefix": ["no"]})
         self.nlp = nlp
+        self._term_matchers: dict[tuple, object] = {}
         self.entries = {}
         self.record_matcher = PhraseMatcher(nlp.vocab, attr="LOWER")
         self.question_matcher = PhraseMatcher(nlp.vocab, attr="LOWER")
@@ -129,14 +130,20 @@ class Annotator:
         return spans
 
     def _term_matcher(self, terms: list[RecordTerm]):
+        """A phrase matcher for one patient's record terms, kept for the patient's next question."""
         from spacy.matcher import PhraseMatcher
 
         if not terms:
             return None
-        matcher = PhraseMatcher(self.nlp.vocab, attr="LOWER")
-        for i, term in enumerate(terms):
-            matcher.add(f"T{i}", [self.nlp.make_doc(term.phrase)])
-        return matcher
+        key = tuple(terms)
+        if key not in self._term_matchers:
+            matcher = PhraseMatcher(self.nlp.vocab, attr="LOWER")
+            for i, term in enumerate(terms):
+                matcher.add(f"T{i}", [self.nlp.make_doc(term.phrase)])
+            if len(self._term_matchers) >= 64:
+                self._term_matchers.pop(next(iter(self._term_matchers)))
+            self._term_matchers[key] = matcher
+        return self._term_matchers[key]
 
     def annotate(self, texts: list[str], terms: list[RecordTerm] | None = None,
                  in_question: bool = False) -> list[list[dict]]:

@@ -1,7 +1,7 @@
 """Series for the frame's small trend chart, read from the observations a trend chunk cites."""
 from __future__ import annotations
 
-from fhir_ingest.chunk import DIASTOLIC, SYSTOLIC, clinical_date
+from fhir_ingest.chunk import blood_pressure, clinical_date
 from fhir_ingest.contract import Chunk
 from fhir_ingest.normalize import concept_text
 
@@ -9,9 +9,9 @@ from .backend import Backend
 
 
 def observation_values(resource: dict) -> tuple[list[float], str] | None:
-    comps = {(c.get("code", {}).get("coding") or [{}])[0].get("code"): c for c in resource.get("component") or []}
-    if SYSTOLIC in comps and DIASTOLIC in comps:
-        sys_q, dia_q = comps[SYSTOLIC].get("valueQuantity") or {}, comps[DIASTOLIC].get("valueQuantity") or {}
+    bp = blood_pressure(resource)
+    if bp:
+        sys_q, dia_q = bp
         if sys_q.get("value") is not None and dia_q.get("value") is not None:
             return [float(sys_q["value"]), float(dia_q["value"])], sys_q.get("unit", "mm[Hg]")
     q = resource.get("valueQuantity") or {}
