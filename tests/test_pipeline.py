@@ -124,3 +124,44 @@ def test_ablating_a_stage_removes_it_from_the_trail(svc):
     assert "filter" not in names and "rerank" not in names and "recovery" in names
     with pytest.raises(ValueError, match="cannot ablate"):
         svc.ask("t", PID, "latest A1c?", ablate=("magic",))
+
+
+@pytest.fixture(scope="module")
+def cross_encoder_path(tmp_path_factory):
+    """A real CrossEncoder saved to a local folder: MiniLM's encoder with a fresh one-logit head
+    (seeded). Untrained for relevance, so the test checks the plumbing, not the ranking quality."""
+    import torch
+    from sentence_transformers import CrossEncoder
+
+    from search.embed import default_model_path
+
+    folder = tmp_path_factory.mktemp("cross") / "tiny-cross-encoder"
+    torch.manual_seed(7)
+    CrossEncoder(default_model_path(), num_labels=1, device="cpu", local_files_only=True).save(str(folder))
+    return str(folder)
+
+
+def test_a_configured_cross_encoder_reads_the_candidates_and_adds_its_score(svc, cross_encoder_path):
+    from search.crossrank import load_reranker
+    from search.pipeline import retrieve
+
+    reranker = load_reranker(cross_encoder_path)
+    plain = retrieve(svc.backend, svc.embedder, "Any allergies?", "t", PID, k=5)
+    crossed = retrieve(svc.backend, svc.embedder, "Any allergies?", "t", PID, k=5, reranker=reranker)
+    [stage] = [s for s in crossed.stages if s.name == "rerank"]
+    assert stage.note == "cross-encoder tiny-cross-encoder"
+    base = {ev.chunk.chunk_id: ev.score for ev in plain.candidates}
+    ranked = crossed.candidates
+    assert ranked and all(0.0 < ev.features["cross"] < 1.0 for ev in ranked)
+    assert len({round(ev.features["cross"], 6) for ev in ranked}) > 1   # it read each pair
+    for ev in crossed.evidence:
+        assert ev.score == pytest.approx(base[ev.chunk.chunk_id] + ev.features["cross"])
+    scores = [ev.score for ev in crossed.evidence]
+    assert scores == sorted(scores, reverse=True)
+
+
+def test_a_missing_cross_encoder_folder_is_a_clear_error(tmp_path):
+    from search.crossrank import RerankerNotFound, CrossEncoderRanker
+
+    with pytest.raises(RerankerNotFound, match="CHARTCITE_RERANKER"):
+        CrossEncoderRanker(str(tmp_path / "nope"))
