@@ -8,7 +8,7 @@ from typing import Iterable
 
 from .chunk import group_by_patient
 from .normalize import INDEXED_TYPES, SUPPORT_TYPES, InvalidResource, check_resource, patient_of
-from .reader import RawResource, ReadProblem, read_path
+from .reader import RawResource, ReadItem, ReadProblem, read_path
 
 
 @dataclass
@@ -46,30 +46,34 @@ class PatientRecord:
 
 def load_resources(paths: Iterable[str | Path]) -> tuple[list[PatientRecord], LoadReport]:
     """Read and check every resource under `paths`; malformed ones are reported and skipped."""
+    return check_items(item for path in paths for item in read_path(path))
+
+
+def check_items(items: Iterable[ReadItem]) -> tuple[list[PatientRecord], LoadReport]:
+    """Check read resources (from files or an EHR) and group them by patient."""
     report = LoadReport()
     good: list[dict] = []
-    for path in paths:
-        for item in read_path(path):
-            if isinstance(item, ReadProblem):
-                report.skipped.append(Skipped(item.origin, item.reason))
-                continue
-            assert isinstance(item, RawResource)
-            report.resources_read += 1
-            try:
-                resource = check_resource(item.resource)
-            except InvalidResource as exc:
-                report.skipped.append(Skipped(item.origin, str(exc)))
-                continue
-            rt = resource["resourceType"]
-            if rt in INDEXED_TYPES and not patient_of(resource):
-                report.skipped.append(Skipped(item.origin, f"{rt}/{resource['id']} names no patient it belongs to"))
-                continue
-            report.by_type[rt] += 1
-            if rt not in INDEXED_TYPES | SUPPORT_TYPES:
-                report.not_indexed[rt] += 1
-            good.append(resource)
+    for item in items:
+        if isinstance(item, ReadProblem):
+            report.skipped.append(Skipped(item.origin, item.reason))
+            continue
+        assert isinstance(item, RawResource)
+        report.resources_read += 1
+        try:
+            resource = check_resource(item.resource)
+        except InvalidResource as exc:
+            report.skipped.append(Skipped(item.origin, str(exc)))
+            continue
+        rt = resource["resourceType"]
+        if rt in INDEXED_TYPES and not patient_of(resource):
+            report.skipped.append(Skipped(item.origin, f"{rt}/{resource['id']} names no patient it belongs to"))
+            continue
+        report.by_type[rt] += 1
+        if rt not in INDEXED_TYPES | SUPPORT_TYPES:
+            report.not_indexed[rt] += 1
+        good.append(resource)
     grouped = group_by_patient(good)
-    records = [PatientRecord(pid, items) for pid, items in sorted(grouped.items())]
+    records = [PatientRecord(pid, resources) for pid, resources in sorted(grouped.items())]
     return records, report
 
 

@@ -96,6 +96,10 @@ class Backend(ABC):
         """Keep the source resources so the side panel can show the record a chip cites."""
 
     @abstractmethod
+    def patient_resources(self, tenant: str, patient_id: str) -> list[dict]:
+        """Every stored source resource of the patient: the base an incremental sync merges into."""
+
+    @abstractmethod
     def get_resource(self, tenant: str, patient_id: str, ref: str) -> dict | None:
         """The stored resource, only if it belongs to this patient."""
 

@@ -343,6 +343,16 @@ class ElasticsearchBackend(Backend):
                  "_source": ["text_hash"]}
         return self._call(lambda: {h["_id"]: h["_source"]["text_hash"] for h in scan(self.es, index=alias, query=query)})
 
+    def patient_resources(self, tenant: str, patient_id: str) -> list[dict]:
+        from elasticsearch import NotFoundError
+        from elasticsearch.helpers import scan
+
+        query = {"query": {"bool": {"filter": [{"term": {"kind": "resource"}}, {"term": {"patient_id": patient_id}}]}}}
+        try:
+            return [hit["_source"]["data"] for hit in scan(self.es, index=self.records_index(tenant), query=query)]
+        except NotFoundError:
+            return []
+
     def get_resource(self, tenant: str, patient_id: str, ref: str) -> dict | None:
         from elasticsearch import NotFoundError
 

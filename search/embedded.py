@@ -262,6 +262,11 @@ class EmbeddedBackend(Backend):
                                   (tenant, patient_id)).fetchall()
         return dict(rows)
 
+    def patient_resources(self, tenant: str, patient_id: str) -> list[dict]:
+        rows = self._db().execute("SELECT data FROM resources WHERE tenant=? AND patient_id=? ORDER BY ref",
+                                  (tenant, patient_id)).fetchall()
+        return [json.loads(r[0]) for r in rows]
+
     def get_resource(self, tenant: str, patient_id: str, ref: str) -> dict | None:
         row = self._db().execute("SELECT data FROM resources WHERE tenant=? AND patient_id=? AND ref=?",
                                  (tenant, patient_id, ref)).fetchone()

@@ -19,30 +19,46 @@ def create_app(settings: Settings | None = None, runner=None) -> Flask:
     from search.service import SearchService
 
     from .sessions import SessionStore
+    from .sources import open_registry
 
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     app.extensions["chartcite.search"] = SearchService(**settings.search_options())
     app.extensions["chartcite.sessions"] = SessionStore(settings.state_path, settings.secret_key)
+    registry = open_registry(settings)
+    app.extensions["chartcite.registry"] = registry
     if runner is None:
         from workers.runner import TaskRunner
 
         runner = TaskRunner(settings)
     app.extensions["chartcite.runner"] = runner
 
+    from .admin import bp as admin_bp
     from .frame import bp as frame_bp
+    from .launch import bp as launch_bp
 
     app.register_blueprint(frame_bp)
+    app.register_blueprint(launch_bp)
+    app.register_blueprint(admin_bp)
 
     @app.after_request
     def security_headers(response):
-        ancestors = " ".join(["'self'", *settings.frame_ancestors.split()])
+        # Framing is allowed for the registered EHRs' origins only (no X-Frame-Options: it
+        # cannot name several origins, and DENY would break the EHR's frame).
+        ancestors = " ".join(dict.fromkeys(["'self'", *settings.frame_ancestors.split(), *registry.frame_origins()]))
+        form_action = " ".join(["'self'", response.headers.pop("X-Form-Action", "")]).strip()
         response.headers["Content-Security-Policy"] = (
             f"default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-            f"object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors {ancestors}")
+            f"object-src 'none'; base-uri 'none'; form-action {form_action}; frame-ancestors {ancestors}")
         response.headers["X-Content-Type-Options"] = "nosniff"
         response.headers["Referrer-Policy"] = "no-referrer"
-        response.headers["Cache-Control"] = "no-store"
+        response.headers.setdefault("Cache-Control", "no-store")
         return response
+
+    @app.template_filter("utc")
+    def utc(timestamp: float) -> str:
+        from datetime import datetime, timezone
+
+        return datetime.fromtimestamp(timestamp, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
     @app.errorhandler(404)
     def not_found(_):

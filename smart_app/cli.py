@@ -48,6 +48,36 @@ def build_parser() -> argparse.ArgumentParser:
     sv = sub.add_parser("serve", help="serve the web app")
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=5000)
+    sv.add_argument("--cert", help="TLS certificate (PEM) for a local HTTPS test; production sits behind a TLS proxy")
+    sv.add_argument("--key", help="TLS private key (PEM) matching --cert")
+
+    keys = sub.add_parser("keys", help="chartcite's signing keys (the JWKS EHRs verify its assertions with)")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    kg = keys_sub.add_parser("generate", help="new current key pairs; older ones stay published for the overlap")
+    kg.add_argument("--alg", choices=("RS384", "ES384", "both"), default="both")
+    keys_sub.add_parser("list", help="the keys and whether they are retiring")
+    keys_sub.add_parser("prune", help="drop retired keys whose overlap has passed")
+
+    ehr = sub.add_parser("ehr", help="register EHRs (each one is a tenant)")
+    ehr_sub = ehr.add_subparsers(dest="ehr_command", required=True)
+    ea = ehr_sub.add_parser("add", help="register an EHR")
+    ea.add_argument("--name", required=True, help="short name; becomes the tenant")
+    ea.add_argument("--iss", required=True, help="the EHR's FHIR base URL (the iss of its launches)")
+    ea.add_argument("--client-id", required=True, help="the client id the EHR gave chartcite")
+    ea.add_argument("--scopes", choices=("v1", "v2"), default="v2", help="SMART scope syntax the EHR expects")
+    ea.add_argument("--frame-origin", action="append", default=[], help="origin that embeds chartcite (repeatable)")
+    ea.add_argument("--group-id", default="", help="Bulk Data Group for background sync")
+    el = ehr_sub.add_parser("list", help="registered EHRs and their last sync")
+    el.add_argument("--json", action="store_true")
+    er = ehr_sub.add_parser("remove", help="unregister an EHR (its index is kept)")
+    er.add_argument("name")
+
+    ri = sub.add_parser("registration-info", help="what the Epic / Oracle Health consoles ask for")
+    ri.add_argument("--json", action="store_true")
+
+    sy = sub.add_parser("sync", help="Backend Services + Bulk Data sync of a registered EHR, now")
+    sy.add_argument("--tenant", required=True, help="the registered EHR's name")
+    sy.add_argument("--group", default="", help="Group id to export (default: the registration's)")
 
     sub.add_parser("worker", help="start a Celery worker for indexing tasks")
     sub.add_parser("beat", help="start Celery beat: periodic re-sync of the tenant's records")
@@ -68,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
-    handler = globals()[f"cmd_{args.command}"]
+    handler = globals()[f"cmd_{args.command.replace('-', '_')}"]
     from search.backend import BackendError
     from search.embed import ModelNotFound
 
@@ -198,9 +228,115 @@ def cmd_eval(args, settings: Settings) -> int:
 def cmd_serve(args, settings: Settings) -> int:
     from .app import create_app
 
+    if bool(args.cert) != bool(args.key):
+        raise SettingsError("--cert and --key go together")
     app = create_app(settings)
-    print(f"chartcite is serving on http://{args.host}:{args.port}/  (Ctrl-C to stop)", flush=True)
-    app.run(host=args.host, port=args.port, threaded=True, use_reloader=False)
+    scheme = "https" if args.cert else "http"
+    print(f"chartcite is serving on {scheme}://{args.host}:{args.port}/  (Ctrl-C to stop)", flush=True)
+    app.run(host=args.host, port=args.port, threaded=True, use_reloader=False,
+            ssl_context=(args.cert, args.key) if args.cert else None)
+    return 0
+
+
+def registry_for(settings: Settings):
+    from .sources import open_registry
+
+    return open_registry(settings)
+
+
+def cmd_keys(args, settings: Settings) -> int:
+    from .keys import generate_pair
+
+    registry = registry_for(settings)
+    if args.keys_command == "generate":
+        overlap = settings.number("key_overlap_days") * 86400
+        for alg in (("RS384", "ES384") if args.alg == "both" else (args.alg,)):
+            pair = generate_pair(alg)
+            registry.add_key(pair, overlap)
+            print(f"{alg} key {pair.kid} is now current; earlier {alg} keys stay in the JWKS for "
+                  f"{settings.key_overlap_days} days")
+    elif args.keys_command == "prune":
+        print(f"removed {registry.prune_keys()} retired keys")
+    for row in registry.key_rows():
+        state = "current" if not row["retire_after"] else f"retiring {time.strftime('%Y-%m-%d', time.gmtime(row['retire_after']))}"
+        print(f"  {row['alg']}  {row['kid']}  {state}")
+    return 0
+
+
+def cmd_ehr(args, settings: Settings) -> int:
+    from .registry import RegistryError
+
+    registry = registry_for(settings)
+    try:
+        if args.ehr_command == "add":
+            ehr = registry.add_ehr(args.name, args.iss, args.client_id, args.scopes, args.frame_origin, args.group_id)
+            print(f"registered {ehr.name}: launches from {ehr.iss} are accepted; tenant {ehr.name}")
+            if not registry.current_key():
+                print("no signing key yet: run `chartcite keys generate` before Backend Services sync")
+            return 0
+        if args.ehr_command == "remove":
+            if not registry.remove_ehr(args.name):
+                print(f"chartcite: no EHR named {args.name}", file=sys.stderr)
+                return 1
+            print(f"removed {args.name}; launches from it are now refused")
+            return 0
+    except RegistryError as exc:
+        print(f"chartcite: {exc}", file=sys.stderr)
+        return 2
+    rows = [e.to_dict() for e in registry.ehrs()]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for e in rows:
+        last = time.strftime("%Y-%m-%d %H:%M", time.gmtime(e["last_sync_at"])) if e["last_sync_at"] else "never"
+        print(f"{e['name']}  iss={e['iss']}  client={e['client_id']}  scopes={e['scopes']}  "
+              f"frames={' '.join(e['frame_origins']) or '-'}  group={e['group_id'] or '-'}  last sync {last}: "
+              f"{e['last_sync_status']}")
+    if not rows:
+        print("no EHR registered: chartcite ehr add --name ... --iss ... --client-id ...")
+    return 0
+
+
+def cmd_registration_info(args, settings: Settings) -> int:
+    from .registration import format_info, registration_info
+
+    if not settings.public_url:
+        print("note: CHARTCITE_PUBLIC_URL is not set; showing http://127.0.0.1:5000", file=sys.stderr)
+    info = registration_info(settings.public_url or "http://127.0.0.1:5000", registry_for(settings))
+    print(json.dumps(info, indent=2) if args.json else format_info(info))
+    return 0
+
+
+def cmd_sync(args, settings: Settings) -> int:
+    from tqdm import tqdm
+
+    from fhir_ingest.client import FhirError
+
+    from .sources import run_bulk_sync
+
+    registry = registry_for(settings)
+    ehr = registry.ehr(args.tenant)
+    if ehr is None:
+        print(f"chartcite: no registered EHR named {args.tenant} (chartcite ehr list)", file=sys.stderr)
+        return 2
+    bar = tqdm(unit="patient", desc=f"sync {ehr.name}", file=sys.stderr)
+
+    def progress(phase, done, total, note=""):
+        bar.set_description(f"sync {ehr.name}: {phase}{' ' + note if note else ''}")
+        bar.total, bar.n = total or None, done
+        bar.refresh()
+
+    try:
+        summary = run_bulk_sync(settings, registry, ehr, service(settings), args.group, progress)
+    except FhirError as exc:
+        bar.close()
+        registry.record_sync(ehr.name, f"failed: {type(exc).__name__}")
+        print(f"chartcite: sync failed: {exc}", file=sys.stderr)
+        return 1
+    bar.close()
+    print(f"synced {summary['patients']} patients ({summary['resources']} resources, {summary['embedded']} chunks "
+          f"embedded of {summary['chunks']}); {summary['deleted']} deleted; {summary['skipped']} skipped; "
+          f"{summary['export_errors']} export errors; next sync from {summary['transaction_time']}")
     return 0
 
 

@@ -53,6 +53,9 @@ def reject_other_patient(context, payload: dict) -> None:
     asked = payload.get("patient_id") or payload.get("patient") or request.args.get("patient")
     if asked and asked != context.patient_id:
         log.warning("request for a patient outside the launch context was refused")
+        current_app.extensions["chartcite.registry"].record_event(
+            "other-patient", context.tenant, context.clinician, context.patient_id,
+            f"{request.method} {request.path} asked for patient {str(asked)[:200]}")
         abort(make_response(jsonify(error="this session is not launched for that patient"), 403))
 
 
@@ -117,8 +120,13 @@ def render_patient(context, handle: str):
     summary = search().patient(context.tenant, context.patient_id) or {}
     banner = dict(_demo_patient(str(settings().demo_source), 0, context.patient_id)) if context.mode == "demo" else {}
     banner.update({k: v for k, v in summary.items() if k in ("name", "gender", "birth_date", "age") and v})
-    response = make_response(render_template("patient.html", handle=handle, patient=banner, pipelines=PIPELINES))
-    response.set_cookie(COOKIE_NAME, handle, httponly=True, samesite="Lax", secure=request.is_secure)
+    # The EHR shows its own patient banner when it says need_patient_banner is false.
+    show_banner = context.details.get("need_patient_banner", True) is not False
+    response = make_response(render_template("patient.html", handle=handle, patient=banner, pipelines=PIPELINES,
+                                             show_banner=show_banner, style=context.details.get("style") or {}))
+    # SameSite=None so the cookie survives inside the EHR's cross-site frame where the browser
+    # allows it at all; the API never depends on it (the handle travels in a header).
+    response.set_cookie(COOKIE_NAME, handle, httponly=True, samesite="None", secure=True)
     return response
 
 
@@ -131,6 +139,16 @@ def status():
     return jsonify(patient_id=context.patient_id, indexed=indexed is not None,
                    chunks=sum((indexed or {}).get("chunk_counts", {}).values()),
                    job=job.to_dict() if job else None)
+
+
+@bp.post("/api/sync")
+def sync_now():
+    """"Refresh from the EHR": queue a sync of the launched patient (incremental after the first)."""
+    context = launch_context()
+    reject_other_patient(context, request.get_json(silent=True) or {})
+    queued = runner().enqueue_sync(context.tenant, context.patient_id,
+                                   context.session_id if context.mode != "demo" else None)
+    return jsonify(queued=queued), 202
 
 
 @bp.post("/api/ask")

@@ -9,7 +9,7 @@ import json
 import secrets
 import sqlite3
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from itsdangerous import BadSignature, URLSafeTimedSerializer
@@ -25,8 +25,9 @@ class LaunchContext:
     tenant: str
     patient_id: str
     clinician: str
-    mode: str            # "demo" now; "ehr" / "standalone" with SMART launch
+    mode: str            # "demo", "ehr" or "standalone"
     created_at: float
+    details: dict = field(default_factory=dict)   # launch context: encounter, need_patient_banner, style
 
 
 class SessionStore:
@@ -42,9 +43,10 @@ class SessionStore:
         db.execute("PRAGMA journal_mode=WAL")
         return db
 
-    def create(self, tenant: str, patient_id: str, clinician: str, mode: str) -> tuple[LaunchContext, str]:
+    def create(self, tenant: str, patient_id: str, clinician: str, mode: str,
+               details: dict | None = None) -> tuple[LaunchContext, str]:
         session_id = secrets.token_urlsafe(32)
-        context = LaunchContext(session_id, tenant, patient_id, clinician, mode, time.time())
+        context = LaunchContext(session_id, tenant, patient_id, clinician, mode, time.time(), details or {})
         with self._connect() as db:
             db.execute("INSERT INTO sessions VALUES (?,?,?)", (session_id, json.dumps(context.__dict__), context.created_at))
         return context, self.signer.dumps(session_id)

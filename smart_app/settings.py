@@ -12,8 +12,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SECRET_FIELDS = {"secret_key", "es_api_key", "es_password", "llm_api_key", "token_key"}
-URL_FIELDS = {"redis_url", "broker_url", "es_url"}      # may carry a password: user:secret@host
+SECRET_FIELDS = {"secret_key", "es_api_key", "es_password", "llm_api_key", "token_key", "admin_token"}
+URL_FIELDS = {"redis_url", "broker_url", "es_url", "registry_url"}      # may carry a password: user:secret@host
 
 
 class SettingsError(ValueError):
@@ -44,6 +44,14 @@ class Settings:
     es_replicas: str = "0"
     redis_url: str = ""                   # Celery broker and job progress in production
     sync_interval_minutes: str = "60"     # Celery beat: how often each tenant's record source is re-synced
+    public_url: str = ""                  # how EHRs reach chartcite (https://chartcite.hospital.org); "" = the request's host
+    token_key: str = ""                   # Fernet key encrypting tokens and private keys at rest; generated per data dir when empty
+    admin_token: str = ""                 # bearer token for /admin; "" = loopback only
+    registry_url: str = ""                # SQLAlchemy URL of the registration database; "" = SQLite in the data dir
+    fhir_timeout_seconds: str = "20"
+    fhir_max_concurrency: str = "2"       # requests in flight to one EHR from one process
+    patient_stale_minutes: str = "60"     # a launch re-syncs a patient last synced longer ago than this
+    key_overlap_days: str = "7"           # a rotated-out key stays in the JWKS this long
 
     @classmethod
     def load(cls, environ: dict | None = None) -> "Settings":
@@ -81,6 +89,30 @@ class Settings:
             key_file.chmod(0o600)
         self.secret_key = key_file.read_text().strip()
         return self.secret_key
+
+    def ensure_token_key(self) -> str:
+        """The Fernet key for secrets at rest: the configured one, else one kept in the data dir."""
+        if self.token_key:
+            return self.token_key
+        from cryptography.fernet import Fernet
+
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        key_file = self.data_dir / "token.key"
+        if not key_file.exists():
+            key_file.write_bytes(Fernet.generate_key())
+            key_file.chmod(0o600)
+        self.token_key = key_file.read_text().strip()
+        return self.token_key
+
+    @property
+    def registry_db(self) -> str:
+        return self.registry_url or f"sqlite:///{self.data_dir / 'registry.sqlite'}"
+
+    def number(self, name: str) -> float:
+        try:
+            return float(getattr(self, name))
+        except ValueError as exc:
+            raise SettingsError(f"CHARTCITE_{name.upper()} must be a number") from exc
 
     @property
     def index_path(self) -> Path:

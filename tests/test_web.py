@@ -23,11 +23,11 @@ class InlineRunner:
         self.inner = TaskRunner(settings)
         self.jobs = self.inner.jobs
 
-    def enqueue_sync(self, tenant, patient_id):
+    def enqueue_sync(self, tenant, patient_id, session_id=None):
         from workers.tasks import sync_patient
 
         self.jobs.claim(tenant, patient_id)
-        sync_patient.apply(args=(tenant, patient_id), throw=True)
+        sync_patient.apply(args=(tenant, patient_id, session_id), throw=True)
         return True
 
 

@@ -20,10 +20,9 @@ def make_celery(settings) -> Celery:
     app.conf.chartcite_settings = settings
     if settings.redis_url.startswith("rediss://"):
         app.conf.broker_use_ssl = {"ssl_cert_reqs": "required"}
-    # Celery beat: every tenant this deployment serves is re-synced on an interval.
+    # Celery beat: every registered EHR and the demo tenant are re-synced on an interval.
     app.conf.beat_schedule = {
-        f"sync-{settings.tenant}": {"task": "chartcite.sync_tenant", "args": (settings.tenant,),
-                                    "schedule": 60.0 * float(settings.sync_interval_minutes)},
+        "sync-all": {"task": "chartcite.sync_all", "schedule": 60.0 * float(settings.sync_interval_minutes)},
     }
     from . import tasks
 

@@ -19,21 +19,21 @@ class TaskRunner:
         # One indexing thread: embedding already uses every core, two would only contend.
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chartcite-index") if settings.tasks_eager else None
 
-    def enqueue_sync(self, tenant: str, patient_id: str) -> bool:
+    def enqueue_sync(self, tenant: str, patient_id: str, session_id: str | None = None) -> bool:
         """Queue a sync of the patient unless one is already queued or running; True when newly queued."""
         if not self.jobs.claim(tenant, patient_id):
             return False
         from .tasks import sync_patient
 
         if self.pool is not None:
-            self.pool.submit(self._run_eagerly, sync_patient, tenant, patient_id)
+            self.pool.submit(self._run_eagerly, sync_patient, tenant, patient_id, session_id)
         else:
-            sync_patient.delay(tenant, patient_id)
+            sync_patient.delay(tenant, patient_id, session_id)
         return True
 
     @staticmethod
-    def _run_eagerly(task, tenant, patient_id):
+    def _run_eagerly(task, tenant, patient_id, session_id):
         try:
-            task.apply(args=(tenant, patient_id), throw=True)
+            task.apply(args=(tenant, patient_id, session_id), throw=True)
         except Exception:
             log.exception("indexing task failed")

@@ -11,6 +11,7 @@ import logging
 
 from celery import Celery, shared_task
 
+from fhir_ingest.client import FhirUnavailable
 from fhir_ingest.load import BundleDirectorySource
 from search.backend import BackendUnavailable
 
@@ -19,7 +20,7 @@ from .progress import job_store
 log = logging.getLogger(__name__)
 _app: Celery | None = None
 _services: dict = {}
-TRANSIENT = (BackendUnavailable, ConnectionError, TimeoutError)
+TRANSIENT = (BackendUnavailable, FhirUnavailable, ConnectionError, TimeoutError)
 RETRY = {"autoretry_for": TRANSIENT, "retry_backoff": True, "retry_backoff_max": 300, "retry_jitter": True,
          "max_retries": 6}
 
@@ -47,7 +48,7 @@ def service_for(settings):
 
 
 def source_for(settings) -> BundleDirectorySource:
-    """Where patient records come from. Until the SMART/FHIR client lands, the bundle folder."""
+    """The demo tenant's records: the bundle folder (registered EHRs are read over FHIR)."""
     return BundleDirectorySource(settings.demo_source)
 
 
@@ -62,21 +63,38 @@ def index_bundle(tenant: str, path: str) -> dict:
 
 
 @shared_task(name="chartcite.sync_patient", **RETRY)
-def sync_patient(tenant: str, patient_id: str) -> dict:
-    """Read one patient's record from the source and index it, reporting progress for the frame."""
+def sync_patient(tenant: str, patient_id: str, session_id: str | None = None) -> dict:
+    """Read one patient's record from the tenant's source and index it, reporting progress for the
+    frame. A registered EHR is read over FHIR with the launching session's token (or chartcite's
+    Backend Services token); the demo tenant reads the bundle folder."""
+    from fhir_ingest.client import AuthExpired
+    from smart_app.sources import open_registry, read_ehr_patient
+
     settings = _settings()
     jobs = job_store(settings)
     jobs.set(tenant, patient_id, "running", "reading")
+    registry = open_registry(settings)
+    ehr = registry.ehr(tenant)
+    service = service_for(settings)
+
+    def progress(phase, done, total):
+        jobs.set(tenant, patient_id, "running", phase, done, total)
+
     try:
-        records, report = source_for(settings).read_patient(patient_id)
+        if ehr is None:
+            records, report = source_for(settings).read_patient(patient_id)
+            server_time, fetched = "", sum(len(r.resources) for r in records)
+        else:
+            held = service.backend.patient_resources(tenant, patient_id)
+            records, report, server_time, fetched = read_ehr_patient(settings, registry, ehr, patient_id, held,
+                                                                     session_id, progress)
         jobs.set(tenant, patient_id, "running", "embedding", 0, 0)
-
-        def progress(phase, done, total):
-            jobs.set(tenant, patient_id, "running", phase, done, total)
-
-        result = service_for(settings).index_records(tenant, records, progress)
+        result = service.index_records(tenant, records, progress)
     except KeyError:
         jobs.set(tenant, patient_id, "failed", "done", message="patient not found in the record source")
+        raise
+    except AuthExpired:
+        jobs.set(tenant, patient_id, "failed", "done", message="the EHR sign-in expired: open chartcite from the EHR again")
         raise
     except TRANSIENT as exc:
         jobs.set(tenant, patient_id, "queued", "retrying", message=type(exc).__name__)
@@ -84,10 +102,13 @@ def sync_patient(tenant: str, patient_id: str) -> dict:
     except Exception as exc:
         jobs.set(tenant, patient_id, "failed", "done", message=type(exc).__name__)
         raise
+    if ehr is not None:
+        registry.mark_patient_synced(tenant, patient_id, server_time)
     jobs.set(tenant, patient_id, "done", "done", result.chunks, result.chunks)
-    log.info("patient synced: %s chunks (%s new, %s removed), %s skipped", result.chunks, result.embedded,
-             result.removed, len(report.skipped) + len(result.problems))
-    return {"chunks": result.chunks, "embedded": result.embedded, "removed": result.removed}
+    log.info("patient synced: %s resources fetched, %s chunks (%s new, %s removed), %s skipped", fetched,
+             result.chunks, result.embedded, result.removed, len(report.skipped) + len(result.problems))
+    return {"fetched": fetched, "chunks": result.chunks, "embedded": result.embedded, "removed": result.removed,
+            "skipped": len(report.skipped) + len(result.problems)}
 
 
 @shared_task(name="chartcite.index_patient", **RETRY)
@@ -119,9 +140,54 @@ def reindex_tenant(tenant: str) -> dict:
 
 @shared_task(name="chartcite.sync_tenant")
 def sync_tenant(tenant: str) -> dict:
-    """Celery beat's periodic job: queue a sync of every patient in the tenant's source."""
+    """Celery beat's periodic job: a registered EHR gets a bulk sync; the demo tenant queues a
+    sync of every patient in its bundle folder."""
+    from smart_app.sources import open_registry
+
     from .runner import TaskRunner
 
-    runner = TaskRunner(_settings())
-    queued = sum(1 for pid in source_for(_settings()).patient_ids() if runner.enqueue_sync(tenant, pid))
+    settings = _settings()
+    if open_registry(settings).ehr(tenant) is not None:
+        bulk_sync.delay(tenant)
+        return {"queued": "bulk"}
+    runner = TaskRunner(settings)
+    queued = sum(1 for pid in source_for(settings).patient_ids() if runner.enqueue_sync(tenant, pid))
     return {"queued": queued}
+
+
+@shared_task(name="chartcite.sync_all")
+def sync_all() -> dict:
+    """Celery beat's entry point: every registered EHR (read afresh, so a new registration is
+    picked up without restarting beat) and the demo tenant."""
+    from smart_app.sources import open_registry
+
+    settings = _settings()
+    tenants = [e.name for e in open_registry(settings).ehrs()]
+    if settings.demo_launch:
+        tenants.append(settings.tenant)
+    for tenant in tenants:
+        sync_tenant.delay(tenant)
+    return {"tenants": len(tenants)}
+
+
+@shared_task(name="chartcite.bulk_sync", **RETRY)
+def bulk_sync(tenant: str, group_id: str = "") -> dict:
+    """Backend Services + Bulk Data export of the EHR's group, indexed patient by patient."""
+    from smart_app.sources import open_registry, run_bulk_sync
+
+    settings = _settings()
+    registry = open_registry(settings)
+    ehr = registry.ehr(tenant)
+    if ehr is None:
+        raise KeyError(f"no registered EHR named {tenant}")
+    try:
+        summary = run_bulk_sync(settings, registry, ehr, service_for(settings), group_id)
+    except TRANSIENT:
+        registry.record_sync(tenant, "retrying: the EHR or the index was unavailable")
+        raise
+    except Exception as exc:
+        registry.record_sync(tenant, f"failed: {type(exc).__name__}")
+        raise
+    log.info("bulk sync: %s patients, %s resources, %s deleted", summary["patients"], summary["resources"],
+             summary["deleted"])
+    return summary

@@ -5,6 +5,17 @@
   const handle = document.querySelector('meta[name="chartcite-session"]').content;
   const $ = (id) => document.getElementById(id);
 
+  // After a SMART callback the address bar holds the one-time code: replace it with a clean URL.
+  if (window.location.pathname === "/callback") window.history.replaceState(null, "", "/app");
+
+  // The EHR's smart_style_url colours (checked server-side) become the frame's CSS variables.
+  const styleNames = { color_highlight: "--accent", color_background: "--bg", color_error: "--warn",
+                       dim_border_radius: "--radius" };
+  document.querySelectorAll('meta[name="ehr-style"]').forEach((m) => {
+    const variable = styleNames[m.dataset.name];
+    if (variable) document.documentElement.style.setProperty(variable, m.content);
+  });
+
   function api(path, options) {
     options = options || {};
     options.headers = Object.assign({ "X-Chartcite-Session": handle }, options.headers || {});

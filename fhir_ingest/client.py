@@ -1,0 +1,207 @@
+"""A FHIR R4 REST client for one EHR: bearer token, paged searches, Binary attachments, and
+polite retries.
+
+Polite means: at most `max_concurrency` requests in flight to one EHR from this process, a
+429/503 waits for the server's Retry-After (else exponential backoff), and a 401 refreshes the
+token once before giving up, so chartcite never becomes "excessive or unexpected load".
+"""
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+import time
+from email.utils import parsedate_to_datetime
+from typing import Iterator, Protocol
+from urllib.parse import urljoin, urlsplit
+
+import requests
+
+log = logging.getLogger(__name__)
+
+RETRY_STATUSES = {429, 500, 502, 503, 504}
+
+
+class FhirError(RuntimeError):
+    """The EHR answered with an error chartcite cannot retry away."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
+
+
+class FhirUnavailable(FhirError):
+    """Still failing after the retries (429/5xx, timeouts, truncated pages): try again later."""
+
+
+class AuthExpired(FhirError):
+    """The token was refused and could not be refreshed: the clinician must relaunch."""
+
+
+class TokenProvider(Protocol):
+    def token(self) -> str: ...
+
+    def refresh(self) -> str: ...
+
+
+class StaticToken:
+    def __init__(self, value: str = ""):
+        self.value = value
+
+    def token(self) -> str:
+        return self.value
+
+    def refresh(self) -> str:
+        raise AuthExpired("the access token was refused and there is no way to refresh it", 401)
+
+
+_limits: dict[str, threading.BoundedSemaphore] = {}
+_limits_lock = threading.Lock()
+
+
+def _limit_for(base_url: str, size: int) -> threading.BoundedSemaphore:
+    origin = urlsplit(base_url).netloc
+    with _limits_lock:
+        if origin not in _limits:
+            _limits[origin] = threading.BoundedSemaphore(max(1, size))
+        return _limits[origin]
+
+
+def retry_after_seconds(value: str | None, default: float) -> float:
+    """Retry-After is seconds or an HTTP date; anything else means the default."""
+    if not value:
+        return default
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError):
+        return default
+
+
+class FhirClient:
+    def __init__(self, base_url: str, auth: TokenProvider | None = None, timeout: float = 20.0,
+                 max_concurrency: int = 2, retries: int = 5, backoff: float = 0.5, max_wait: float = 60.0):
+        self.base_url = base_url.rstrip("/") + "/"
+        self.auth = auth or StaticToken()
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff = backoff
+        self.max_wait = max_wait
+        self.limit = _limit_for(self.base_url, max_concurrency)
+        self.http = requests.Session()
+        self.requests_made = 0
+
+    def url(self, path_or_url: str) -> str:
+        return path_or_url if "://" in path_or_url else urljoin(self.base_url, path_or_url.lstrip("/"))
+
+    def request(self, method: str, path_or_url: str, params: dict | None = None, accept: str = "application/fhir+json",
+                headers: dict | None = None, authorized: bool = True, json_body: dict | None = None) -> requests.Response:
+        url = self.url(path_or_url)
+        refreshed = False
+        for attempt in range(self.retries + 1):
+            sent = {"Accept": accept, **(headers or {})}
+            if authorized:
+                token = self.auth.token()
+                if token:
+                    sent["Authorization"] = f"Bearer {token}"
+            try:
+                with self.limit:
+                    self.requests_made += 1
+                    response = self.http.request(method, url, params=params, headers=sent, timeout=self.timeout,
+                                                 json=json_body)
+            except (requests.ConnectionError, requests.Timeout) as exc:
+                if attempt == self.retries:
+                    raise FhirUnavailable(f"{method} {_path(url)}: {type(exc).__name__}") from exc
+                self._sleep(attempt, None)
+                continue
+            if response.status_code == 401 and authorized and not refreshed:
+                refreshed = True
+                self.auth.refresh()      # raises AuthExpired when it cannot
+                continue
+            if response.status_code == 401:
+                raise AuthExpired(f"{method} {_path(url)} refused the refreshed token", 401)
+            if response.status_code in RETRY_STATUSES:
+                if attempt == self.retries:
+                    raise FhirUnavailable(f"{method} {_path(url)} still answers {response.status_code} after "
+                                          f"{self.retries} retries", response.status_code)
+                self._sleep(attempt, response.headers.get("Retry-After"))
+                continue
+            return response
+        raise FhirUnavailable(f"{method} {_path(url)} failed")   # not reached
+
+    def _sleep(self, attempt: int, retry_after: str | None) -> None:
+        default = self.backoff * (2 ** attempt) * (1 + random.random() / 4)
+        wait = min(self.max_wait, retry_after_seconds(retry_after, default))
+        log.info("EHR asked to wait: retrying in %.1f s", wait)
+        time.sleep(wait)
+
+    def get_json(self, path_or_url: str, params: dict | None = None) -> dict:
+        """GET a JSON resource; a truncated or garbled body is retried like a 503."""
+        for attempt in range(self.retries + 1):
+            response = self.request("GET", path_or_url, params)
+            if response.status_code >= 400:
+                raise FhirError(f"GET {_path(response.url)} answered {response.status_code}: {_outcome(response)}",
+                                response.status_code)
+            try:
+                return response.json()
+            except ValueError:
+                if attempt == self.retries:
+                    raise FhirUnavailable(f"GET {_path(response.url)} keeps returning unreadable JSON")
+                self._sleep(attempt, None)
+        raise FhirUnavailable("unreachable")
+
+    def search(self, resource_type: str, params: dict) -> Iterator[dict]:
+        """Every resource of a search, following the Bundle's `next` links."""
+        page = self.get_json(resource_type, params)
+        while True:
+            if page.get("resourceType") != "Bundle":
+                raise FhirError(f"search {resource_type} did not return a Bundle")
+            for entry in page.get("entry") or []:
+                resource = entry.get("resource")
+                if isinstance(resource, dict) and (entry.get("search") or {}).get("mode", "match") == "match":
+                    yield resource
+            next_url = next((link.get("url") for link in page.get("link") or [] if link.get("relation") == "next"), None)
+            if not next_url:
+                return
+            page = self.get_json(next_url)
+
+    def binary(self, url: str, content_type: str) -> bytes:
+        """An attachment's bytes, asking for its own content type (not the Binary resource as JSON)."""
+        response = self.request("GET", url, accept=content_type or "application/octet-stream")
+        if response.status_code >= 400:
+            raise FhirError(f"GET {_path(response.url)} answered {response.status_code}", response.status_code)
+        if response.headers.get("Content-Type", "").startswith("application/fhir+json"):
+            # A server that ignores Accept sends the Binary resource with base64 data.
+            import base64
+
+            return base64.b64decode(response.json().get("data", ""))
+        return response.content
+
+    def server_time(self) -> str:
+        """The EHR's clock (from the Date header of /metadata) for the next `_lastUpdated`."""
+        response = self.request("GET", "metadata", params={"_summary": "true"})
+        try:
+            when = parsedate_to_datetime(response.headers["Date"])
+        except (KeyError, TypeError, ValueError):
+            from datetime import datetime, timezone
+
+            when = datetime.now(timezone.utc)
+        return when.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _path(url: str) -> str:
+    """The URL without its query: search parameters can carry patient ids, logs must not."""
+    return urlsplit(url).path
+
+
+def _outcome(response: requests.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:200]
+    issues = body.get("issue") or []
+    return "; ".join(str(i.get("diagnostics") or i.get("code")) for i in issues)[:300] or json.dumps(body)[:200]

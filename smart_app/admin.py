@@ -1,0 +1,31 @@
+"""A read-only page for hospital IT: the registration facts and each EHR's last sync."""
+from __future__ import annotations
+
+import hmac
+import ipaddress
+
+from flask import Blueprint, abort, render_template, request
+
+from .frame import settings
+from .launch import public_url, registry
+from .registration import registration_info
+
+bp = Blueprint("admin", __name__)
+
+
+def require_admin() -> None:
+    """With CHARTCITE_ADMIN_TOKEN set, a matching bearer token; without it, loopback only."""
+    token = settings().admin_token
+    if token:
+        sent = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(sent, f"Bearer {token}"):
+            abort(403)
+        return
+    if not ipaddress.ip_address(request.remote_addr or "0.0.0.0").is_loopback:
+        abort(403)
+
+
+@bp.get("/admin")
+def admin():
+    require_admin()
+    return render_template("admin.html", info=registration_info(public_url(), registry()))

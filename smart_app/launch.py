@@ -1,0 +1,121 @@
+"""SMART launch routes: /launch (EHR and standalone), /callback, and chartcite's public keys.
+
+The iss must be a registered EHR before anything is redirected anywhere; the code, tokens and
+state never appear in a page, a log line or a URL chartcite builds after the callback.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import time
+
+import requests
+from flask import Blueprint, current_app, jsonify, make_response, redirect, render_template, request
+from urllib.parse import urlencode, urlsplit
+
+from .frame import render_patient, runner, search, sessions, settings
+from .registry import Registry
+from .smart import LaunchError, SessionTokens, finish_authorization, start_authorization
+
+bp = Blueprint("launch", __name__)
+log = logging.getLogger(__name__)
+
+BINDING_COOKIE = "chartcite_launch"
+_COLOUR = re.compile(r"^#[0-9a-fA-F]{3,8}$")
+
+
+def registry() -> Registry:
+    return current_app.extensions["chartcite.registry"]
+
+
+def public_url() -> str:
+    return (settings().public_url or request.host_url).rstrip("/")
+
+
+def redirect_uri() -> str:
+    return public_url() + "/callback"
+
+
+def launch_error(message: str, status: int = 400):
+    return render_template("error.html", message=message), status
+
+
+@bp.route("/launch", methods=["GET", "POST"])
+def launch():
+    iss = request.values.get("iss", "")
+    launch_id = request.values.get("launch") or None
+    ehr = registry().ehr_by_iss(iss) if iss else None
+    if ehr is None:
+        log.warning("launch refused: the iss is not a registered EHR")
+        return launch_error("This EHR is not registered with chartcite. Hospital IT registers it with "
+                            "`chartcite ehr add`; until then chartcite cannot be launched from it.")
+    try:
+        auth = start_authorization(registry(), ehr, redirect_uri(), launch_id)
+    except LaunchError as exc:
+        return launch_error(str(exc), 502)
+    if auth.post:
+        response = make_response(render_template("authorize_post.html", action=auth.url, params=auth.params))
+        # This one page may post its form to the EHR's authorization endpoint.
+        origin = "{0.scheme}://{0.netloc}".format(urlsplit(auth.url))
+        response.headers["X-Form-Action"] = origin
+    else:
+        response = redirect(f"{auth.url}?{urlencode(auth.params)}")
+    response.set_cookie(BINDING_COOKIE, auth.binding, max_age=600, httponly=True, secure=True, samesite="None",
+                        path="/callback")
+    return response
+
+
+@bp.get("/callback")
+def callback():
+    if request.args.get("error"):
+        # The EHR's error code is shown; its description is free text from outside and is not.
+        return launch_error(f"The EHR did not authorize chartcite ({request.args['error'][:60]}). "
+                            "Open chartcite from the EHR again.", 400)
+    code, state = request.args.get("code", ""), request.args.get("state", "")
+    if not code:
+        return launch_error("The EHR sent no authorization code. Open chartcite from the EHR again.")
+    try:
+        result = finish_authorization(registry(), code, state, request.cookies.get(BINDING_COOKIE))
+    except LaunchError as exc:
+        log.warning("launch failed at the callback: %s", type(exc).__name__)
+        return launch_error(str(exc))
+    details = dict(result.context)
+    details["style"] = fetch_style(details.pop("smart_style_url", ""))
+    context, handle = sessions().create(result.ehr.name, result.patient_id, result.clinician, result.mode, details)
+    SessionTokens.store(registry(), context.session_id, result.tokens)
+    if needs_sync(result.ehr.name, result.patient_id):
+        runner().enqueue_sync(result.ehr.name, result.patient_id, context.session_id)
+    log.info("SMART launch completed (%s)", result.mode)
+    response = render_patient(context, handle)
+    response.delete_cookie(BINDING_COOKIE, path="/callback", secure=True, samesite="None")
+    return response
+
+
+def needs_sync(tenant: str, patient_id: str) -> bool:
+    if search().patient(tenant, patient_id) is None:
+        return True
+    synced = registry().patient_synced(tenant, patient_id)
+    stale_after = settings().number("patient_stale_minutes") * 60
+    return synced is None or time.time() - synced.synced_at > stale_after
+
+
+def fetch_style(url: str) -> dict:
+    """The EHR's smart_style_url: only colours and a radius are taken, and only well-formed ones."""
+    if not url:
+        return {}
+    try:
+        style = requests.get(url, timeout=3).json()
+    except (requests.RequestException, ValueError):
+        return {}
+    kept = {k: v for k, v in style.items() if k.startswith("color_") and isinstance(v, str) and _COLOUR.match(v)}
+    radius = style.get("dim_border_radius")
+    if isinstance(radius, str) and re.match(r"^\d{1,2}px$", radius):
+        kept["dim_border_radius"] = radius
+    return kept
+
+
+@bp.get("/.well-known/jwks.json")
+def jwks():
+    response = jsonify(keys=registry().published_keys())
+    response.headers["Cache-Control"] = "public, max-age=300"
+    return response

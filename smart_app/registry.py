@@ -1,0 +1,275 @@
+"""What hospital IT registers, and what a launch leaves behind: EHRs, signing keys, encrypted
+tokens, pending authorizations and sync cursors. One small database through SQLAlchemy (SQLite in
+the data dir by default; CHARTCITE_REGISTRY_URL for PostgreSQL).
+
+Secrets (private keys, access and refresh tokens, PKCE verifiers) are encrypted with Fernet under
+the token key from settings before they reach the database.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from cryptography.fernet import Fernet, InvalidToken
+from sqlalchemy import Float, String, Text, create_engine, delete, select
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")   # becomes the tenant (and an index name)
+
+
+class RegistryError(ValueError):
+    pass
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Ehr(Base):
+    __tablename__ = "ehr"
+    name: Mapped[str] = mapped_column(String(40), primary_key=True)
+    iss: Mapped[str] = mapped_column(String(500), unique=True)
+    client_id: Mapped[str] = mapped_column(String(200))
+    scopes: Mapped[str] = mapped_column(String(4), default="v2")          # v1 | v2 scope syntax
+    frame_origins: Mapped[str] = mapped_column(Text, default="")         # space separated
+    group_id: Mapped[str] = mapped_column(String(200), default="")       # Bulk Data group for background sync
+    created_at: Mapped[float] = mapped_column(Float, default=time.time)
+    last_sync_at: Mapped[float] = mapped_column(Float, default=0.0)
+    last_sync_status: Mapped[str] = mapped_column(Text, default="never")
+    bulk_since: Mapped[str] = mapped_column(String(40), default="")      # transactionTime of the last export
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "iss": self.iss, "client_id": self.client_id, "scopes": self.scopes,
+                "frame_origins": self.frame_origins.split(), "group_id": self.group_id,
+                "last_sync_at": self.last_sync_at, "last_sync_status": self.last_sync_status,
+                "bulk_since": self.bulk_since}
+
+
+class SigningKey(Base):
+    __tablename__ = "signing_key"
+    kid: Mapped[str] = mapped_column(String(100), primary_key=True)
+    alg: Mapped[str] = mapped_column(String(10))
+    private_jwk: Mapped[str] = mapped_column(Text)      # encrypted
+    public_jwk: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[float] = mapped_column(Float)
+    retire_after: Mapped[float] = mapped_column(Float, default=0.0)   # 0 = current; else published until then
+
+
+class StoredSecret(Base):
+    """Encrypted blobs by key: a session's tokens, a pending authorization's verifier."""
+    __tablename__ = "secret"
+    key: Mapped[str] = mapped_column(String(120), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(20))
+    data: Mapped[str] = mapped_column(Text)
+    expires_at: Mapped[float] = mapped_column(Float)
+
+
+class PatientSync(Base):
+    __tablename__ = "patient_sync"
+    tenant: Mapped[str] = mapped_column(String(40), primary_key=True)
+    patient_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    synced_at: Mapped[float] = mapped_column(Float)
+    server_time: Mapped[str] = mapped_column(String(40))   # the EHR's clock at the start of that sync
+
+
+class SecurityEvent(Base):
+    """Refusals worth an investigator's time (another patient's id in a request, a bad launch).
+    Kept apart from the application log, which never names a patient."""
+    __tablename__ = "security_event"
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
+    at: Mapped[float] = mapped_column(Float)
+    kind: Mapped[str] = mapped_column(String(40))
+    tenant: Mapped[str] = mapped_column(String(40))
+    clinician: Mapped[str] = mapped_column(String(300))
+    patient_id: Mapped[str] = mapped_column(String(200))      # the launch context's patient
+    detail: Mapped[str] = mapped_column(Text)
+
+
+@dataclass
+class KeyPair:
+    kid: str
+    alg: str
+    private: dict
+    public: dict
+
+
+def normalise_iss(iss: str) -> str:
+    return iss.strip().rstrip("/")
+
+
+def check_origin(origin: str) -> str:
+    parts = urlsplit(origin)
+    if parts.scheme not in ("https", "http") or not parts.netloc or parts.path not in ("", "/") or parts.query:
+        raise RegistryError(f"frame origin must look like https://ehr.example.org, not {origin!r}")
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+class Registry:
+    def __init__(self, url: str, token_key: str):
+        self.engine = create_engine(url, future=True)
+        Base.metadata.create_all(self.engine)
+        self.fernet = Fernet(token_key.encode())
+
+    # --- EHRs -------------------------------------------------------------------------------------
+    def add_ehr(self, name: str, iss: str, client_id: str, scopes: str = "v2", frame_origins: list[str] = (),
+                group_id: str = "") -> Ehr:
+        if not NAME_PATTERN.match(name):
+            raise RegistryError("EHR name: lower-case letters, digits and dashes, up to 40 (it names the tenant)")
+        parts = urlsplit(iss)
+        if parts.scheme not in ("https", "http") or not parts.netloc:
+            raise RegistryError(f"--iss must be the EHR's FHIR base URL, not {iss!r}")
+        if scopes not in ("v1", "v2"):
+            raise RegistryError("--scopes must be v1 or v2")
+        if not client_id.strip():
+            raise RegistryError("--client-id is required")
+        origins = " ".join(check_origin(o) for o in frame_origins)
+        with Session(self.engine) as s:
+            if s.get(Ehr, name) or s.scalar(select(Ehr).where(Ehr.iss == normalise_iss(iss))):
+                raise RegistryError(f"an EHR named {name!r} or with that iss is already registered")
+            ehr = Ehr(name=name, iss=normalise_iss(iss), client_id=client_id.strip(), scopes=scopes,
+                      frame_origins=origins, group_id=group_id, created_at=time.time())
+            s.add(ehr)
+            s.commit()
+            s.refresh(ehr)
+            s.expunge(ehr)
+            return ehr
+
+    def remove_ehr(self, name: str) -> bool:
+        with Session(self.engine) as s:
+            ehr = s.get(Ehr, name)
+            if ehr is None:
+                return False
+            s.delete(ehr)
+            s.commit()
+            return True
+
+    def ehrs(self) -> list[Ehr]:
+        with Session(self.engine, expire_on_commit=False) as s:
+            return list(s.scalars(select(Ehr).order_by(Ehr.name)))
+
+    def ehr(self, name: str) -> Ehr | None:
+        with Session(self.engine, expire_on_commit=False) as s:
+            return s.get(Ehr, name)
+
+    def ehr_by_iss(self, iss: str) -> Ehr | None:
+        with Session(self.engine, expire_on_commit=False) as s:
+            return s.scalar(select(Ehr).where(Ehr.iss == normalise_iss(iss)))
+
+    def frame_origins(self) -> list[str]:
+        return sorted({o for e in self.ehrs() for o in e.frame_origins.split()})
+
+    def record_sync(self, name: str, status: str, bulk_since: str | None = None) -> None:
+        with Session(self.engine) as s:
+            ehr = s.get(Ehr, name)
+            if ehr is None:
+                return
+            ehr.last_sync_at, ehr.last_sync_status = time.time(), status
+            if bulk_since is not None:
+                ehr.bulk_since = bulk_since
+            s.commit()
+
+    # --- per-patient sync cursors ------------------------------------------------------------------
+    def patient_synced(self, tenant: str, patient_id: str) -> PatientSync | None:
+        with Session(self.engine, expire_on_commit=False) as s:
+            return s.get(PatientSync, (tenant, patient_id))
+
+    def mark_patient_synced(self, tenant: str, patient_id: str, server_time: str) -> None:
+        with Session(self.engine) as s:
+            s.merge(PatientSync(tenant=tenant, patient_id=patient_id, synced_at=time.time(), server_time=server_time))
+            s.commit()
+
+    # --- signing keys -----------------------------------------------------------------------------
+    def add_key(self, pair: KeyPair, overlap_seconds: float) -> None:
+        """A new current key; the previous current keys stay published for `overlap_seconds` so
+        tokens the EHR cached against them keep verifying."""
+        now = time.time()
+        with Session(self.engine) as s:
+            for old in s.scalars(select(SigningKey).where(SigningKey.alg == pair.alg, SigningKey.retire_after == 0)):
+                old.retire_after = now + overlap_seconds
+            s.add(SigningKey(kid=pair.kid, alg=pair.alg, private_jwk=self.encrypt(pair.private),
+                             public_jwk=json.dumps(pair.public), created_at=now))
+            s.commit()
+
+    def prune_keys(self) -> int:
+        with Session(self.engine) as s:
+            gone = s.execute(delete(SigningKey).where(SigningKey.retire_after > 0,
+                                                      SigningKey.retire_after < time.time())).rowcount
+            s.commit()
+            return gone
+
+    def published_keys(self) -> list[dict]:
+        now = time.time()
+        with Session(self.engine) as s:
+            rows = s.scalars(select(SigningKey).order_by(SigningKey.created_at))
+            return [json.loads(k.public_jwk) for k in rows if k.retire_after == 0 or k.retire_after > now]
+
+    def key_rows(self) -> list[dict]:
+        with Session(self.engine) as s:
+            return [{"kid": k.kid, "alg": k.alg, "created_at": k.created_at, "retire_after": k.retire_after}
+                    for k in s.scalars(select(SigningKey).order_by(SigningKey.created_at))]
+
+    def current_key(self, alg: str | None = None) -> KeyPair | None:
+        """The newest current key (of `alg` when given)."""
+        with Session(self.engine) as s:
+            query = select(SigningKey).where(SigningKey.retire_after == 0)
+            if alg:
+                query = query.where(SigningKey.alg == alg)
+            row = s.scalar(query.order_by(SigningKey.created_at.desc()))
+            if row is None:
+                return None
+            return KeyPair(row.kid, row.alg, self.decrypt(row.private_jwk), json.loads(row.public_jwk))
+
+    # --- security events ----------------------------------------------------------------------
+    def record_event(self, kind: str, tenant: str, clinician: str, patient_id: str, detail: str) -> None:
+        with Session(self.engine) as s:
+            s.add(SecurityEvent(at=time.time(), kind=kind, tenant=tenant, clinician=clinician, patient_id=patient_id,
+                                detail=detail[:2000]))
+            s.commit()
+
+    def events(self, limit: int = 100) -> list[dict]:
+        with Session(self.engine) as s:
+            rows = s.scalars(select(SecurityEvent).order_by(SecurityEvent.id.desc()).limit(limit))
+            return [{"at": r.at, "kind": r.kind, "tenant": r.tenant, "clinician": r.clinician,
+                     "patient_id": r.patient_id, "detail": r.detail} for r in rows]
+
+    # --- encrypted secrets ------------------------------------------------------------------------
+    def encrypt(self, value: dict) -> str:
+        return self.fernet.encrypt(json.dumps(value).encode()).decode()
+
+    def decrypt(self, blob: str) -> dict:
+        try:
+            return json.loads(self.fernet.decrypt(blob.encode()))
+        except InvalidToken as exc:
+            raise RegistryError("stored secret cannot be decrypted: was CHARTCITE_TOKEN_KEY changed?") from exc
+
+    def put_secret(self, key: str, kind: str, value: dict, ttl: float) -> None:
+        with Session(self.engine) as s:
+            s.merge(StoredSecret(key=key, kind=kind, data=self.encrypt(value), expires_at=time.time() + ttl))
+            s.commit()
+
+    def get_secret(self, key: str, kind: str) -> dict | None:
+        with Session(self.engine) as s:
+            row = s.get(StoredSecret, key)
+            if row is None or row.kind != kind or row.expires_at < time.time():
+                return None
+            return self.decrypt(row.data)
+
+    def pop_secret(self, key: str, kind: str) -> dict | None:
+        """Read once: an authorization `state` cannot be replayed."""
+        with Session(self.engine) as s:
+            row = s.get(StoredSecret, key)
+            if row is None:
+                return None
+            s.delete(row)
+            s.commit()
+            if row.kind != kind or row.expires_at < time.time():
+                return None
+            return self.decrypt(row.data)
+
+    def raw_secrets(self) -> list[str]:
+        """The stored ciphertexts (for tests proving nothing is kept in the clear)."""
+        with Session(self.engine) as s:
+            return [r.data for r in s.scalars(select(StoredSecret))] + [r.private_jwk for r in s.scalars(select(SigningKey))]

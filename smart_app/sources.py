@@ -1,0 +1,84 @@
+"""Where a tenant's records come from: the demo bundle folder, or a registered EHR's FHIR API read
+with a launched session's token (patient sync) or chartcite's Backend Services token (bulk)."""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from fhir_ingest.client import FhirClient
+
+from .registry import Ehr, Registry
+from .settings import Settings
+from .smart import BackendServicesToken, SessionTokens
+
+
+@lru_cache(maxsize=8)
+def _registry(url: str, key: str) -> Registry:
+    return Registry(url, key)
+
+
+def open_registry(settings: Settings) -> Registry:
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    return _registry(settings.registry_db, settings.ensure_token_key())
+
+
+def ehr_client(settings: Settings, registry: Registry, ehr: Ehr, session_id: str | None = None) -> FhirClient:
+    """A FHIR client on the session's user token, or on a Backend Services token without one."""
+    auth = SessionTokens(registry, session_id, ehr) if session_id else BackendServicesToken(registry, ehr)
+    return FhirClient(ehr.iss, auth, timeout=settings.number("fhir_timeout_seconds"),
+                      max_concurrency=int(settings.number("fhir_max_concurrency")))
+
+
+def read_ehr_patient(settings: Settings, registry: Registry, ehr: Ehr, patient_id: str, held: list[dict],
+                     session_id: str | None, progress=None):
+    """The patient's record from the EHR: everything on the first sync, then what changed since the
+    last one (by the EHR's own clock), merged into the resources chartcite already holds."""
+    from fhir_ingest.fhir_source import fetch_patient, merge_resources, to_record
+
+    client = ehr_client(settings, registry, ehr, session_id)
+    cursor = registry.patient_synced(ehr.name, patient_id)
+    since = cursor.server_time if cursor and held else ""
+    server_time = client.server_time()
+    fetched = fetch_patient(client, patient_id, since, progress)
+    record, report = to_record(patient_id, merge_resources(held, fetched.resources), fetched.problems, ehr.name)
+    return ([record] if record else []), report, server_time, len(fetched.resources)
+
+
+def run_bulk_sync(settings: Settings, registry: Registry, ehr: Ehr, service, group_id: str = "",
+                  progress=None) -> dict:
+    """One Backend Services + Bulk Data round for an EHR: export what changed since the last
+    round's transactionTime, drop deleted resources, merge each patient's changes into what
+    chartcite holds and re-index them. Nothing is lost on failure: the cursor moves only at the end."""
+    from fhir_ingest.bulk import BulkExport
+    from fhir_ingest.fhir_source import PATIENT_SEARCHES, merge_resources
+    from fhir_ingest.load import check_items
+
+    def say(phase, done=0, total=0, note=""):
+        if progress:
+            progress(phase, done, total, note)
+
+    client = ehr_client(settings, registry, ehr)
+    export = BulkExport(client)
+    types = ("Patient", "Medication", *PATIENT_SEARCHES)
+    with export.job(group_id or ehr.group_id, types, ehr.bulk_since) as status_url:
+        manifest = export.wait(status_url, progress=say)
+        say("downloading")
+        records, report = check_items(export.resources(manifest))
+        deleted = export.deleted_refs(manifest)
+        errors = export.error_messages(manifest)
+    removed = service.backend.delete_refs(ehr.name, deleted) if deleted else 0
+    chunks = embedded = 0
+    for i, record in enumerate(records, start=1):
+        held = service.backend.patient_resources(ehr.name, record.patient_id)
+        record.resources = merge_resources(held, record.resources)
+        result = service.index_records(ehr.name, [record])
+        chunks, embedded = chunks + result.chunks, embedded + result.embedded
+        registry.mark_patient_synced(ehr.name, record.patient_id, manifest.transaction_time)
+        say("indexing", i, len(records))
+    summary = {"patients": len(records), "resources": report.resources_read, "chunks": chunks, "embedded": embedded,
+               "deleted": len(deleted), "removed_chunks": removed, "skipped": len(report.skipped),
+               "export_errors": len(errors), "transaction_time": manifest.transaction_time}
+    status = f"ok: {len(records)} patients, {report.resources_read} resources, {len(deleted)} deleted"
+    if errors or report.skipped:
+        status += f", {len(errors)} export errors, {len(report.skipped)} skipped"
+    registry.record_sync(ehr.name, status, bulk_since=manifest.transaction_time)
+    return summary

@@ -1,0 +1,425 @@
+"""A standards-faithful stand-in for an EHR's SMART side, in front of a real FHIR server.
+
+The FHIR data, search, paging and Bulk Data come from sekmet-fhir (a real FHIR R4 server from
+PyPI, loaded with the shared Synthea bundles). What no installable server offers is the SMART App
+Launch authorization server, so this process plays it, following SMART App Launch 2.x, SMART
+Backend Services and Bulk Data:
+
+- `/.well-known/smart-configuration` and `openid-configuration` under the FHIR base (the iss);
+- `authorize` (GET and POST) with a launch id, `aud` = iss, PKCE S256 only (plain and wrong
+  verifiers are rejected), a clinician who is always signed in (Practitioner/ehr-clinician);
+- `token`: authorization_code with launch context (patient, encounter, need_patient_banner,
+  smart_style_url), refresh_token, and client_credentials whose JWT client assertion is checked
+  against the client's JWKS URL (signature, iss/sub, aud, exp at most 5 minutes ahead, jti once);
+- id_tokens signed with its own RS256 key, published at `/jwks`;
+- the FHIR API proxied to sekmet with the bearer token checked, a patient token confined to its
+  patient, Binary content negotiation, and `$export` with a `deleted` output for deletions;
+- fault injection (429 with Retry-After, 500, expired tokens, truncated pages) and a request log
+  for tests to read, under `/_test/`;
+- `/ehr?patient=ID`: an EHR page that embeds chartcite in an iframe and starts an EHR launch.
+
+Run: python -m tests.ehr_server --port P --upstream http://127.0.0.1:S/fhir --client-id ID
+     --redirect-prefix http://localhost:C/ [--client-jwks-url URL]
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import json
+import secrets
+import threading
+import time
+from datetime import datetime
+from urllib.parse import parse_qs, urlencode, urlsplit
+
+import requests
+from flask import Flask, Response, abort, jsonify, redirect, request
+from joserfc import jwk, jwt
+from joserfc.errors import JoseError
+
+CLINICIAN = "Practitioner/ehr-clinician"
+CODE_TTL = 120
+MAX_ASSERTION_LIFETIME = 300
+
+
+def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jwks_url: str = "",
+                  token_lifetime: int = 3600) -> Flask:
+    app = Flask(__name__)
+    upstream = upstream.rstrip("/")
+    signing = jwk.RSAKey.generate_key(2048, private=True)
+    signing.ensure_kid()
+    lock = threading.Lock()
+    state = {"launches": {}, "codes": {}, "access": {}, "refresh": {}, "jtis": set(), "faults": [],
+             "log": [], "deleted": [], "token_lifetime": token_lifetime}
+
+    def root() -> str:
+        return request.host_url.rstrip("/")
+
+    def base() -> str:
+        return root() + "/fhir"
+
+    def fail(error: str, description: str, status: int = 400):
+        return jsonify(error=error, error_description=description), status
+
+    # --- test controls ----------------------------------------------------------------------------
+    @app.post("/_test/launch")
+    def new_launch():
+        body = request.get_json(force=True)
+        launch_id = secrets.token_urlsafe(12)
+        state["launches"][launch_id] = {"patient": body["patient"], "encounter": body.get("encounter"),
+                                        "need_patient_banner": body.get("need_patient_banner", True),
+                                        "smart_style_url": root() + "/style.json" if body.get("style") else None}
+        return jsonify(launch=launch_id)
+
+    @app.post("/_test/faults")
+    def add_fault():
+        state["faults"].append(request.get_json(force=True) | {"used": 0})
+        return jsonify(ok=True)
+
+    @app.post("/_test/expire-tokens")
+    def expire_tokens():
+        with lock:
+            for grant in state["access"].values():
+                grant["exp"] = 0
+        return jsonify(ok=True)
+
+    @app.post("/_test/revoke-refresh")
+    def revoke_refresh():
+        state["refresh"].clear()
+        return jsonify(ok=True)
+
+    @app.post("/_test/token-lifetime")
+    def set_lifetime():
+        state["token_lifetime"] = int(request.get_json(force=True)["seconds"])
+        return jsonify(ok=True)
+
+    @app.get("/_test/log")
+    def read_log():
+        return jsonify(state["log"])
+
+    @app.post("/_test/clear-log")
+    def clear_log():
+        state["log"].clear()
+        return jsonify(ok=True)
+
+    @app.post("/_test/delete")
+    def delete_resource():
+        ref = request.get_json(force=True)["ref"]
+        response = requests.delete(f"{upstream}/{ref}", timeout=30)
+        state["deleted"].append((ref, time.time()))
+        return jsonify(status=response.status_code)
+
+    @app.put("/_test/resource/<rtype>/<rid>")
+    def put_resource(rtype, rid):
+        response = requests.put(f"{upstream}/{rtype}/{rid}", json=request.get_json(force=True), timeout=30,
+                                headers={"Content-Type": "application/fhir+json"})
+        return Response(response.content, response.status_code, content_type="application/json")
+
+    @app.get("/style.json")
+    def style():
+        return jsonify(color_background="#edeae3", color_highlight="#69b5ce", color_modal_backdrop="",
+                       color_error="#9e2d2d", dim_border_radius="6px", font_family_body="Georgia, serif")
+
+    # --- discovery --------------------------------------------------------------------------------
+    @app.get("/fhir/.well-known/smart-configuration")
+    def smart_configuration():
+        return jsonify(
+            issuer=base(), jwks_uri=root() + "/jwks",
+            authorization_endpoint=root() + "/auth/authorize", token_endpoint=root() + "/auth/token",
+            grant_types_supported=["authorization_code", "client_credentials", "refresh_token"],
+            token_endpoint_auth_methods_supported=["private_key_jwt", "none"],
+            token_endpoint_auth_signing_alg_values_supported=["RS384", "ES384"],
+            scopes_supported=["openid", "fhirUser", "launch", "launch/patient", "offline_access", "online_access",
+                              "patient/*.rs", "patient/*.read", "system/*.rs", "system/*.read"],
+            response_types_supported=["code"], code_challenge_methods_supported=["S256"],
+            capabilities=["launch-ehr", "launch-standalone", "authorize-post", "client-public",
+                          "client-confidential-asymmetric", "context-ehr-patient", "context-standalone-patient",
+                          "context-banner", "context-style", "sso-openid-connect", "permission-offline",
+                          "permission-patient", "permission-v1", "permission-v2"])
+
+    @app.get("/fhir/.well-known/openid-configuration")
+    def openid_configuration():
+        return jsonify(issuer=base(), jwks_uri=root() + "/jwks", authorization_endpoint=root() + "/auth/authorize",
+                       token_endpoint=root() + "/auth/token", id_token_signing_alg_values_supported=["RS256"])
+
+    @app.get("/jwks")
+    def jwks():
+        return jsonify(keys=[signing.as_dict(private=False) | {"alg": "RS256", "use": "sig"}])
+
+    # --- authorize --------------------------------------------------------------------------------
+    @app.route("/auth/authorize", methods=["GET", "POST"])
+    def authorize():
+        p = request.values
+        redirect_uri = p.get("redirect_uri", "")
+        if p.get("client_id") != client_id or not redirect_uri.startswith(redirect_prefix):
+            # Never redirect to an unregistered URI: answer here.
+            return fail("invalid_client", "unknown client or redirect_uri")
+
+        def back(**params):
+            return redirect(f"{redirect_uri}?{urlencode(params | {'state': p.get('state', '')})}")
+
+        if p.get("response_type") != "code":
+            return back(error="unsupported_response_type")
+        if p.get("aud", "").rstrip("/") != base():
+            return back(error="invalid_request", error_description="aud must be this FHIR server")
+        if p.get("code_challenge_method") != "S256" or not p.get("code_challenge"):
+            return back(error="invalid_request", error_description="PKCE with S256 is required")
+        scopes = p.get("scope", "").split()
+        if "launch" in scopes:
+            context = state["launches"].pop(p.get("launch", ""), None)
+            if context is None:
+                return back(error="invalid_request", error_description="unknown launch")
+        elif "launch/patient" in scopes:
+            context = {"patient": app.config["STANDALONE_PATIENT"], "need_patient_banner": True}
+        else:
+            return back(error="invalid_scope", error_description="launch or launch/patient is required")
+        code = secrets.token_urlsafe(24)
+        state["codes"][code] = {"redirect_uri": redirect_uri, "challenge": p["code_challenge"], "scope": " ".join(scopes),
+                                "nonce": p.get("nonce"), "context": context, "exp": time.time() + CODE_TTL}
+        return back(code=code)
+
+    # --- token ------------------------------------------------------------------------------------
+    @app.post("/auth/token")
+    def token():
+        fault = take_fault("token")
+        if fault:
+            return fault
+        form = request.form
+        grant = form.get("grant_type")
+        if form.get("client_assertion") or client_jwks_url:
+            problem = check_assertion(form)
+            if problem:
+                return fail("invalid_client", problem, 401)
+        elif form.get("client_id") != client_id:
+            return fail("invalid_client", "unknown client", 401)
+        if grant == "authorization_code":
+            return code_grant(form)
+        if grant == "refresh_token":
+            return refresh_grant(form)
+        if grant == "client_credentials":
+            if not form.get("client_assertion"):
+                return fail("invalid_client", "client_credentials needs a JWT client assertion", 401)
+            return issue({"kind": "system", "scope": form.get("scope", "")}, refresh=False)
+        return fail("unsupported_grant_type", f"{grant!r}")
+
+    def check_assertion(form) -> str:
+        if form.get("client_assertion_type") != "urn:ietf:params:oauth:client-assertion-type:jwt-bearer":
+            return "client_assertion_type must be jwt-bearer"
+        if not client_jwks_url:
+            return "this client has no JWKS registered"
+        try:
+            keys = jwk.KeySet.import_key_set(requests.get(client_jwks_url, timeout=10).json())
+            decoded = jwt.decode(form["client_assertion"], keys, algorithms=["RS384", "ES384"])
+        except (JoseError, ValueError, requests.RequestException) as exc:
+            return f"assertion signature does not verify: {type(exc).__name__}"
+        claims, now = decoded.claims, time.time()
+        if claims.get("iss") != client_id or claims.get("sub") != client_id:
+            return "assertion iss and sub must be the client_id"
+        if claims.get("aud") != root() + "/auth/token":
+            return "assertion aud must be the token endpoint"
+        exp = claims.get("exp", 0)
+        if exp < now:
+            return "assertion expired"
+        if exp > now + MAX_ASSERTION_LIFETIME:
+            return "assertion exp must be at most 5 minutes ahead"
+        jti = claims.get("jti")
+        with lock:
+            if not jti or jti in state["jtis"]:
+                return "assertion jti missing or already used"
+            state["jtis"].add(jti)
+        return ""
+
+    def code_grant(form):
+        grant = state["codes"].pop(form.get("code", ""), None)
+        if grant is None or grant["exp"] < time.time():
+            return fail("invalid_grant", "unknown or expired code")
+        if form.get("redirect_uri") != grant["redirect_uri"]:
+            return fail("invalid_grant", "redirect_uri differs from the authorization request")
+        verifier = form.get("code_verifier", "")
+        challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
+        if not verifier or challenge != grant["challenge"]:
+            return fail("invalid_grant", "PKCE verification failed")
+        return issue({"kind": "user", "scope": grant["scope"], "nonce": grant["nonce"], **grant["context"]},
+                     refresh="offline_access" in grant["scope"].split() or "online_access" in grant["scope"].split())
+
+    def refresh_grant(form):
+        grant = state["refresh"].get(form.get("refresh_token", ""))
+        if grant is None:
+            return fail("invalid_grant", "unknown refresh token")
+        return issue(dict(grant), refresh=True, refresh_token=form["refresh_token"])
+
+    def issue(grant: dict, refresh: bool, refresh_token: str = ""):
+        lifetime = state["token_lifetime"]
+        access = secrets.token_urlsafe(32)
+        with lock:
+            state["access"][access] = grant | {"exp": time.time() + lifetime}
+        body = {"access_token": access, "token_type": "Bearer", "expires_in": lifetime, "scope": grant["scope"]}
+        if refresh:
+            refresh_token = refresh_token or secrets.token_urlsafe(32)
+            state["refresh"][refresh_token] = grant
+            body["refresh_token"] = refresh_token
+        if grant["kind"] == "user":
+            body.update({k: grant[k] for k in ("patient", "encounter", "need_patient_banner", "smart_style_url")
+                         if grant.get(k) is not None})
+            if "openid" in grant["scope"].split():
+                body["id_token"] = id_token(grant)
+        return jsonify(body)
+
+    def id_token(grant: dict) -> str:
+        now = int(time.time())
+        claims = {"iss": base(), "sub": "ehr-clinician", "aud": app.config.get("ID_TOKEN_AUD") or client_id,
+                  "iat": now, "exp": now + app.config.get("ID_TOKEN_LIFETIME", 300),
+                  "nonce": app.config.get("ID_TOKEN_NONCE") or grant.get("nonce"),
+                  "fhirUser": f"{base()}/{CLINICIAN}"}
+        return jwt.encode({"alg": "RS256", "kid": signing.kid}, claims, signing, algorithms=["RS256"])
+
+    @app.post("/_test/id-token")
+    def id_token_mode():
+        """Make the next id_tokens wrong: another aud, another nonce or already expired."""
+        body = request.get_json(force=True)
+        app.config["ID_TOKEN_AUD"] = body.get("aud")
+        app.config["ID_TOKEN_NONCE"] = body.get("nonce")
+        app.config["ID_TOKEN_LIFETIME"] = body.get("lifetime", 300)
+        return jsonify(ok=True)
+
+    # --- FHIR -------------------------------------------------------------------------------------
+    def take_fault(where: str):
+        for fault in state["faults"]:
+            if fault.get("where", "fhir") == where and fault["used"] < fault.get("times", 1) and \
+                    fault.get("path", "") in request.full_path:
+                fault["used"] += 1
+                if fault["kind"] == "429":
+                    return Response('{"resourceType":"OperationOutcome"}', 429, {"Retry-After": str(fault.get("retry_after", 1))},
+                                    content_type="application/fhir+json")
+                if fault["kind"] == "500":
+                    return Response('{"resourceType":"OperationOutcome"}', 500, content_type="application/fhir+json")
+                if fault["kind"] == "truncate":
+                    body = forward().get_data()
+                    return Response(body[: len(body) // 2], 200, content_type="application/fhir+json")
+        return None
+
+    def bearer() -> dict:
+        header = request.headers.get("Authorization", "")
+        grant = state["access"].get(header[7:]) if header.startswith("Bearer ") else None
+        if grant is None or grant["exp"] < time.time():
+            abort(Response('{"resourceType":"OperationOutcome","issue":[{"severity":"error","code":"login"}]}', 401,
+                           {"WWW-Authenticate": 'Bearer error="invalid_token"'}, content_type="application/fhir+json"))
+        return grant
+
+    def confine(grant: dict, path: str) -> None:
+        """A patient token reads only its patient's compartment."""
+        if grant["kind"] != "user":
+            return
+        patient = grant["patient"]
+        asked = request.args.get("patient") or request.args.get("subject", "").replace("Patient/", "")
+        first = path.split("/")
+        if first[0] == "Patient" and len(first) > 1 and first[1] != patient:
+            abort(403)
+        if first[0] not in ("Patient", "Binary", "Medication", "Practitioner", "Organization", "Location", "metadata") \
+                and len(first) == 1 and asked != patient:
+            abort(403)
+
+    def forward() -> Response:
+        path = request.path[len("/fhir/"):]
+        headers = {k: v for k, v in request.headers if k.lower() in ("accept", "prefer", "content-type")}
+        response = requests.request(request.method, f"{upstream}/{path}", params=list(request.args.items(multi=True)),
+                                    headers=headers, data=request.get_data(), timeout=60)
+        body = response.content.replace(upstream.encode(), base().encode())
+        out = Response(body, response.status_code, content_type=response.headers.get("Content-Type"))
+        for name in ("Content-Location", "X-Progress", "Retry-After", "Date", "ETag", "Last-Modified"):
+            if name in response.headers:
+                out.headers[name] = response.headers[name].replace(upstream, base())
+        return out
+
+    @app.route("/fhir/<path:path>", methods=["GET", "POST", "DELETE"])
+    def fhir(path):
+        state["log"].append({"method": request.method, "path": request.path, "args": request.args.to_dict(flat=False),
+                             "accept": request.headers.get("Accept", ""), "auth": bool(request.headers.get("Authorization"))})
+        if path == "metadata":
+            return forward()
+        grant = bearer()
+        fault = take_fault("fhir")
+        if fault:
+            return fault
+        confine(grant, path)
+        if "$export" in path:
+            if grant["kind"] != "system":
+                abort(403)
+            return forward()
+        if path.startswith("bulk-status/"):
+            return bulk_status(path)
+        if path.startswith("Binary/") and not request.headers.get("Accept", "").startswith("application/fhir+json"):
+            return binary(path)
+        return forward()
+
+    def binary(path: str) -> Response:
+        resource = requests.get(f"{upstream}/{path}", headers={"Accept": "application/fhir+json"}, timeout=30)
+        if resource.status_code != 200:
+            return Response(resource.content, resource.status_code, content_type="application/fhir+json")
+        data = resource.json()
+        wanted = request.headers.get("Accept", "*/*")
+        if wanted not in ("*/*", data.get("contentType")):
+            return Response("", 406)
+        return Response(base64.b64decode(data.get("data", "")), 200, content_type=data.get("contentType"))
+
+    def bulk_status(path: str) -> Response:
+        response = forward()
+        if request.method != "GET" or response.status_code != 200:
+            return response
+        manifest = json.loads(response.get_data())
+        manifest["requiresAccessToken"] = True
+        since = parse_qs(urlsplit(manifest.get("request", "")).query).get("_since", [""])[0]
+        if not since:
+            return Response(json.dumps(manifest), 200, content_type="application/json")
+        since_ts = datetime.fromisoformat(since.replace("Z", "+00:00")).timestamp()
+        gone = [ref for ref, when in state["deleted"] if when >= since_ts]
+        if gone:
+            job = path.split("/")[1]
+            app.config.setdefault("DELETED_FILES", {})[job] = gone
+            manifest["deleted"] = [{"type": "Bundle", "url": f"{root()}/bulk-deleted/{job}.ndjson"}]
+        return Response(json.dumps(manifest), 200, content_type="application/json")
+
+    @app.get("/bulk-deleted/<job>.ndjson")
+    def deleted_file(job):
+        bearer()
+        gone = app.config.get("DELETED_FILES", {}).get(job, [])
+        bundle = {"resourceType": "Bundle", "type": "transaction",
+                  "entry": [{"request": {"method": "DELETE", "url": ref}} for ref in gone]}
+        return Response(json.dumps(bundle) + "\n", 200, content_type="application/fhir+ndjson")
+
+    @app.get("/ehr")
+    def ehr_page():
+        """The EHR's chart for a patient: chartcite embedded in an iframe, launched with context."""
+        patient = request.args["patient"]
+        launch_id = secrets.token_urlsafe(12)
+        state["launches"][launch_id] = {"patient": patient, "need_patient_banner": False,
+                                        "smart_style_url": root() + "/style.json"}
+        chartcite = app.config["CHARTCITE_URL"].rstrip("/")
+        src = f"{chartcite}/launch?{urlencode({'iss': base(), 'launch': launch_id})}"
+        return (f"<!doctype html><title>EHR chart</title><h1>EHR chart · patient banner</h1>"
+                f"<iframe id='app' src='{src}' width='1100' height='800'></iframe>")
+
+    app.config["STANDALONE_PATIENT"] = ""
+    app.config["CHARTCITE_URL"] = redirect_prefix
+    return app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--upstream", required=True)
+    parser.add_argument("--client-id", required=True)
+    parser.add_argument("--redirect-prefix", required=True, help="chartcite's origin; redirect URIs must start with it")
+    parser.add_argument("--client-jwks-url", default="")
+    parser.add_argument("--standalone-patient", default="")
+    args = parser.parse_args()
+    app = create_server(args.upstream, args.client_id, args.redirect_prefix, args.client_jwks_url)
+    app.config["STANDALONE_PATIENT"] = args.standalone_patient
+    from werkzeug.serving import run_simple
+
+    run_simple("127.0.0.1", args.port, app, threaded=True)
+
+
+if __name__ == "__main__":
+    main()

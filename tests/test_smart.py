@@ -1,0 +1,416 @@
+"""SMART on FHIR end to end, in real processes on loopback: sekmet-fhir loaded with Synthea, the
+SMART authorization test server in front of it, and `chartcite serve` (registered with `chartcite
+ehr add`, keys from `chartcite keys generate`). Launches are driven over HTTP as a browser would
+(the authorize-post form is posted like the page's script does); tests/test_smart_browser.py does
+the same in Chromium."""
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+import requests
+from cryptography.fernet import Fernet
+
+from .conftest import clean_env
+from .fhir_servers import REPO, free_port, load_synthea, start_ehr_server, start_sekmet, stop, wait_for
+
+PID = "936988e9-d587-ef42-ebdf-541238540ff3"            # 46 resources
+OTHER = "8ef99ca1-5615-7aa6-d383-47fe931a1f14"          # 88 resources, two medications
+GROUP = "chartcite-test-group"
+CLIENT_ID = "chartcite-test-client"
+TENANT = "testehr"
+
+
+@dataclass
+class Stack:
+    app: str
+    ehr: str
+    fhir: str
+    env: dict
+    app_log: Path
+    upstream: str
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "smart_app.cli", *args], cwd=REPO, env=self.env,
+                              capture_output=True, text=True, timeout=600)
+
+    def test_api(self, path: str, body: dict | None = None):
+        response = requests.post(f"{self.ehr}/_test/{path}", json=body or {}, timeout=30)
+        response.raise_for_status()
+        return response.json()
+
+    def ehr_log(self) -> list[dict]:
+        return requests.get(f"{self.ehr}/_test/log", timeout=10).json()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, synthea_dir):
+    folder = tmp_path_factory.mktemp("smart")
+    processes = []
+    try:
+        sekmet, fhir_base = start_sekmet(folder)
+        processes.append(sekmet)
+        load_synthea(fhir_base, synthea_dir, [PID, OTHER], GROUP)
+        app_port = free_port()
+        app_url = f"http://localhost:{app_port}"
+        env = clean_env(data_dir=folder / "data", demo_launch="false", public_url=app_url,
+                        token_key=Fernet.generate_key().decode(), fhir_max_concurrency=2)
+        ehr, ehr_root = start_ehr_server(folder, fhir_base, CLIENT_ID, app_url, f"{app_url}/.well-known/jwks.json",
+                                         standalone_patient=OTHER)
+        processes.append(ehr)
+        stack = Stack(app_url, ehr_root, f"{ehr_root}/fhir", env, folder / "chartcite.log", fhir_base)
+        generated = stack.cli("keys", "generate")
+        assert generated.returncode == 0, generated.stderr
+        added = stack.cli("ehr", "add", "--name", TENANT, "--iss", stack.fhir, "--client-id", CLIENT_ID,
+                          "--frame-origin", ehr_root, "--group-id", GROUP)
+        assert added.returncode == 0, added.stderr
+        app = subprocess.Popen([sys.executable, "-m", "smart_app.cli", "serve", "--port", str(app_port)], cwd=REPO,
+                               env=env, stdout=stack.app_log.open("w"), stderr=subprocess.STDOUT)
+        processes.append(app)
+        wait_for(f"{app_url}/.well-known/jwks.json", app, stack.app_log, seconds=120)
+        yield stack
+    finally:
+        for process in reversed(processes):
+            stop(process)
+
+
+# --- helpers: a browser's part of the launch ---------------------------------------------------------
+
+def authorize_form(html: str) -> tuple[str, dict]:
+    action = re.search(r'<form id="authorize-post" method="post" action="([^"]+)"', html).group(1)
+    fields = dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', html))
+    return action.replace("&amp;", "&"), {k: v.replace("&amp;", "&") for k, v in fields.items()}
+
+
+def launch(stack: Stack, launch_id: str | None, browser: requests.Session | None = None):
+    """GET /launch like the EHR's iframe, post the authorize form like autopost.js, follow the
+    redirect back to /callback. Returns the final response and the authorize parameters sent."""
+    browser = browser or requests.Session()
+    params = {"iss": stack.fhir} | ({"launch": launch_id} if launch_id else {})
+    page = browser.get(f"{stack.app}/launch", params=params, timeout=30)
+    assert page.status_code == 200, page.text
+    action, fields = authorize_form(page.text)
+    final = browser.post(action, data=fields, timeout=60)
+    return final, fields
+
+
+def handle_of(page: str) -> str:
+    return re.search(r'<meta name="chartcite-session" content="([^"]+)"', page).group(1)
+
+
+def api(stack: Stack, handle: str, method: str, path: str, **kwargs) -> requests.Response:
+    return requests.request(method, f"{stack.app}{path}", headers={"X-Chartcite-Session": handle}, timeout=120, **kwargs)
+
+
+def wait_synced(stack: Stack, handle: str, seconds: float = 300) -> dict:
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        status = api(stack, handle, "GET", "/api/status").json()
+        job = status.get("job") or {}
+        if job.get("state") == "failed":
+            return status
+        if status["indexed"] and job.get("state") == "done":
+            return status
+        time.sleep(0.5)
+    raise AssertionError(f"the patient did not sync in {seconds}s: {status}")
+
+
+@pytest.fixture(scope="module")
+def launched(stack):
+    """One EHR launch of PID, synced: (handle, page, authorize fields)."""
+    stack.test_api("clear-log")
+    launch_id = stack.test_api("launch", {"patient": PID, "need_patient_banner": False, "style": True})["launch"]
+    final, fields = launch(stack, launch_id)
+    assert final.status_code == 200 and urlsplit(final.url).path == "/callback", final.text[:500]
+    handle = handle_of(final.text)
+    status = wait_synced(stack, handle)
+    assert status["indexed"], status
+    return handle, final, fields
+
+
+# --- launch -----------------------------------------------------------------------------------------
+
+def test_ehr_launch_syncs_the_patient_and_answers_with_citations(stack, launched):
+    handle, page, fields = launched
+    assert fields["aud"] == stack.fhir and fields["code_challenge_method"] == "S256"
+    assert fields["launch"] and "launch" in fields["scope"].split()
+    assert "patient/Observation.rs" in fields["scope"] and "openid" in fields["scope"]
+    answer = api(stack, handle, "POST", "/api/ask", json={"question": "What conditions does he have?"}).json()
+    assert not answer["abstained"] and answer["citations"]
+    assert all(c["ref"].count("/") == 1 for c in answer["citations"])
+    record = api(stack, handle, "GET", "/api/record", params={"ref": answer["citations"][0]["ref"]})
+    assert record.status_code == 200
+    # Read from the EHR over FHIR: one search per type with the patient and a page size.
+    searched = [e for e in stack.ehr_log() if e["path"].startswith("/fhir/Observation")]
+    assert searched and searched[0]["args"]["patient"] == [PID] and searched[0]["args"]["_count"] == ["100"]
+    assert all(e["auth"] for e in stack.ehr_log() if not e["path"].endswith("metadata"))
+
+
+@pytest.mark.browser
+def test_ehr_launch_in_chromium_inside_the_ehrs_iframe(stack, tmp_path):
+    """The EHR's chart page (127.0.0.1) embeds chartcite (localhost, another origin) and launches
+    it; chartcite posts the authorization, syncs the patient, and the clinician asks and opens a chip."""
+    from playwright.sync_api import sync_playwright
+
+    from .test_browser import CHROMIUM
+
+    if not Path(CHROMIUM).exists():
+        pytest.fail("Debian's chromium is not installed: run `make install-test` (apt-get install chromium)")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
+            "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking", "--disable-sync"])
+        page = browser.new_page(viewport={"width": 1220, "height": 900})
+        page.goto(f"{stack.ehr}/ehr?patient={OTHER}")
+        frame = page.frame_locator("#app")
+        frame.locator("#ask-form[data-ready='yes']").wait_for(timeout=180_000)
+        assert frame.locator("#banner").is_hidden()           # the EHR shows its own banner
+        inner = next(f for f in page.frames if f.url.startswith(stack.app))
+        assert inner.url == f"{stack.app}/app"                 # the code left the address bar
+        frame.locator("#question").fill("Does she carry an EpiPen?")
+        frame.locator("#ask-button").click()
+        statement = frame.locator("#answer .statement").first
+        statement.wait_for(timeout=60_000)
+        assert "epinephrine" in statement.inner_text().lower()
+        chip = frame.locator("#chips .chip").first
+        chip_ref = chip.get_attribute("data-ref")
+        chip.click()
+        frame.locator("#panel:not([hidden]) #panel-title").wait_for(timeout=10_000)
+        assert frame.locator("#panel-ref").inner_text() == chip_ref
+        page.screenshot(path=str(tmp_path / "smart-frame.png"))
+        browser.close()
+
+
+def test_launch_context_is_honoured_banner_and_style(stack, launched):
+    _, page, _ = launched
+    assert 'id="banner" hidden' in page.text            # need_patient_banner: false
+    assert 'data-name="color_highlight" content="#69b5ce"' in page.text
+
+
+def test_the_id_token_names_the_clinician_and_tokens_never_reach_the_page_or_log(stack, launched):
+    handle, page, _ = launched
+    code = parse_qs(urlsplit(page.url).query)["code"][0]
+    log_text = stack.app_log.read_text()
+    assert code not in page.text and code not in log_text
+    assert "access_token" not in page.text and "Bearer" not in page.text
+    assert PID not in log_text                                   # no patient ids in the app log either
+    # Cookies: the session cookie is Secure, HttpOnly, SameSite=None.
+    cookie = page.headers.get("Set-Cookie", "")
+    assert "chartcite_session=" in cookie and "Secure" in cookie and "HttpOnly" in cookie and "SameSite=None" in cookie
+    # Tokens are encrypted at rest: the registry holds no access token in the clear.
+    db = (Path(stack.env["CHARTCITE_DATA_DIR"]) / "registry.sqlite").read_bytes()
+    assert b"access_token" not in db and b"refresh_token" not in db
+
+
+def test_standalone_launch_asks_for_a_patient_at_the_ehr(stack):
+    final, fields = launch(stack, None)
+    assert "launch/patient" in fields["scope"].split() and "launch" not in fields
+    handle = handle_of(final.text)
+    status = api(stack, handle, "GET", "/api/status").json()
+    assert status["patient_id"] == OTHER
+
+
+def test_csp_allows_only_registered_frame_origins(stack):
+    headers = requests.get(f"{stack.app}/.well-known/jwks.json", timeout=10).headers
+    csp = headers["Content-Security-Policy"]
+    assert f"frame-ancestors 'self' {stack.ehr}" in csp
+    assert "X-Frame-Options" not in headers
+
+
+def test_jwks_publishes_both_algorithms_and_no_private_parts(stack):
+    keys = requests.get(f"{stack.app}/.well-known/jwks.json", timeout=10).json()["keys"]
+    assert {k["alg"] for k in keys} == {"RS384", "ES384"}
+    assert not any("d" in k for k in keys)
+
+
+# --- security ------------------------------------------------------------------------------------------
+
+def test_unregistered_iss_gets_a_clear_page_and_no_redirect(stack):
+    response = requests.get(f"{stack.app}/launch", params={"iss": "https://evil.example.org/fhir", "launch": "x"},
+                            allow_redirects=False, timeout=10)
+    assert response.status_code == 400 and "Location" not in response.headers
+    assert "not registered" in response.text
+
+
+def test_state_mismatch_is_refused(stack):
+    launch_id = stack.test_api("launch", {"patient": PID})["launch"]
+    browser = requests.Session()
+    page = browser.get(f"{stack.app}/launch", params={"iss": stack.fhir, "launch": launch_id}, timeout=30)
+    action, fields = authorize_form(page.text)
+    back = browser.post(action, data=fields, allow_redirects=False, timeout=30)
+    callback = back.headers["Location"].replace(fields["state"], "forged-state")
+    response = browser.get(callback, timeout=30)
+    assert response.status_code == 400 and "state mismatch" in response.text
+    assert 'name="chartcite-session"' not in response.text
+
+
+def test_state_from_another_browser_is_refused(stack):
+    launch_id = stack.test_api("launch", {"patient": PID})["launch"]
+    victim = requests.Session()
+    page = victim.get(f"{stack.app}/launch", params={"iss": stack.fhir, "launch": launch_id}, timeout=30)
+    action, fields = authorize_form(page.text)
+    back = victim.post(action, data=fields, allow_redirects=False, timeout=30)
+    response = requests.get(back.headers["Location"], cookies={"chartcite_launch": "someone-else"}, timeout=30)
+    assert response.status_code == 400 and "another browser" in response.text
+
+
+def test_pkce_is_s256_and_the_server_rejects_plain_and_wrong_verifiers(stack):
+    launch_id = stack.test_api("launch", {"patient": PID})["launch"]
+    page = requests.get(f"{stack.app}/launch", params={"iss": stack.fhir, "launch": launch_id}, timeout=30)
+    action, fields = authorize_form(page.text)
+    assert fields["code_challenge_method"] == "S256" and len(fields["code_challenge"]) == 43
+    plain = dict(fields, code_challenge_method="plain")
+    refused = requests.post(action, data=plain, allow_redirects=False, timeout=30)
+    assert "error=invalid_request" in refused.headers["Location"]
+    # A code obtained with the right challenge cannot be redeemed with a wrong verifier.
+    fields["launch"] = stack.test_api("launch", {"patient": PID})["launch"]
+    code = parse_qs(urlsplit(requests.post(action, data=fields, allow_redirects=False, timeout=30)
+                             .headers["Location"]).query)["code"][0]
+    token = requests.post(f"{stack.ehr}/auth/token", timeout=30, data={
+        "grant_type": "authorization_code", "code": code, "redirect_uri": fields["redirect_uri"],
+        "client_id": CLIENT_ID, "code_verifier": "not-the-verifier"})
+    assert token.status_code in (400, 401) and token.json()["error"] in ("invalid_grant", "invalid_client")
+
+
+@pytest.mark.parametrize("mode, reason", [({"aud": "someone-else"}, "aud"), ({"nonce": "replayed"}, "nonce"),
+                                          ({"lifetime": -120}, "exp")])
+def test_a_bad_id_token_ends_the_launch(stack, mode, reason):
+    stack.test_api("id-token", mode)
+    try:
+        final, _ = launch(stack, stack.test_api("launch", {"patient": PID})["launch"])
+    finally:
+        stack.test_api("id-token", {})
+    assert final.status_code == 400 and "id_token did not validate" in final.text and reason in final.text
+    assert 'name="chartcite-session"' not in final.text
+
+
+def test_another_patients_id_is_refused_and_audited(stack, launched):
+    handle, _, _ = launched
+    response = api(stack, handle, "POST", "/api/ask", json={"question": "any allergies?", "patient_id": OTHER})
+    assert response.status_code == 403
+    record = api(stack, handle, "GET", "/api/record", params={"ref": f"Patient/{OTHER}"})
+    assert record.status_code == 404
+    from smart_app.registry import Registry
+
+    registry = Registry(f"sqlite:///{Path(stack.env['CHARTCITE_DATA_DIR']) / 'registry.sqlite'}",
+                        stack.env["CHARTCITE_TOKEN_KEY"])
+    [event] = [e for e in registry.events() if e["kind"] == "other-patient"][:1]
+    assert event["patient_id"] == PID and OTHER in event["detail"] and "ehr-clinician" in event["clinician"]
+
+
+# --- sync ----------------------------------------------------------------------------------------------
+
+def test_incremental_sync_fetches_changes_and_entered_in_error_disappears(stack, launched):
+    handle, _, _ = launched
+    before = api(stack, handle, "POST", "/api/ask", json={"question": "What conditions does he have?"}).json()
+    cited = next(c["ref"] for c in before["citations"] if c["ref"].startswith("Condition/"))
+    condition = requests.get(f"{stack.upstream}/{cited}", timeout=10).json()
+    condition["verificationStatus"] = {"coding": [{
+        "system": "http://terminology.hl7.org/CodeSystem/condition-ver-status", "code": "entered-in-error"}]}
+    requests.put(f"{stack.upstream}/{cited}", json=condition, timeout=10,
+                 headers={"Content-Type": "application/fhir+json"}).raise_for_status()
+    stack.test_api("clear-log")
+    relaunch_id = stack.test_api("launch", {"patient": PID})["launch"]
+    final, _ = launch(stack, relaunch_id)
+    handle2 = handle_of(final.text)
+    # A launch of a recently synced patient does not refetch; ask the app to sync now.
+    synced = api(stack, handle2, "POST", "/api/sync")
+    assert synced.status_code == 202
+    wait_synced(stack, handle2)
+    searches = [e for e in stack.ehr_log() if e["path"] == "/fhir/Condition"]
+    assert searches and all(a.startswith("ge") for e in searches for a in e["args"]["_lastUpdated"])
+    after = api(stack, handle2, "POST", "/api/ask", json={"question": "What conditions does he have?"}).json()
+    assert cited not in {c["ref"] for c in after["citations"]}
+
+
+def test_sync_survives_429_500_and_truncated_pages(stack):
+    stack.test_api("faults", {"kind": "429", "path": "/fhir/Encounter", "retry_after": 1})
+    stack.test_api("faults", {"kind": "500", "path": "/fhir/Observation"})
+    stack.test_api("faults", {"kind": "truncate", "path": "/fhir/Condition"})
+    final, _ = launch(stack, stack.test_api("launch", {"patient": OTHER})["launch"])
+    handle = handle_of(final.text)
+    api(stack, handle, "POST", "/api/sync")
+    status = wait_synced(stack, handle)
+    assert status["job"]["state"] == "done" and status["chunks"] > 50, status
+    answer = api(stack, handle, "POST", "/api/ask", json={"question": "What medications is she on?"}).json()
+    assert answer["citations"]
+
+
+def test_an_expired_token_is_refreshed_and_a_failed_refresh_asks_for_relaunch(stack):
+    final, _ = launch(stack, stack.test_api("launch", {"patient": OTHER})["launch"])
+    handle = handle_of(final.text)
+    wait_synced(stack, handle)
+    stack.test_api("expire-tokens")
+    stack.test_api("clear-log")
+    api(stack, handle, "POST", "/api/sync")
+    status = wait_synced(stack, handle)
+    assert status["job"]["state"] == "done", status
+    stack.test_api("expire-tokens")
+    stack.test_api("revoke-refresh")
+    api(stack, handle, "POST", "/api/sync")
+    status = wait_synced(stack, handle)
+    assert status["job"]["state"] == "failed" and "open chartcite from the EHR again" in status["job"]["message"]
+
+
+# --- Backend Services + Bulk Data ----------------------------------------------------------------------
+
+def test_client_assertions_expire_within_five_minutes_with_a_fresh_jti():
+    from joserfc import jwt as jose_jwt
+    from joserfc.jwk import KeySet
+
+    from smart_app.keys import client_assertion, generate_pair
+
+    for alg in ("RS384", "ES384"):
+        pair = generate_pair(alg)
+        keys = KeySet.import_key_set({"keys": [pair.public]})
+        first, second = (jose_jwt.decode(client_assertion(pair, "cid", "https://ehr/token"), keys, algorithms=[alg])
+                         for _ in range(2))
+        assert first.header["alg"] == alg and first.header["kid"] == pair.kid
+        assert first.claims["jti"] != second.claims["jti"]
+        assert 0 < first.claims["exp"] - first.claims["iat"] <= 300
+        assert first.claims["iss"] == first.claims["sub"] == "cid" and first.claims["aud"] == "https://ehr/token"
+
+
+def test_bulk_sync_exports_the_group_indexes_it_and_applies_deletions(stack):
+    stack.test_api("faults", {"kind": "429", "path": "bulk-status", "retry_after": 1, "times": 2})
+    first = stack.cli("sync", "--tenant", TENANT)
+    assert first.returncode == 0, first.stderr
+    assert "synced 2 patients" in first.stdout
+    log = stack.ehr_log()
+    kickoff = [e for e in log if "$export" in e["path"]]
+    assert kickoff and kickoff[-1]["path"] == f"/fhir/Group/{GROUP}/$export"
+    listed = stack.cli("ehr", "list", "--json")
+    assert '"last_sync_status": "ok: 2 patients' in listed.stdout
+    # A deletion at the EHR reaches the index through the next export's `deleted` output.
+    observation = next(e for e in requests.get(f"{stack.upstream}/Observation", timeout=30,
+                                               params={"patient": OTHER, "_count": "1"}).json()["entry"])
+    ref = f"Observation/{observation['resource']['id']}"
+    stack.test_api("delete", {"ref": ref})
+    second = stack.cli("sync", "--tenant", TENANT)
+    assert second.returncode == 0, second.stderr
+    assert "1 deleted" in second.stdout
+    kickoffs = [e for e in stack.ehr_log() if "$export" in e["path"]]
+    assert "_since" in kickoffs[-1]["args"]
+    from search.service import SearchService
+
+    data = Path(stack.env["CHARTCITE_DATA_DIR"])
+    svc = SearchService("embedded", data / "index.sqlite")
+    assert svc.resource(TENANT, OTHER, ref) is None
+    svc.close()
+
+
+def test_registration_info_prints_what_the_consoles_ask_for(stack):
+    info = stack.cli("registration-info")
+    assert info.returncode == 0
+    for expected in (f"{stack.app}/launch", f"{stack.app}/callback", f"{stack.app}/.well-known/jwks.json",
+                     "patient/Observation.read", "patient/Observation.rs", "system/Observation.rs", "launch-ehr"):
+        assert expected in info.stdout
+    admin = requests.get(f"{stack.app}/admin", timeout=10)
+    assert admin.status_code == 200 and TENANT in admin.text and stack.fhir in admin.text
