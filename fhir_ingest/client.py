@@ -101,6 +101,9 @@ class FhirClient:
     def request(self, method: str, path_or_url: str, params: dict | None = None, accept: str = "application/fhir+json",
                 headers: dict | None = None, authorized: bool = True, json_body: dict | None = None) -> requests.Response:
         url = self.url(path_or_url)
+        # The token goes only to the EHR's own origin: an attachment or a next link pointing
+        # elsewhere must not receive it.
+        authorized = authorized and urlsplit(url).netloc == urlsplit(self.base_url).netloc
         refreshed = False
         for attempt in range(self.retries + 1):
             sent = {"Accept": accept, **(headers or {})}

@@ -44,6 +44,15 @@ class PatientRecord:
         return {"resourceType": "Patient", "id": self.patient_id}
 
 
+ESSENTIAL_TYPES = {"Patient", "Condition", "AllergyIntolerance", "MedicationRequest", "Medication", "Immunization"}
+
+
+def essentials(record: PatientRecord) -> PatientRecord:
+    """The problem list, medications and allergies: indexed first on a new patient's sync so the
+    clinician can ask about them while results, notes and visits are still embedding."""
+    return PatientRecord(record.patient_id, [r for r in record.resources if r["resourceType"] in ESSENTIAL_TYPES])
+
+
 def load_resources(paths: Iterable[str | Path]) -> tuple[list[PatientRecord], LoadReport]:
     """Read and check every resource under `paths`; malformed ones are reported and skipped."""
     return check_items(item for path in paths for item in read_path(path))

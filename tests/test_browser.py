@@ -7,12 +7,9 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
-import time
-import urllib.request
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -20,27 +17,11 @@ from pathlib import Path
 import pytest
 
 from .conftest import clean_env
+from .fhir_servers import free_port, wait_for
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 PID = "8ef99ca1-5615-7aa6-d383-47fe931a1f14"
 REPO = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(url: str, seconds: float = 90) -> None:
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        try:
-            urllib.request.urlopen(url, timeout=2)
-            return
-        except OSError:
-            time.sleep(0.5)
-    raise RuntimeError(f"{url} did not come up within {seconds}s")
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +33,8 @@ def servers(tmp_path_factory, synthea_dir):
     shutil.copy(synthea_dir / f"{PID}.json.gz", source)
     env = clean_env(data_dir=tmp_path_factory.mktemp("data"), demo_source=source,
                     frame_ancestors=f"http://localhost:{ehr_port}")
-    log = open(tmp_path_factory.mktemp("logs") / "serve.log", "w")
+    log_path = tmp_path_factory.mktemp("logs") / "serve.log"
+    log = open(log_path, "w")
     app = subprocess.Popen([sys.executable, "-m", "smart_app.cli", "serve", "--port", str(app_port)],
                            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     ehr_root = tmp_path_factory.mktemp("ehr")
@@ -63,7 +45,7 @@ def servers(tmp_path_factory, synthea_dir):
     ehr = ThreadingHTTPServer(("127.0.0.1", ehr_port), partial(SimpleHTTPRequestHandler, directory=str(ehr_root)))
     threading.Thread(target=ehr.serve_forever, daemon=True).start()
     try:
-        wait_for(f"http://127.0.0.1:{app_port}/")
+        wait_for(f"http://127.0.0.1:{app_port}/", app, log_path, seconds=90)
         yield {"app": app_port, "ehr": ehr_port}
     finally:
         app.terminate()

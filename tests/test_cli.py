@@ -120,3 +120,56 @@ def test_a_real_celery_worker_indexes_a_patient(env, synthea_dir, tmp_path):
     finally:
         worker.terminate()
         worker.wait(timeout=30)
+
+
+def self_signed(folder: Path) -> tuple[Path, Path]:
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now)
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+def test_serve_over_tls_for_a_local_https_test(env, tmp_path):
+    import requests
+
+    from .fhir_servers import free_port, stop
+
+    cert, key = self_signed(tmp_path)
+    port = free_port()
+    log = tmp_path / "serve.log"
+    process = subprocess.Popen([sys.executable, "-m", "smart_app.cli", "serve", "--port", str(port), "--cert", str(cert),
+                                "--key", str(key)], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                               cwd=Path(__file__).resolve().parent.parent)
+    try:
+        url = f"https://localhost:{port}/.well-known/jwks.json"
+        deadline = time.time() + 60
+        while True:
+            try:
+                response = requests.get(url, verify=str(cert), timeout=5)
+                break
+            except requests.ConnectionError:
+                assert process.poll() is None and time.time() < deadline, log.read_text()
+                time.sleep(0.3)
+        assert response.status_code == 200 and "keys" in response.json()
+        assert "frame-ancestors" in response.headers["Content-Security-Policy"]
+    finally:
+        stop(process)
+    half = subprocess.run([sys.executable, "-m", "smart_app.cli", "serve", "--cert", str(cert)], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert half.returncode == 2 and "--cert and --key go together" in half.stderr

@@ -6,7 +6,6 @@ the same in Chromium."""
 from __future__ import annotations
 
 import base64
-import hashlib
 import re
 import subprocess
 import sys
@@ -414,3 +413,45 @@ def test_registration_info_prints_what_the_consoles_ask_for(stack):
         assert expected in info.stdout
     admin = requests.get(f"{stack.app}/admin", timeout=10)
     assert admin.status_code == 200 and TENANT in admin.text and stack.fhir in admin.text
+
+
+def test_an_interrupted_export_is_cancelled_at_the_ehr(stack):
+    from fhir_ingest.bulk import BulkExport
+    from smart_app.settings import Settings
+    from smart_app.sources import ehr_client, open_registry
+
+    settings = Settings.load(stack.env)
+    registry = open_registry(settings)
+    export = BulkExport(ehr_client(settings, registry, registry.ehr(TENANT)))
+    stack.test_api("clear-log")
+    with pytest.raises(KeyboardInterrupt):
+        with export.job(GROUP, ("Patient",)):
+            raise KeyboardInterrupt      # a worker shutting down mid-export
+    methods = [(e["method"], e["path"].split("/")[2]) for e in stack.ehr_log()]
+    assert ("GET", "Group") in methods and ("DELETE", "bulk-status") in methods
+
+
+def test_binary_attachments_use_their_content_type_and_conditional_references_resolve(stack, launched):
+    practitioner = requests.get(f"{stack.upstream}/Practitioner", params={"_count": "1"}, timeout=10).json()["entry"][0]["resource"]
+    npi = next(i["value"] for i in practitioner["identifier"] if "npi" in i["system"])
+    note = "<html><body><h2>Assessment</h2><p>Reports tinnitus in the left ear since the spring.</p></body></html>"
+    binary = {"resourceType": "Binary", "id": "cc-note-1", "contentType": "text/html",
+              "data": base64.b64encode(note.encode()).decode()}
+    document = {"resourceType": "DocumentReference", "id": "cc-doc-1", "status": "current",
+                "subject": {"reference": f"Patient/{PID}"}, "date": "2024-10-01T09:00:00Z",
+                "type": {"coding": [{"system": "http://loinc.org", "code": "11506-3", "display": "Progress note"}]},
+                "author": [{"reference": f"Practitioner?identifier=http://hl7.org/fhir/sid/us-npi|{npi}"}],
+                "content": [{"attachment": {"contentType": "text/html", "url": f"{stack.fhir}/Binary/cc-note-1"}}]}
+    for resource in (binary, document):
+        requests.put(f"{stack.upstream}/{resource['resourceType']}/{resource['id']}", json=resource, timeout=10,
+                     headers={"Content-Type": "application/fhir+json"}).raise_for_status()
+    handle = handle_of(launch(stack, stack.test_api("launch", {"patient": PID})["launch"])[0].text)
+    stack.test_api("clear-log")
+    api(stack, handle, "POST", "/api/sync")
+    wait_synced(stack, handle)
+    [fetch] = [e for e in stack.ehr_log() if e["path"] == "/fhir/Binary/cc-note-1"]
+    assert fetch["accept"] == "text/html" and fetch["auth"]
+    answer = api(stack, handle, "POST", "/api/ask", json={"question": "Any tinnitus?"}).json()
+    assert "DocumentReference/cc-doc-1" in {c["ref"] for c in answer["citations"]}
+    stored = api(stack, handle, "GET", "/api/record", params={"ref": "DocumentReference/cc-doc-1"}).json()["resource"]
+    assert stored["author"][0]["reference"] == f"Practitioner/{practitioner['id']}"

@@ -12,7 +12,7 @@ import logging
 from celery import Celery, shared_task
 
 from fhir_ingest.client import FhirUnavailable
-from fhir_ingest.load import BundleDirectorySource
+from fhir_ingest.load import BundleDirectorySource, essentials
 from search.backend import BackendUnavailable
 
 from .progress import job_store
@@ -88,6 +88,9 @@ def sync_patient(tenant: str, patient_id: str, session_id: str | None = None) ->
             held = service.backend.patient_resources(tenant, patient_id)
             records, report, server_time, fetched = read_ehr_patient(settings, registry, ehr, patient_id, held,
                                                                      session_id, progress)
+        if records and not service.patient(tenant, patient_id):
+            jobs.set(tenant, patient_id, "running", "essentials", 0, 0)
+            service.index_records(tenant, [essentials(r) for r in records])
         jobs.set(tenant, patient_id, "running", "embedding", 0, 0)
         result = service.index_records(tenant, records, progress)
     except KeyError:

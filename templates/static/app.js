@@ -41,10 +41,12 @@
       if (job && job.state === "failed") {
         $("sync-text").textContent = "Indexing failed (" + (job.message || "error") + "). Reopen the patient to retry.";
       } else if (active) {
-        const what = job.phase === "embedding" && job.total
-          ? "Indexing this patient's record: " + job.done + " of " + job.total + " passages embedded"
-          : "Indexing this patient's record: reading resources…";
-        $("sync-text").textContent = what + (body.indexed ? " (questions use the previous index meanwhile)" : "");
+        let what = "Indexing this patient's record: reading resources…";
+        if (job.phase === "fetching" && job.total) what = "Fetching the record from the EHR: " + job.done + " of " + job.total + " kinds of record";
+        if (job.phase === "essentials") what = "Indexing problems, medications and allergies first…";
+        if (job.phase === "embedding" && job.total) what = "Indexing this patient's record: " + job.done + " of " + job.total + " passages embedded";
+        $("sync-text").textContent = what + (body.indexed
+          ? " — you can ask now; results, notes and visits still syncing may be missing from answers" : "");
         $("sync-bar").style.width = (job.percent || 2) + "%";
       }
       $("ask-button").disabled = !body.indexed;
@@ -52,6 +54,11 @@
       if (!ready) setTimeout(pollStatus, 1000);
     }).catch(() => setTimeout(pollStatus, 2000));
   }
+
+  $("resync").addEventListener("click", () => {
+    api("/api/sync", { method: "POST", headers: { "Content-Type": "application/json" }, body: "{}" })
+      .then(() => { ready = false; $("ask-form").dataset.ready = "no"; pollStatus(); });
+  });
 
   // --- asking ------------------------------------------------------------------------------
   let current = null;
