@@ -21,19 +21,22 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PY) -m pip install --quiet -e .
 	touch $@
 
-$(VENV)/.installed-test: $(VENV)/.installed
+# llama-cpp-python (the local model server the LLM tests run) is built from source once (~10 min
+# on 2 cores); pip keeps the built wheel in its cache, so later installs take seconds.
+$(VENV)/.installed-test: $(VENV)/.installed | system-test-deps
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $@
 
 install: $(VENV)/.installed
 
-install-test: $(VENV)/.installed-test system-test-deps
+install-test: system-test-deps $(VENV)/.installed-test
 
-# Debian's Chromium for the browser tests (Playwright drives it; it never downloads a browser).
+# Debian's Chromium for the browser tests (Playwright drives it; it never downloads a browser),
+# and the compiler and CMake that build llama-cpp-python.
 system-test-deps:
-	@command -v chromium >/dev/null 2>&1 || { \
-	  echo "installing Debian's chromium for the browser tests"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+	@command -v chromium >/dev/null 2>&1 && command -v cmake >/dev/null 2>&1 && command -v g++ >/dev/null 2>&1 || { \
+	  echo "installing Debian's chromium, cmake and g++ for the tests"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium cmake g++; }
 
 demo: install
 	@echo "chartcite demo: open http://$(HOST):$(PORT)/ and pick a patient"

@@ -168,6 +168,10 @@ def compose(retrieval: Retrieval, patient_id: str, question_id: str | None = Non
                           "date": ev.chunk.date[:10], "label": ev.chunk.label, "snippet": ev.chunk.text[:240]})
         statements.append({"text": f"Note: the note of {ev.chunk.date[:10]} says \"{sentence}\", which conflicts "
                                    f"with the structured record above.", "citations": [n], "conflict": True})
+        if all(e["chunk_id"] != ev.chunk.chunk_id for e in evidence_json):   # found among the candidates
+            evidence_json.append({"rank": len(evidence_json) + 1, "ref": ev.chunk.ref, "refs": ev.chunk.refs,
+                                  "chunk_id": ev.chunk.chunk_id, "score": round(ev.score, 4), "label": ev.chunk.label,
+                                  "text": ev.chunk.text})
     answer = " ".join(f"{s['text']} [{s['citations'][0]}]" for s in statements)
     best_dense = max((e.dense for e in retrieval.evidence if e.dense is not None), default=0.0)
     if support.coverage >= 0.99 and best_dense >= 0.5:

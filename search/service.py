@@ -14,7 +14,10 @@ from .charts import trend_chart
 from .crossrank import CrossEncoderRanker, load_reranker
 from .embed import Embedder, load_embedder
 from .indexer import IndexResult, index_record
-from .pipeline import retrieve
+from .grounded import GENERAL_BANNER, GENERAL_REFUSAL, grounded_answer
+from .llm import ChatClient, LlmError, LlmSettings, general_answer, is_general_question
+from .phi import Identifiers
+from .pipeline import patient_terms, retrieve
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +30,9 @@ class IndexSummary:
 
 class SearchService:
     def __init__(self, backend_kind: str, index_path: Path, model_path: str = "", es: dict | None = None,
-                 reranker_path: str = ""):
+                 reranker_path: str = "", llm: dict | None = None):
         self.backend_kind = backend_kind
+        self.llm = ChatClient(LlmSettings(**llm)) if llm and llm.get("url") else None
         self.reranker_path = reranker_path
         self.index_path = Path(index_path)
         self.model_path = model_path or None
@@ -109,10 +113,20 @@ class SearchService:
         return IndexSummary(report, result)
 
     def ask(self, tenant: str, patient_id: str, question: str, k: int = 5, pipeline: str = "full",
-            question_id: str | None = None, ablate: tuple[str, ...] = ()) -> dict:
+            question_id: str | None = None, ablate: tuple[str, ...] = (), use_llm: bool = True) -> dict:
         retrieval = retrieve(self.backend, self.embedder, question, tenant, patient_id, k=k, pipeline=pipeline,
                              ablate=ablate, reranker=self.reranker)
+        analysis = retrieval.analysis
+        # Asking for a latest value, a trend, a list, a history or a date is asking about the record.
+        about_record = bool(analysis.intents() or analysis.date_from or analysis.date_to)
+        if is_general_question(question, about_record):
+            return self.general(question, patient_id, question_id, retrieval, use_llm)
         result = compose(retrieval, patient_id, question_id)
+        result.setdefault("generator", "extractive")
+        result.setdefault("removed_statements", 0)
+        if use_llm and self.llm is not None and not result["abstained"]:
+            ids = Identifiers.from_patient(self.resource(tenant, patient_id, f"Patient/{patient_id}"))
+            result = grounded_answer(self.llm, retrieval, result, ids, patient_terms(self.backend, tenant, patient_id))
         result["chart"] = None
         if not result["abstained"]:
             cited = {c["ref"] for c in result["citations"]}
@@ -120,6 +134,22 @@ class SearchService:
             if trend is not None:
                 result["chart"] = trend_chart(self.backend, trend)
         return result
+
+    def general(self, question: str, patient_id: str, question_id: str | None, retrieval, use_llm: bool) -> dict:
+        """A question about medicine rather than this patient: answered only by a configured
+        model, under a banner, with no patient evidence attached."""
+        base = {"id": question_id, "patient_id": patient_id, "question": question, "statements": [], "citations": [],
+                "evidence": [], "chart": None, "removed_statements": 0, "general": True,
+                "diagnostics": {"pipeline": retrieval.pipeline, "stages": [s.to_dict() for s in retrieval.stages]}}
+        if not use_llm or self.llm is None:
+            return base | {"answer": GENERAL_REFUSAL, "abstained": True, "confidence": "low", "generator": "none"}
+        try:
+            text = general_answer(self.llm, question, Identifiers())
+        except LlmError:
+            return base | {"answer": "The language model is unavailable; try again later.", "abstained": True,
+                           "confidence": "low", "generator": "none"}
+        return base | {"answer": text, "banner": GENERAL_BANNER, "abstained": False, "confidence": "low",
+                       "generator": self.llm.name}
 
     @property
     def catalog(self) -> Backend:
@@ -143,6 +173,18 @@ class SearchService:
 
     def resource(self, tenant: str, patient_id: str, ref: str) -> dict | None:
         return self.catalog.get_resource(tenant, patient_id, ref)
+
+    def draft(self, tenant: str, patient_id: str, kind: str) -> dict:
+        """A pre-visit summary or medication review draft, every line cited; never saved here."""
+        from .drafts import DraftBuilder
+
+        return DraftBuilder(kind, self.context(tenant, patient_id)).build()
+
+    def context(self, tenant: str, patient_id: str) -> dict:
+        """The structured context bundle (problems, medications, allergies, labs, vitals, encounters)."""
+        from fhir_ingest.context import context_bundle
+
+        return context_bundle(self.catalog.patient_resources(tenant, patient_id))
 
     def close(self) -> None:
         for backend in (self._backend, self._catalog):

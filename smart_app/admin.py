@@ -29,3 +29,13 @@ def require_admin() -> None:
 def admin():
     require_admin()
     return render_template("admin.html", info=registration_info(public_url(), registry()))
+
+
+@bp.get("/admin/audit")
+def audit_view():
+    require_admin()
+    from flask import current_app
+
+    entries = current_app.extensions["chartcite.audit"].entries(limit=200, kind=request.args.get("kind", ""),
+                                                                patient_id=request.args.get("patient", ""))
+    return render_template("audit.html", entries=entries)

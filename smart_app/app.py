@@ -18,6 +18,7 @@ def create_app(settings: Settings | None = None, runner=None) -> Flask:
 
     from search.service import SearchService
 
+    from .audit import open_audit
     from .sessions import SessionStore
     from .sources import open_registry
 
@@ -26,6 +27,7 @@ def create_app(settings: Settings | None = None, runner=None) -> Flask:
     app.extensions["chartcite.sessions"] = SessionStore(settings.state_path, settings.secret_key)
     registry = open_registry(settings)
     app.extensions["chartcite.registry"] = registry
+    app.extensions["chartcite.audit"] = open_audit(settings.audit_db)
     if runner is None:
         from workers.runner import TaskRunner
 
@@ -39,6 +41,10 @@ def create_app(settings: Settings | None = None, runner=None) -> Flask:
     app.register_blueprint(frame_bp)
     app.register_blueprint(launch_bp)
     app.register_blueprint(admin_bp)
+
+    from .limits import apply_rate_limits
+
+    app.extensions["chartcite.limiter"] = apply_rate_limits(app, settings)
 
     @app.after_request
     def security_headers(response):

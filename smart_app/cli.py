@@ -36,6 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--json", action="store_true")
     ask.add_argument("--explain", action="store_true", help="print the per-stage table")
 
+    cx = sub.add_parser("context", help="the structured context bundle of one patient (problems, meds, labs...)")
+    cx.add_argument("--patient", required=True)
+    cx.add_argument("--tenant")
+    cx.add_argument("--json", action="store_true")
+
     ev = sub.add_parser("eval", help="recall@k, MRR and abstention over a questions file")
     ev.add_argument("questions")
     ev.add_argument("--k", default="3,5,10")
@@ -74,6 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     ri = sub.add_parser("registration-info", help="what the Epic / Oracle Health consoles ask for")
     ri.add_argument("--json", action="store_true")
+
+    au = sub.add_parser("audit", help="the audit trail: who asked what about which patient (JSON lines with --jsonl)")
+    au.add_argument("--patient", default="")
+    au.add_argument("--tenant", default="")
+    au.add_argument("--kind", default="", help="ask, refused, draft, draft-saved")
+    au.add_argument("--limit", type=int, default=50)
+    au.add_argument("--jsonl", action="store_true", help="export as JSON lines, oldest first")
 
     sy = sub.add_parser("sync", help="Backend Services + Bulk Data sync of a registered EHR, now")
     sy.add_argument("--tenant", required=True, help="the registered EHR's name")
@@ -171,6 +183,37 @@ def cmd_patients(args, settings: Settings) -> int:
                 f"{sum(row.get('chunk_counts', {}).values()):>7}")
         print(line + (f"  {row.get('name', '')}" if args.show_names else ""))
     return 0
+
+
+def cmd_context(args, settings: Settings) -> int:
+    tenant = args.tenant or settings.tenant
+    svc = service(settings)
+    if svc.patient(tenant, args.patient) is None:
+        print(f"chartcite: patient {args.patient} is not indexed in tenant {tenant}", file=sys.stderr)
+        return 1
+    bundle = svc.context(tenant, args.patient)
+    if args.json:
+        print(json.dumps(bundle, indent=2))
+        return 0
+    print(format_context(bundle))
+    return 0
+
+
+def format_context(bundle: dict) -> str:
+    lines = []
+    show = {
+        "problems": lambda i: f"{i['name']} (since {i['since'] or '?'})",
+        "medications": lambda i: f"{i['name']}" + (f" — {i['dose']}" if i["dose"] else "") + (f" (for {i['reason']})" if i["reason"] else ""),
+        "allergies": lambda i: i["name"] + (f" — {', '.join(i['reactions'])}" if i["reactions"] else "")
+        + (f" [{i['criticality']}]" if i["criticality"] else ""),
+        "labs": lambda i: f"{i['name']}: {i['value']} on {i['date']}" + (f" [{i['flag']}]" if i["flag"] else ""),
+        "vitals": lambda i: f"{i['name']}: {i['value']} on {i['date']}",
+        "encounters": lambda i: f"{i['date']} {i['type'] or i['class']}" + (f" — {i['reason']}" if i["reason"] else ""),
+    }
+    for key, render in show.items():
+        lines.append(f"{key.upper()} ({len(bundle[key])})")
+        lines += [f"  {render(item)}  [{item['ref']}]" for item in bundle[key]] or ["  none recorded"]
+    return "\n".join(lines)
 
 
 def cmd_ask(args, settings: Settings) -> int:
@@ -294,6 +337,26 @@ def cmd_ehr(args, settings: Settings) -> int:
               f"{e['last_sync_status']}")
     if not rows:
         print("no EHR registered: chartcite ehr add --name ... --iss ... --client-id ...")
+    return 0
+
+
+def cmd_audit(args, settings: Settings) -> int:
+    from .audit import open_audit
+
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    entries = open_audit(settings.audit_db).entries(limit=args.limit, kind=args.kind, patient_id=args.patient,
+                                                    tenant=args.tenant)
+    if args.jsonl:
+        for entry in reversed(entries):
+            print(json.dumps(entry))
+        return 0
+    for e in entries:
+        detail = e.get("answer") or e.get("reason") or e.get("kind")
+        print(f"{e['when']}  {e['kind']:12} {e['tenant']:12} {e['clinician'][-40:]:40} patient={e['patient_id']}  "
+              f"q={e['question'][:60]!r}  cites={len(e.get('citations', []))}  removed={e.get('removed_statements', 0)}  "
+              f"{str(detail)[:60]}")
+    if not entries:
+        print("no audit entries match")
     return 0
 
 

@@ -31,6 +31,10 @@ def sessions():
     return current_app.extensions["chartcite.sessions"]
 
 
+def audit():
+    return current_app.extensions["chartcite.audit"]
+
+
 def runner():
     return current_app.extensions["chartcite.runner"]
 
@@ -53,9 +57,9 @@ def reject_other_patient(context, payload: dict) -> None:
     asked = payload.get("patient_id") or payload.get("patient") or request.args.get("patient")
     if asked and asked != context.patient_id:
         log.warning("request for a patient outside the launch context was refused")
-        current_app.extensions["chartcite.registry"].record_event(
-            "other-patient", context.tenant, context.clinician, context.patient_id,
-            f"{request.method} {request.path} asked for patient {str(asked)[:200]}")
+        audit().record("refused", context.tenant, context.clinician, context.patient_id,
+                       request=f"{request.method} {request.path}", asked_patient=str(asked)[:200],
+                       reason="patient outside the launch context")
         abort(make_response(jsonify(error="this session is not launched for that patient"), 403))
 
 
@@ -169,8 +173,85 @@ def ask():
     except (TypeError, ValueError):
         return jsonify(error="k must be a number"), 400
     result = search().ask(context.tenant, context.patient_id, question, k=k, pipeline=pipeline)
+    result["audit_id"] = audit().record(
+        "ask", context.tenant, context.clinician, context.patient_id, question, pipeline=pipeline,
+        answer=result["answer"], abstained=result["abstained"], confidence=result.get("confidence"),
+        citations=[c["ref"] for c in result["citations"]],
+        evidence=[e["ref"] for e in result.get("evidence", [])],
+        stages=result["diagnostics"].get("stages", []), removed_statements=result.get("removed_statements", 0),
+        generator=result.get("generator", "extractive"))
     log.info("answered a question: %s citations, abstained=%s", len(result["citations"]), result["abstained"])
     return jsonify(result)
+
+
+@bp.get("/api/context")
+def context_bundle():
+    """Structured facts only (problems, medications, allergies, labs, vitals, encounters), each with its ref."""
+    context = launch_context()
+    reject_other_patient(context, {})
+    return jsonify(search().context(context.tenant, context.patient_id))
+
+
+@bp.post("/api/draft")
+def draft():
+    """A summary draft for the clinician to read and edit. Not saved: saving is an explicit step."""
+    context = launch_context()
+    payload = request.get_json(silent=True) or {}
+    reject_other_patient(context, payload)
+    from search.drafts import KINDS
+
+    kind = payload.get("kind", "")
+    if kind not in KINDS:
+        return jsonify(error=f"kind must be one of {', '.join(KINDS)}"), 400
+    result = search().draft(context.tenant, context.patient_id, kind)
+    audit().record("draft", context.tenant, context.clinician, context.patient_id, draft_kind=kind,
+                   citations=[c["ref"] for c in result["citations"]])
+    return jsonify(result)
+
+
+@bp.post("/api/draft/save")
+def save_draft():
+    """Store a draft the clinician chose to keep, with who and when. Every citation must be a
+    record of this patient; the text is the clinician's (they may have edited it)."""
+    context = launch_context()
+    payload = request.get_json(silent=True) or {}
+    reject_other_patient(context, payload)
+    from search.drafts import KINDS
+
+    draft = payload.get("draft") or {}
+    problem = check_draft(draft, KINDS, context)
+    if problem:
+        return jsonify(error=problem), 400
+    entry = audit().record("draft-saved", context.tenant, context.clinician, context.patient_id, draft_kind=draft["kind"],
+                           draft={k: draft[k] for k in ("kind", "title", "sections", "citations")})
+    return jsonify(saved=entry), 201
+
+
+def check_draft(draft: dict, kinds, context) -> str:
+    if draft.get("kind") not in kinds or not isinstance(draft.get("sections"), list):
+        return "a draft needs its kind and sections"
+    citations = draft.get("citations")
+    if not isinstance(citations, list) or not all(isinstance(c, dict) and isinstance(c.get("ref"), str) for c in citations):
+        return "a draft needs its citations"
+    numbers = {c.get("n") for c in citations}
+    for section in draft["sections"]:
+        for line in section.get("lines") or []:
+            if not isinstance(line.get("text"), str) or len(line["text"]) > 2000:
+                return "each line needs text (at most 2000 characters)"
+            if not line.get("citations") or not set(line["citations"]) <= numbers:
+                return "every line must cite the record it came from"
+    for c in citations:
+        if search().resource(context.tenant, context.patient_id, c["ref"]) is None:
+            return f"{c['ref'][:80]} is not a record of this patient"
+    return ""
+
+
+@bp.get("/api/drafts")
+def saved_drafts():
+    context = launch_context()
+    reject_other_patient(context, {})
+    entries = audit().entries(kind="draft-saved", patient_id=context.patient_id, tenant=context.tenant, limit=50)
+    return jsonify([{"id": e["id"], "when": e["when"], "clinician": e["clinician"], "draft": e["draft"]} for e in entries])
 
 
 @bp.get("/api/record")

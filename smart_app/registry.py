@@ -75,19 +75,6 @@ class PatientSync(Base):
     server_time: Mapped[str] = mapped_column(String(40))   # the EHR's clock at the start of that sync
 
 
-class SecurityEvent(Base):
-    """Refusals worth an investigator's time (another patient's id in a request, a bad launch).
-    Kept apart from the application log, which never names a patient."""
-    __tablename__ = "security_event"
-    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
-    at: Mapped[float] = mapped_column(Float)
-    kind: Mapped[str] = mapped_column(String(40))
-    tenant: Mapped[str] = mapped_column(String(40))
-    clinician: Mapped[str] = mapped_column(String(300))
-    patient_id: Mapped[str] = mapped_column(String(200))      # the launch context's patient
-    detail: Mapped[str] = mapped_column(Text)
-
-
 @dataclass
 class KeyPair:
     kid: str
@@ -221,19 +208,6 @@ class Registry:
             if row is None:
                 return None
             return KeyPair(row.kid, row.alg, self.decrypt(row.private_jwk), json.loads(row.public_jwk))
-
-    # --- security events ----------------------------------------------------------------------
-    def record_event(self, kind: str, tenant: str, clinician: str, patient_id: str, detail: str) -> None:
-        with Session(self.engine) as s:
-            s.add(SecurityEvent(at=time.time(), kind=kind, tenant=tenant, clinician=clinician, patient_id=patient_id,
-                                detail=detail[:2000]))
-            s.commit()
-
-    def events(self, limit: int = 100) -> list[dict]:
-        with Session(self.engine) as s:
-            rows = s.scalars(select(SecurityEvent).order_by(SecurityEvent.id.desc()).limit(limit))
-            return [{"at": r.at, "kind": r.kind, "tenant": r.tenant, "clinician": r.clinician,
-                     "patient_id": r.patient_id, "detail": r.detail} for r in rows]
 
     # --- encrypted secrets ------------------------------------------------------------------------
     def encrypt(self, value: dict) -> str:

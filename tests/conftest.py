@@ -63,6 +63,23 @@ def dev_service(tmp_path_factory, embedder, dev_questions, synthea_dir):
     svc.close()
 
 
+class InlineRunner:
+    """Runs the real indexing task at once, so the test does not wait on a thread."""
+
+    def __init__(self, settings):
+        from workers.runner import TaskRunner
+
+        self.inner = TaskRunner(settings)
+        self.jobs = self.inner.jobs
+
+    def enqueue_sync(self, tenant, patient_id, session_id=None):
+        from workers.tasks import sync_patient
+
+        self.jobs.claim(tenant, patient_id)
+        sync_patient.apply(args=(tenant, patient_id, session_id), throw=True)
+        return True
+
+
 BACKENDS = ("embedded", "elasticsearch")
 
 

@@ -296,12 +296,11 @@ def test_another_patients_id_is_refused_and_audited(stack, launched):
     assert response.status_code == 403
     record = api(stack, handle, "GET", "/api/record", params={"ref": f"Patient/{OTHER}"})
     assert record.status_code == 404
-    from smart_app.registry import Registry
+    from smart_app.audit import AuditTrail
 
-    registry = Registry(f"sqlite:///{Path(stack.env['CHARTCITE_DATA_DIR']) / 'registry.sqlite'}",
-                        stack.env["CHARTCITE_TOKEN_KEY"])
-    [event] = [e for e in registry.events() if e["kind"] == "other-patient"][:1]
-    assert event["patient_id"] == PID and OTHER in event["detail"] and "ehr-clinician" in event["clinician"]
+    trail = AuditTrail(f"sqlite:///{Path(stack.env['CHARTCITE_DATA_DIR']) / 'audit.sqlite'}")
+    [event] = trail.entries(kind="refused", limit=1)
+    assert event["patient_id"] == PID and event["asked_patient"] == OTHER and "ehr-clinician" in event["clinician"]
 
 
 # --- sync ----------------------------------------------------------------------------------------------

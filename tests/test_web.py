@@ -9,26 +9,11 @@ import pytest
 from smart_app.app import create_app
 from smart_app.settings import Settings
 
+from .conftest import InlineRunner
+
 PID = "8ef99ca1-5615-7aa6-d383-47fe931a1f14"
 OTHER = "936988e9-d587-ef42-ebdf-541238540ff3"
 TRENDS = "25e20083-13a8-d554-d92f-e69cf81e6923"   # several blood pressures over the years
-
-
-class InlineRunner:
-    """Runs the real indexing task at once, so the test does not wait on a thread."""
-
-    def __init__(self, settings):
-        from workers.runner import TaskRunner
-
-        self.inner = TaskRunner(settings)
-        self.jobs = self.inner.jobs
-
-    def enqueue_sync(self, tenant, patient_id, session_id=None):
-        from workers.tasks import sync_patient
-
-        self.jobs.claim(tenant, patient_id)
-        sync_patient.apply(args=(tenant, patient_id, session_id), throw=True)
-        return True
 
 
 @pytest.fixture(scope="module")

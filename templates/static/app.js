@@ -60,6 +60,46 @@
       .then(() => { ready = false; $("ask-form").dataset.ready = "no"; pollStatus(); });
   });
 
+  // --- summary drafts: shown for reading, saved only on "Save draft" -----------------------------
+  let currentDraft = null;
+  function renderDraft(draft) {
+    currentDraft = draft;
+    current = { citations: draft.citations };
+    const answer = $("answer");
+    answer.textContent = "";
+    $("chips").textContent = ""; $("chart").hidden = true; $("trail").hidden = true;
+    answer.appendChild(el("h3", { class: "draft-title" }, draft.title + " — DRAFT, not saved"));
+    draft.sections.forEach((section) => {
+      answer.appendChild(el("h4", { class: "draft-section" }, section.title));
+      if (!section.lines.length) answer.appendChild(el("p", { class: "muted small" }, "nothing to report"));
+      section.lines.forEach((line) => {
+        const p = el("p", { class: "statement" }, line.text + " ");
+        line.citations.forEach((n) => {
+          const mark = el("a", { class: "cite", href: "#", "data-n": String(n) }, "[" + n + "]");
+          mark.addEventListener("click", (e) => { e.preventDefault(); openCitation(n); });
+          p.appendChild(mark);
+        });
+        answer.appendChild(p);
+      });
+    });
+    const save = el("button", { type: "button", id: "save-draft" }, "Save draft");
+    save.addEventListener("click", () => {
+      api("/api/draft/save", { method: "POST", headers: { "Content-Type": "application/json" },
+                               body: JSON.stringify({ draft: currentDraft }) })
+        .then(({ ok, body }) => { $("meta").textContent = ok ? "Draft saved (#" + body.saved + ")." : (body.error || "Not saved."); });
+    });
+    answer.appendChild(save);
+    $("meta").textContent = "Every line cites the record it came from. Nothing is saved until you press Save draft.";
+  }
+  ["draft-previsit", "draft-medreview"].forEach((id) => {
+    $(id).addEventListener("click", () => {
+      $("answer").textContent = "Drafting…";
+      api("/api/draft", { method: "POST", headers: { "Content-Type": "application/json" },
+                          body: JSON.stringify({ kind: $(id).dataset.kind }) })
+        .then(({ ok, body }) => { if (ok) renderDraft(body); else $("answer").textContent = body.error || "Could not draft."; });
+    });
+  });
+
   // --- asking ------------------------------------------------------------------------------
   let current = null;
   $("ask-form").addEventListener("submit", (event) => {
@@ -81,7 +121,10 @@
   function renderAnswer(result) {
     const answer = $("answer");
     answer.textContent = "";
-    if (result.abstained) {
+    if (result.banner) {
+      answer.appendChild(el("p", { class: "banner-general" }, result.banner));
+      answer.appendChild(el("p", { class: "statement general" }, result.answer));
+    } else if (result.abstained) {
       answer.appendChild(el("p", { class: "abstain" }, result.answer));
     }
     result.statements.forEach((s) => {
@@ -101,7 +144,15 @@
       chip.addEventListener("click", () => openCitation(c.n));
       chips.appendChild(chip);
     });
-    $("meta").textContent = "confidence: " + result.confidence + " · pipeline: " + result.diagnostics.pipeline;
+    const level = el("span", { class: "confidence confidence-" + result.confidence }, "confidence: " + result.confidence);
+    const meta = $("meta");
+    meta.textContent = "";
+    meta.appendChild(level);
+    let more = " · pipeline: " + result.diagnostics.pipeline + " · " + (result.generator === "extractive"
+      ? "extractive answer" : "written by " + result.generator + ", every statement verified");
+    if (result.removed_statements) more += " · " + result.removed_statements + " unsupported statement(s) removed";
+    if (result.generator_note) more += " · " + result.generator_note;
+    meta.appendChild(document.createTextNode(more));
     renderChart(result.chart);
     renderTrail(result.diagnostics.stages);
   }
@@ -156,8 +207,11 @@
   function openCitation(n) {
     if (!current) return;
     const citation = current.citations.find((c) => c.n === n);
-    if (!citation) return;
-    api("/api/record?ref=" + encodeURIComponent(citation.ref)).then(({ ok, body }) => {
+    if (citation) openRecord(citation.ref);
+  }
+
+  function openRecord(ref) {
+    api("/api/record?ref=" + encodeURIComponent(ref)).then(({ ok, body }) => {
       const panel = $("panel");
       panel.hidden = false;
       if (!ok) { $("panel-title").textContent = body.error || "Record unavailable"; return; }
@@ -179,6 +233,35 @@
     raw.hidden = !raw.hidden;
     $("raw-toggle").textContent = raw.hidden ? "Show raw JSON" : "Hide raw JSON";
   });
+
+  // --- summary tab: the structured context bundle, every line opening its record -------------
+  const summaryItem = {
+    problems: (i) => i.name + (i.since ? " · since " + i.since : ""),
+    medications: (i) => i.name + (i.dose ? " · " + i.dose : ""),
+    allergies: (i) => i.name + (i.reactions.length ? " · " + i.reactions.join(", ") : "") + (i.criticality ? " · " + i.criticality : ""),
+    labs: (i) => i.name + ": " + i.value + " · " + i.date + (i.flag ? " · " + i.flag : ""),
+    vitals: (i) => i.name + ": " + i.value + " · " + i.date,
+    encounters: (i) => i.date + " · " + (i.type || i.class) + (i.reason ? " · " + i.reason : ""),
+  };
+  function loadSummary() {
+    api("/api/context").then(({ ok, body }) => {
+      if (!ok) return;
+      const box = $("summary-body");
+      box.textContent = "";
+      Object.keys(summaryItem).forEach((key) => {
+        const section = el("section", { class: "summary-section" });
+        section.appendChild(el("h4", {}, key + " (" + body[key].length + ")"));
+        if (!body[key].length) section.appendChild(el("div", { class: "muted small" }, "none recorded"));
+        body[key].forEach((item) => {
+          const row = el("button", { type: "button", class: "summary-item", "data-ref": item.ref }, summaryItem[key](item));
+          row.addEventListener("click", () => openRecord(item.ref));
+          section.appendChild(row);
+        });
+        box.appendChild(section);
+      });
+    });
+  }
+  $("summary").addEventListener("toggle", () => { if ($("summary").open) loadSummary(); });
 
   pollStatus();
 })();

@@ -1,0 +1,69 @@
+"""Turning a language model's draft into an answer chartcite will show: every statement cites
+evidence of this answer and is verified against it; the rest is removed and counted."""
+from __future__ import annotations
+
+import logging
+
+from .annotate import RecordTerm
+from .answer import NO_EVIDENCE
+from .llm import ChatClient, LlmError, generate
+from .phi import Identifiers
+from .pipeline import Retrieval
+from .verify import verify_statement
+
+log = logging.getLogger(__name__)
+GENERAL_BANNER = "General clinical guidance, not from this patient's record"
+GENERAL_REFUSAL = ("That is a general clinical question, not one about this patient's record. chartcite answers "
+                   "general questions only when the hospital has configured a language model; it has not.")
+LEVELS = ("low", "medium", "high")
+
+
+def grounded_answer(client: ChatClient, retrieval: Retrieval, extractive: dict, ids: Identifiers,
+                    terms: list[RecordTerm]) -> dict:
+    """The model's verified statements, or the extractive answer when the model fails."""
+    evidence = [(i + 1, ev.chunk.label, ev.chunk.text) for i, ev in enumerate(retrieval.evidence)]
+    try:
+        draft = generate(client, retrieval.question, evidence, ids)
+    except LlmError as exc:
+        log.warning("language model failed (%s); extractive answer used", exc)
+        return extractive | {"generator": "extractive", "generator_note": "language model unavailable"}
+    if draft is None:
+        return extractive | {"generator": "extractive", "generator_note": "language model output was not valid JSON"}
+    kept, removed = [], []
+    for item in draft.statements:
+        cited = item["citations"]
+        if not item["statement"]:
+            continue
+        if not cited or any(c not in draft.selected for c in cited):
+            removed.append({"statement": item["statement"], "reason": "cites no evidence of this answer"})
+            continue
+        verdict = verify_statement(item["statement"], [retrieval.evidence[c - 1].chunk for c in cited], terms)
+        if verdict.supported:
+            kept.append(item)
+        else:
+            removed.append({"statement": item["statement"], "reason": verdict.reason})
+    base = {k: extractive[k] for k in ("id", "patient_id", "question", "evidence", "diagnostics")}
+    base |= {"generator": client.name, "removed_statements": len(removed), "removed": removed}
+    if not kept:
+        return base | {"answer": NO_EVIDENCE, "statements": [], "citations": [], "confidence": "low", "abstained": True}
+    citations, numbers, statements = [], {}, []
+    for item in kept:
+        marks = []
+        for c in item["citations"]:
+            if c not in numbers:
+                ev = retrieval.evidence[c - 1]
+                numbers[c] = len(citations) + 1
+                citations.append({"n": numbers[c], "ref": ev.chunk.ref, "resource_type": ev.chunk.resource_type,
+                                  "date": ev.chunk.date[:10], "label": ev.chunk.label, "snippet": ev.chunk.text[:240]})
+            marks.append(numbers[c])
+        statements.append({"text": item["statement"], "citations": marks})
+    for conflict in (s for s in extractive["statements"] if s.get("conflict")):
+        source = extractive["citations"][conflict["citations"][0] - 1]
+        citations.append(dict(source, n=len(citations) + 1))
+        statements.append(dict(conflict, citations=[len(citations)]))
+    answer = " ".join(s["text"] + "".join(f" [{n}]" for n in s["citations"]) for s in statements)
+    confidence = extractive.get("confidence", "medium")
+    if removed:   # the model tried to say something the record does not support
+        confidence = LEVELS[max(0, LEVELS.index(confidence) - 1)]
+    return base | {"answer": answer, "statements": statements, "citations": citations, "confidence": confidence,
+                   "abstained": False}

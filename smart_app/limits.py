@@ -1,0 +1,39 @@
+"""Rate limits on asking, per clinician and per tenant (flask-limiter): Redis storage when
+CHARTCITE_REDIS_URL is set, so every app process shares the counts; memory in the embedded default."""
+from __future__ import annotations
+
+from flask import Flask, jsonify, request
+from flask_limiter import Limiter
+
+from .sessions import SESSION_HEADER
+
+
+def _context(app: Flask):
+    return app.extensions["chartcite.sessions"].resolve(request.headers.get(SESSION_HEADER))
+
+
+def apply_rate_limits(app: Flask, settings) -> Limiter:
+    def clinician_key() -> str:
+        context = _context(app)
+        return f"clinician:{context.tenant}:{context.clinician}" if context else f"address:{request.remote_addr}"
+
+    def tenant_key() -> str:
+        context = _context(app)
+        return f"tenant:{context.tenant}" if context else f"address:{request.remote_addr}"
+
+    limiter = Limiter(clinician_key, app=app, storage_uri=settings.redis_url or "memory://",
+                      strategy="fixed-window", headers_enabled=True)
+    for endpoint in ("frame.ask", "frame.draft"):
+        view = app.view_functions[endpoint]
+        view = limiter.limit(settings.rate_limit_tenant, key_func=tenant_key, scope="tenant")(view)
+        view = limiter.limit(settings.rate_limit_clinician, key_func=clinician_key, scope="clinician")(view)
+        app.view_functions[endpoint] = view
+
+    @app.errorhandler(429)
+    def too_many(error):
+        limit = str(getattr(error, "description", "") or "")
+        response = jsonify(error=f"Too many questions right now ({limit}). Please wait a moment and ask again.")
+        response.status_code = 429
+        return response
+
+    return limiter

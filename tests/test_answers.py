@@ -1,0 +1,209 @@
+"""The answer layer around retrieval: identifier scrubbing, claim verification, general questions,
+the context bundle, summary drafts, rate limits and the audit trail (no language model here;
+tests/test_llm.py runs the same guarantees against a real local model server)."""
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import shutil
+
+import pytest
+
+from search.phi import Identifiers, scrub
+from search.verify import verify_statement
+from smart_app.app import create_app
+from smart_app.settings import Settings
+
+from .conftest import InlineRunner, clean_env
+
+PID = "8ef99ca1-5615-7aa6-d383-47fe931a1f14"      # two medications, an EpiPen, allergies
+NEW = "936988e9-d587-ef42-ebdf-541238540ff3"
+
+
+def bundle_resources(path) -> list[dict]:
+    with gzip.open(path, "rt") as fh:
+        return [e["resource"] for e in json.load(fh)["entry"]]
+
+
+# --- identifiers never leave ----------------------------------------------------------------------------
+
+def test_scrub_removes_the_patients_identifiers_from_synthea_notes(synthea_dir):
+    resources = bundle_resources(synthea_dir / f"{PID}.json.gz")
+    patient = next(r for r in resources if r["resourceType"] == "Patient")
+    ids = Identifiers.from_patient(patient)
+    import base64
+
+    notes = [base64.b64decode(c["attachment"]["data"]).decode() for r in resources if r["resourceType"] == "DocumentReference"
+             for c in r["content"] if c["attachment"].get("data")]
+    assert notes
+    family, given = patient["name"][0]["family"], patient["name"][0]["given"][0]
+    assert any(given in n for n in notes)             # Synthea notes do name the patient
+    for note in notes:
+        clean = scrub(note, ids)
+        for secret in (family, given, re.sub(r"\d+$", "", family), patient["birthDate"],
+                       *(i["value"] for i in patient.get("identifier", [])),
+                       *(a.get("city", "") for a in patient.get("address", [])),
+                       *(t["value"] for t in patient.get("telecom", []))):
+            assert secret not in clean, secret
+    assert "epinephrine" in scrub("Prescribed epinephrine on 2019-05-01 for (555) 123-4567", ids)
+    assert "(555) 123-4567" not in scrub("Call (555) 123-4567", ids)
+
+
+# --- verification ----------------------------------------------------------------------------------------
+
+def make_chunk(text: str, concepts: list[dict], date: str = "2024-03-01"):
+    from fhir_ingest.contract import Chunk
+
+    return Chunk(tenant="t", patient_id="p", resource_type="Observation", resource_id="x", part="0", text=text,
+                 label="label", date=date, semantic_type="lab", concepts=concepts)
+
+
+def test_verification_checks_numbers_dates_concepts_and_negation():
+    a1c = {"key": "lex:hemoglobin a1c", "display": "hemoglobin a1c", "semantic_type": "lab", "negated": False}
+    chunk = make_chunk("Lab result on 2024-03-01: Hemoglobin A1c/Hemoglobin.total in Blood = 7.4 %.", [a1c])
+    assert verify_statement("Her A1c was 7.4% on 2024-03-01.", [chunk], []).supported
+    assert verify_statement("Her A1c was 7.4% on March 1, 2024.", [chunk], []).supported
+    assert "number" in verify_statement("Her A1c was 8.1%.", [chunk], []).reason
+    assert "date" in verify_statement("Her A1c was 7.4% on 2023-01-05.", [chunk], []).reason
+    assert "does not" in verify_statement("She has hypertension.", [chunk], []).reason
+    assert not verify_statement("Her A1c was 7.4%.", [], []).supported
+    assert "sentence" in verify_statement("Yes.", [chunk], []).reason       # cites, but states nothing
+    assert "sentence" in verify_statement("1", [chunk], []).reason
+    nka = {"key": "lex:allergy", "display": "allergy", "semantic_type": "allergy", "negated": True}
+    note = make_chunk("No Known Allergies.", [nka])
+    assert verify_statement("The note records no known allergies.", [note], []).supported
+    assert "opposite" in verify_statement("She has a drug allergy.", [note], []).reason
+
+
+# --- the app ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def app_and_data(tmp_path_factory, synthea_dir, embedder):
+    source = tmp_path_factory.mktemp("source")
+    for pid in (PID, NEW):
+        shutil.copy(synthea_dir / f"{pid}.json.gz", source)
+    data = tmp_path_factory.mktemp("data")
+    settings = Settings.load({"CHARTCITE_DATA_DIR": str(data), "CHARTCITE_DEMO_SOURCE": str(source),
+                              "CHARTCITE_RATE_LIMIT_CLINICIAN": "1000/minute"})
+    app = create_app(settings, runner=InlineRunner(settings))
+    return app, data, source
+
+
+@pytest.fixture(scope="module")
+def client(app_and_data):
+    return app_and_data[0].test_client()
+
+
+@pytest.fixture(scope="module")
+def handle(client):
+    page = client.post("/demo/launch", data={"patient_id": PID})
+    return re.search(r'name="chartcite-session" content="([^"]+)"', page.get_data(as_text=True)).group(1)
+
+
+def post(client, handle, path, body):
+    return client.post(path, json=body, headers={"X-Chartcite-Session": handle})
+
+
+def test_context_bundle_has_every_section_and_every_item_its_ref(client, handle):
+    bundle = client.get("/api/context", headers={"X-Chartcite-Session": handle}).get_json()
+    assert set(bundle) == {"problems", "medications", "allergies", "labs", "vitals", "encounters"}
+    assert bundle["medications"] and bundle["allergies"] and bundle["vitals"] and bundle["encounters"]
+    for items in bundle.values():
+        for item in items:
+            assert re.fullmatch(r"[A-Za-z]+/[\w.-]+", item["ref"])
+    assert any("pinephrine" in m["name"] for m in bundle["medications"])
+    assert all(m["status"] in ("active", "on-hold") for m in bundle["medications"])
+
+
+def test_context_on_the_command_line(app_and_data, handle):
+    import subprocess
+    import sys
+
+    _, data, source = app_and_data
+    env = clean_env(data_dir=data, demo_source=source)
+    out = subprocess.run([sys.executable, "-m", "smart_app.cli", "context", "--patient", PID, "--json"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert set(json.loads(out.stdout)) == {"problems", "medications", "allergies", "labs", "vitals", "encounters"}
+    text = subprocess.run([sys.executable, "-m", "smart_app.cli", "context", "--patient", PID], env=env,
+                          capture_output=True, text=True, timeout=120).stdout
+    assert "MEDICATIONS" in text and "[MedicationRequest/" in text
+
+
+@pytest.mark.parametrize("kind", ["pre-visit", "medication-review"])
+def test_drafts_cite_every_line_and_are_saved_only_when_asked(client, handle, app_and_data, kind):
+    draft = post(client, handle, "/api/draft", {"kind": kind}).get_json()
+    assert [s["title"] for s in draft["sections"]] == ["FINDINGS", "ASSESSMENT", "ITEMS TO REVIEW"]
+    lines = [line for s in draft["sections"] for line in s["lines"]]
+    assert lines and all(line["citations"] for line in lines)
+    numbers = {c["n"] for c in draft["citations"]}
+    assert all(set(line["citations"]) <= numbers for line in lines)
+    listed = client.get("/api/drafts", headers={"X-Chartcite-Session": handle}).get_json()
+    assert not [d for d in listed if d["draft"]["kind"] == kind]          # drafting saved nothing
+    saved = post(client, handle, "/api/draft/save", {"draft": draft})
+    assert saved.status_code == 201
+    listed = client.get("/api/drafts", headers={"X-Chartcite-Session": handle}).get_json()
+    [mine] = [d for d in listed if d["id"] == saved.get_json()["saved"]]
+    assert mine["clinician"] == "demo-clinician" and mine["draft"]["sections"] == draft["sections"]
+
+
+def test_a_draft_citing_another_patients_record_is_not_saved(client, handle):
+    draft = post(client, handle, "/api/draft", {"kind": "medication-review"}).get_json()
+    draft["citations"][0]["ref"] = f"Patient/{NEW}"
+    refused = post(client, handle, "/api/draft/save", {"draft": draft})
+    assert refused.status_code == 400 and "not a record of this patient" in refused.get_json()["error"]
+
+
+def test_general_questions_are_refused_without_a_model(client, handle):
+    result = post(client, handle, "/api/ask", {"question": "What are the side effects of metformin?"}).get_json()
+    assert result["abstained"] and result["general"] and not result["citations"] and not result["evidence"]
+    assert "language model" in result["answer"]
+
+
+def test_a_new_patient_says_so(client):
+    from search.answer import NEW_PATIENT
+
+    page = client.post("/demo/launch", data={"patient_id": NEW})
+    handle = re.search(r'name="chartcite-session" content="([^"]+)"', page.get_data(as_text=True)).group(1)
+    app_search = client.application.extensions["chartcite.search"]
+    result = app_search.ask("default", "never-indexed-patient", "any allergies?")
+    assert result["answer"] == NEW_PATIENT and result["abstained"]
+    assert post(client, handle, "/api/ask", {"question": "any allergies?"}).status_code == 200
+
+
+def test_the_audit_trail_keeps_questions_apart_from_the_log(client, handle, app_and_data, caplog):
+    question = "Does he carry an EpiPen for anaphylaxis?"
+    with caplog.at_level("DEBUG"):
+        result = post(client, handle, "/api/ask", {"question": question}).get_json()
+    assert question not in caplog.text and PID not in caplog.text
+    trail = client.application.extensions["chartcite.audit"]
+    [entry] = trail.entries(kind="ask", limit=1)
+    assert entry["question"] == question and entry["patient_id"] == PID and entry["clinician"] == "demo-clinician"
+    assert entry["citations"] == [c["ref"] for c in result["citations"]] and entry["evidence"]
+    assert [s["name"] for s in entry["stages"]][:2] == ["scope", "analyse"] and entry["answer"] == result["answer"]
+    import subprocess
+    import sys
+
+    _, data, source = app_and_data
+    out = subprocess.run([sys.executable, "-m", "smart_app.cli", "audit", "--jsonl", "--kind", "ask"],
+                         env=clean_env(data_dir=data), capture_output=True, text=True, timeout=60)
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert rows and rows[-1]["question"] == question
+    admin = client.get("/admin/audit")
+    assert admin.status_code == 200 and "EpiPen" in admin.get_data(as_text=True)
+
+
+def test_asking_is_rate_limited_per_clinician_with_a_clear_message(tmp_path, synthea_dir, embedder):
+    source = tmp_path / "source"
+    source.mkdir()
+    shutil.copy(synthea_dir / f"{NEW}.json.gz", source)
+    settings = Settings.load({"CHARTCITE_DATA_DIR": str(tmp_path / "data"), "CHARTCITE_DEMO_SOURCE": str(source),
+                              "CHARTCITE_RATE_LIMIT_CLINICIAN": "2/minute"})
+    client = create_app(settings, runner=InlineRunner(settings)).test_client()
+    page = client.post("/demo/launch", data={"patient_id": NEW})
+    handle = re.search(r'name="chartcite-session" content="([^"]+)"', page.get_data(as_text=True)).group(1)
+    codes = [post(client, handle, "/api/ask", {"question": "any allergies?"}).status_code for _ in range(3)]
+    assert codes == [200, 200, 429]
+    refused = post(client, handle, "/api/ask", {"question": "any allergies?"})
+    assert "Too many questions" in refused.get_json()["error"] and "2 per 1 minute" in refused.get_json()["error"]
