@@ -72,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     ea.add_argument("--scopes", choices=("v1", "v2"), default="v2", help="SMART scope syntax the EHR expects")
     ea.add_argument("--frame-origin", action="append", default=[], help="origin that embeds chartcite (repeatable)")
     ea.add_argument("--group-id", default="", help="Bulk Data Group for background sync")
+    ea.add_argument("--write-back", action="store_true",
+                    help="also ask for DocumentReference create, so saved drafts can be written back as preliminary notes")
     el = ehr_sub.add_parser("list", help="registered EHRs and their last sync")
     el.add_argument("--json", action="store_true")
     er = ehr_sub.add_parser("remove", help="unregister an EHR (its index is kept)")
@@ -312,7 +314,8 @@ def cmd_ehr(args, settings: Settings) -> int:
     registry = registry_for(settings)
     try:
         if args.ehr_command == "add":
-            ehr = registry.add_ehr(args.name, args.iss, args.client_id, args.scopes, args.frame_origin, args.group_id)
+            ehr = registry.add_ehr(args.name, args.iss, args.client_id, args.scopes, args.frame_origin, args.group_id,
+                                   args.write_back)
             print(f"registered {ehr.name}: launches from {ehr.iss} are accepted; tenant {ehr.name}")
             if not registry.current_key():
                 print("no signing key yet: run `chartcite keys generate` before Backend Services sync")

@@ -204,6 +204,7 @@ def draft():
     if kind not in KINDS:
         return jsonify(error=f"kind must be one of {', '.join(KINDS)}"), 400
     result = search().draft(context.tenant, context.patient_id, kind)
+    result["can_write_back"] = bool(context.details.get("can_write_back"))
     audit().record("draft", context.tenant, context.clinician, context.patient_id, draft_kind=kind,
                    citations=[c["ref"] for c in result["citations"]])
     return jsonify(result)
@@ -244,6 +245,40 @@ def check_draft(draft: dict, kinds, context) -> str:
         if search().resource(context.tenant, context.patient_id, c["ref"]) is None:
             return f"{c['ref'][:80]} is not a record of this patient"
     return ""
+
+
+@bp.post("/api/draft/writeback")
+def write_back_draft():
+    """Write a saved draft to the EHR as a preliminary note, only with a granted create scope."""
+    context = launch_context()
+    payload = request.get_json(silent=True) or {}
+    reject_other_patient(context, payload)
+    if context.mode == "demo" or not context.details.get("can_write_back"):
+        return jsonify(error="the EHR did not grant chartcite permission to write notes for this launch"), 403
+    try:
+        entry = audit().get(int(payload.get("saved", 0)))
+    except (TypeError, ValueError):
+        entry = None
+    if not entry or entry["kind"] != "draft-saved" or entry["patient_id"] != context.patient_id \
+            or entry["tenant"] != context.tenant:
+        return jsonify(error="save the draft first; only this patient's saved drafts can be written back"), 404
+    from fhir_ingest.client import AuthExpired, FhirError
+    from fhir_ingest.writeback import create_document, draft_document
+
+    from .sources import ehr_client, open_registry
+
+    registry = open_registry(settings())
+    ehr = registry.ehr(context.tenant)
+    try:
+        ref = create_document(ehr_client(settings(), registry, ehr, context.session_id),
+                              draft_document(entry["draft"], context.patient_id, context.clinician))
+    except AuthExpired as exc:
+        return jsonify(error=str(exc)), 401
+    except FhirError as exc:
+        return jsonify(error=str(exc)), 502
+    audit().record("draft-written", context.tenant, context.clinician, context.patient_id, saved=entry["id"],
+                   document=ref)
+    return jsonify(document=ref, status="preliminary"), 201
 
 
 @bp.get("/api/drafts")

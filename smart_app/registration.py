@@ -1,7 +1,7 @@
 """What hospital IT types into the Epic / Oracle Health app registration consoles."""
 from __future__ import annotations
 
-from .smart import launch_scopes, system_scopes
+from .smart import launch_scopes, system_scopes, write_scope
 
 CAPABILITIES = [
     "launch-ehr", "launch-standalone", "client-confidential-asymmetric", "client-public",
@@ -23,6 +23,8 @@ def registration_info(public_url: str, registry) -> dict:
             "ehr_launch_v1": launch_scopes("v1", standalone=False),
             "standalone_launch_v2": launch_scopes("v2", standalone=True),
             "standalone_launch_v1": launch_scopes("v1", standalone=True),
+            "write_back_extra_v2": write_scope("v2") + "  (only with `ehr add --write-back`)",
+            "write_back_extra_v1": write_scope("v1") + "  (only with `ehr add --write-back`)",
             "backend_services_v2": system_scopes("v2"),
             "backend_services_v1": system_scopes("v1"),
         },

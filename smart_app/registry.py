@@ -36,6 +36,7 @@ class Ehr(Base):
     scopes: Mapped[str] = mapped_column(String(4), default="v2")          # v1 | v2 scope syntax
     frame_origins: Mapped[str] = mapped_column(Text, default="")         # space separated
     group_id: Mapped[str] = mapped_column(String(200), default="")       # Bulk Data group for background sync
+    write_back: Mapped[bool] = mapped_column(default=False)              # ask to write saved drafts back
     created_at: Mapped[float] = mapped_column(Float, default=time.time)
     last_sync_at: Mapped[float] = mapped_column(Float, default=0.0)
     last_sync_status: Mapped[str] = mapped_column(Text, default="never")
@@ -43,7 +44,7 @@ class Ehr(Base):
 
     def to_dict(self) -> dict:
         return {"name": self.name, "iss": self.iss, "client_id": self.client_id, "scopes": self.scopes,
-                "frame_origins": self.frame_origins.split(), "group_id": self.group_id,
+                "frame_origins": self.frame_origins.split(), "group_id": self.group_id, "write_back": self.write_back,
                 "last_sync_at": self.last_sync_at, "last_sync_status": self.last_sync_status,
                 "bulk_since": self.bulk_since}
 
@@ -102,7 +103,7 @@ class Registry:
 
     # --- EHRs -------------------------------------------------------------------------------------
     def add_ehr(self, name: str, iss: str, client_id: str, scopes: str = "v2", frame_origins: list[str] = (),
-                group_id: str = "") -> Ehr:
+                group_id: str = "", write_back: bool = False) -> Ehr:
         if not NAME_PATTERN.match(name):
             raise RegistryError("EHR name: lower-case letters, digits and dashes, up to 40 (it names the tenant)")
         parts = urlsplit(iss)
@@ -117,7 +118,7 @@ class Registry:
             if s.get(Ehr, name) or s.scalar(select(Ehr).where(Ehr.iss == normalise_iss(iss))):
                 raise RegistryError(f"an EHR named {name!r} or with that iss is already registered")
             ehr = Ehr(name=name, iss=normalise_iss(iss), client_id=client_id.strip(), scopes=scopes,
-                      frame_origins=origins, group_id=group_id, created_at=time.time())
+                      frame_origins=origins, group_id=group_id, write_back=write_back, created_at=time.time())
             s.add(ehr)
             s.commit()
             s.refresh(ehr)

@@ -80,9 +80,24 @@ def resource_scopes(context: str, syntax: str) -> list[str]:
     return [f"{context}/{t}.{suffix}" for t in SCOPED_TYPES]
 
 
-def launch_scopes(syntax: str, standalone: bool) -> str:
+def write_scope(syntax: str) -> str:
+    return "patient/DocumentReference." + ("write" if syntax == "v1" else "c")
+
+
+def launch_scopes(syntax: str, standalone: bool, write_back: bool = False) -> str:
     return " ".join(["launch/patient" if standalone else "launch", "openid", "fhirUser", "offline_access",
-                     *resource_scopes("patient", syntax)])
+                     *resource_scopes("patient", syntax), *([write_scope(syntax)] if write_back else [])])
+
+
+def can_write_documents(granted: str) -> bool:
+    """Did the EHR grant creating DocumentReferences (v1 write, v2 c, or a wildcard)?"""
+    for scope in granted.split():
+        context, _, rest = scope.partition("/")
+        rtype, _, access = rest.partition(".")
+        if context in ("patient", "user") and rtype in ("DocumentReference", "*") and \
+                (access in ("write", "*") or (access and set(access) <= set("cruds") and "c" in access)):
+            return True
+    return False
 
 
 def system_scopes(syntax: str) -> str:
@@ -109,7 +124,7 @@ def start_authorization(registry: Registry, ehr: Ehr, redirect_uri: str, launch:
                                        secrets.token_urlsafe(64), secrets.token_urlsafe(16))
     standalone = not launch
     params = {"response_type": "code", "client_id": ehr.client_id, "redirect_uri": redirect_uri,
-              "scope": launch_scopes(ehr.scopes, standalone), "state": state, "aud": ehr.iss, "nonce": nonce,
+              "scope": launch_scopes(ehr.scopes, standalone, ehr.write_back), "state": state, "aud": ehr.iss, "nonce": nonce,
               "code_challenge": create_s256_code_challenge(verifier), "code_challenge_method": "S256"}
     if launch:
         params["launch"] = launch
@@ -159,6 +174,7 @@ def finish_authorization(registry: Registry, code: str, state: str, binding: str
         raise LaunchError("the EHR granted openid but sent no id_token")
     context = {k: tokens[k] for k in ("encounter", "need_patient_banner", "smart_style_url", "tenant", "fhirContext",
                                       "intent") if k in tokens}
+    context["can_write_back"] = can_write_documents(tokens.get("scope", ""))
     return LaunchResult(ehr, pending["mode"], patient, clinician, _kept_tokens(tokens, config), context)
 
 

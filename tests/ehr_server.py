@@ -312,6 +312,13 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
         if grant["kind"] != "user":
             return
         patient = grant["patient"]
+        if request.method == "POST":
+            scopes = grant["scope"].split()
+            body = request.get_json(force=True, silent=True) or {}
+            allowed = {"patient/DocumentReference.c", "patient/DocumentReference.write"} & set(scopes)
+            if path != "DocumentReference" or not allowed or (body.get("subject") or {}).get("reference") != f"Patient/{patient}":
+                abort(403)
+            return
         asked = request.args.get("patient") or request.args.get("subject", "").replace("Patient/", "")
         first = path.split("/")
         if first[0] == "Patient" and len(first) > 1 and first[1] != patient:

@@ -207,3 +207,28 @@ def test_asking_is_rate_limited_per_clinician_with_a_clear_message(tmp_path, syn
     assert codes == [200, 200, 429]
     refused = post(client, handle, "/api/ask", {"question": "any allergies?"})
     assert "Too many questions" in refused.get_json()["error"] and "2 per 1 minute" in refused.get_json()["error"]
+
+
+def test_rate_limits_are_shared_through_redis_across_app_processes(tmp_path, synthea_dir, embedder):
+    """Production: every app process counts against the same Redis, so a clinician cannot get
+    around the limit by landing on another worker."""
+    import os
+    import uuid
+
+    redis_url = os.environ.get("CHARTCITE_REDIS_URL", "")
+    if not redis_url:
+        pytest.fail("Redis is not configured: run the suite with `make test`, or `eval $(scripts/services.sh up)` first")
+    source = tmp_path / "source"
+    source.mkdir()
+    shutil.copy(synthea_dir / f"{NEW}.json.gz", source)
+    tenant = f"limits-{uuid.uuid4().hex[:8]}"          # fresh counters for this run
+    clients = []
+    for name in ("a", "b"):
+        settings = Settings.load({"CHARTCITE_DATA_DIR": str(tmp_path / "data"), "CHARTCITE_DEMO_SOURCE": str(source),
+                                  "CHARTCITE_RATE_LIMIT_CLINICIAN": "2/minute", "CHARTCITE_REDIS_URL": redis_url,
+                                  "CHARTCITE_TASKS_EAGER": "true", "CHARTCITE_TENANT": tenant})
+        clients.append(create_app(settings, runner=InlineRunner(settings)).test_client())
+    page = clients[0].post("/demo/launch", data={"patient_id": NEW})
+    handle = re.search(r'name="chartcite-session" content="([^"]+)"', page.get_data(as_text=True)).group(1)
+    codes = [post(c, handle, "/api/ask", {"question": "any allergies?"}).status_code for c in (clients[0], clients[1], clients[0])]
+    assert codes == [200, 200, 429]

@@ -69,7 +69,7 @@ def stack(tmp_path_factory, synthea_dir):
         generated = stack.cli("keys", "generate")
         assert generated.returncode == 0, generated.stderr
         added = stack.cli("ehr", "add", "--name", TENANT, "--iss", stack.fhir, "--client-id", CLIENT_ID,
-                          "--frame-origin", ehr_root, "--group-id", GROUP)
+                          "--frame-origin", ehr_root, "--group-id", GROUP, "--write-back")
         assert added.returncode == 0, added.stderr
         app = subprocess.Popen([sys.executable, "-m", "smart_app.cli", "serve", "--port", str(app_port)], cwd=REPO,
                                env=env, stdout=stack.app_log.open("w"), stderr=subprocess.STDOUT)
@@ -454,3 +454,31 @@ def test_binary_attachments_use_their_content_type_and_conditional_references_re
     assert "DocumentReference/cc-doc-1" in {c["ref"] for c in answer["citations"]}
     stored = api(stack, handle, "GET", "/api/record", params={"ref": "DocumentReference/cc-doc-1"}).json()["resource"]
     assert stored["author"][0]["reference"] == f"Practitioner/{practitioner['id']}"
+
+
+def test_a_saved_draft_is_written_back_as_a_preliminary_note_when_the_ehr_allows(stack):
+    final, fields = launch(stack, stack.test_api("launch", {"patient": PID})["launch"])
+    handle = handle_of(final.text)
+    assert "patient/DocumentReference.c" in fields["scope"].split()       # asked for, because of --write-back
+    draft = api(stack, handle, "POST", "/api/draft", json={"kind": "pre-visit"}).json()
+    assert draft["can_write_back"]
+    early = api(stack, handle, "POST", "/api/draft/writeback", json={"saved": 999999})
+    assert early.status_code == 404                                        # nothing is written unsaved
+    saved = api(stack, handle, "POST", "/api/draft/save", json={"draft": draft}).json()["saved"]
+    written = api(stack, handle, "POST", "/api/draft/writeback", json={"saved": saved})
+    assert written.status_code == 201, written.text
+    ref = written.json()["document"]
+    note = requests.get(f"{stack.upstream}/{ref}", timeout=10).json()
+    assert note["docStatus"] == "preliminary" and note["subject"]["reference"] == f"Patient/{PID}"
+    assert note["author"][0]["reference"] == "Practitioner/ehr-clinician"
+    text = base64.b64decode(note["content"][0]["attachment"]["data"]).decode()
+    assert "FINDINGS" in text and "ITEMS TO REVIEW" in text
+
+
+def test_write_scopes_are_read_in_both_syntaxes():
+    from smart_app.smart import can_write_documents
+
+    assert can_write_documents("launch patient/DocumentReference.c patient/Observation.rs")
+    assert can_write_documents("patient/DocumentReference.write")
+    assert can_write_documents("user/*.cruds")
+    assert not can_write_documents("patient/DocumentReference.rs patient/*.read")

@@ -86,11 +86,24 @@
     save.addEventListener("click", () => {
       api("/api/draft/save", { method: "POST", headers: { "Content-Type": "application/json" },
                                body: JSON.stringify({ draft: currentDraft }) })
-        .then(({ ok, body }) => { $("meta").textContent = ok ? "Draft saved (#" + body.saved + ")." : (body.error || "Not saved."); });
+        .then(({ ok, body }) => {
+          $("meta").textContent = ok ? "Draft saved (#" + body.saved + ")." : (body.error || "Not saved.");
+          if (ok && draft.can_write_back) offerWriteBack(body.saved);
+        });
     });
     answer.appendChild(save);
     $("meta").textContent = "Every line cites the record it came from. Nothing is saved until you press Save draft.";
   }
+  function offerWriteBack(saved) {
+    const write = el("button", { type: "button", id: "write-back" }, "Write to the EHR as a preliminary note");
+    write.addEventListener("click", () => {
+      api("/api/draft/writeback", { method: "POST", headers: { "Content-Type": "application/json" },
+                                    body: JSON.stringify({ saved }) })
+        .then(({ ok, body }) => { $("meta").textContent = ok ? "Written to the EHR as " + body.document + " (preliminary)." : (body.error || "Not written."); });
+    });
+    $("answer").appendChild(write);
+  }
+
   ["draft-previsit", "draft-medreview"].forEach((id) => {
     $(id).addEventListener("click", () => {
       $("answer").textContent = "Drafting…";
