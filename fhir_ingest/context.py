@@ -40,6 +40,13 @@ def _flag(r: dict) -> str:
     return ""
 
 
+def plain_dose(text: str) -> str:
+    """"Take as needed.; as needed" → "Take as needed": the free text and the coded flag say one thing."""
+    parts = [p.strip().rstrip(".") for p in text.split(";") if p.strip()]
+    kept = [p for i, p in enumerate(parts) if not any(p.lower() in q.lower() for q in parts[:i])]
+    return "; ".join(kept)
+
+
 def context_bundle(resources: list[dict]) -> dict:
     chunker = PatientChunker("", "", resources, TextBudget(10**6, len))
     live = [r for r in resources if not _withdrawn(r)]
@@ -59,7 +66,7 @@ def context_bundle(resources: list[dict]) -> dict:
         if r.get("status") not in ("active", "on-hold"):
             continue
         drug, _, _ = chunker.medication_concept(r)
-        medications.append({"ref": ref(r), "name": drug, "dose": chunker.dosage_text(r.get("dosageInstruction")),
+        medications.append({"ref": ref(r), "name": drug, "dose": plain_dose(chunker.dosage_text(r.get("dosageInstruction"))),
                             "since": day(clinical_date(r)), "reason": chunker.reason_text(r), "status": r["status"]})
     allergies = [{"ref": ref(r), "name": _strip_tag(concept_text(r.get("code"))),
                   "reactions": sorted({concept_text(m) for x in r.get("reaction") or [] for m in x.get("manifestation") or []}),

@@ -82,7 +82,7 @@ class DraftBuilder:
             dose = m["dose"] or "dose not recorded"
             self.line("FINDINGS", f"{m['name']}: {dose}" + (f"; for {m['reason']}" if m["reason"] else "") + f" (since {m['since']}).", m)
         for a in b["allergies"]:
-            self.line("FINDINGS", f"Allergy: {a['name']}" + (f" ({a['criticality']})" if a["criticality"] else "") + ".", a)
+            self.line("FINDINGS", f"Allergy: {a['name']}" + (f" (criticality {a['criticality']})" if a["criticality"] else "") + ".", a)
         if b["medications"]:
             self.line("ASSESSMENT", f"{len(b['medications'])} active medication order(s) on record.", *b["medications"])
         for group in duplicate_classes(b["medications"]):

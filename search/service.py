@@ -120,7 +120,7 @@ class SearchService:
         # Asking for a latest value, a trend, a list, a history or a date is asking about the record.
         about_record = bool(analysis.intents() or analysis.date_from or analysis.date_to)
         if is_general_question(question, about_record):
-            return self.general(question, patient_id, question_id, retrieval, use_llm)
+            return self.general(question, tenant, patient_id, question_id, retrieval, use_llm)
         result = compose(retrieval, patient_id, question_id)
         result.setdefault("generator", "extractive")
         result.setdefault("removed_statements", 0)
@@ -135,7 +135,8 @@ class SearchService:
                 result["chart"] = trend_chart(self.backend, trend)
         return result
 
-    def general(self, question: str, patient_id: str, question_id: str | None, retrieval, use_llm: bool) -> dict:
+    def general(self, question: str, tenant: str, patient_id: str, question_id: str | None, retrieval,
+                use_llm: bool) -> dict:
         """A question about medicine rather than this patient: answered only by a configured
         model, under a banner, with no patient evidence attached."""
         base = {"id": question_id, "patient_id": patient_id, "question": question, "statements": [], "citations": [],
@@ -144,7 +145,9 @@ class SearchService:
         if not use_llm or self.llm is None:
             return base | {"answer": GENERAL_REFUSAL, "abstained": True, "confidence": "low", "generator": "none"}
         try:
-            text = general_answer(self.llm, question, Identifiers())
+            # A general question still may name the patient: scrubbed like any other.
+            ids = Identifiers.from_patient(self.resource(tenant, patient_id, f"Patient/{patient_id}"))
+            text = general_answer(self.llm, question, ids)
         except LlmError:
             return base | {"answer": "The language model is unavailable; try again later.", "abstained": True,
                            "confidence": "low", "generator": "none"}

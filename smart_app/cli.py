@@ -434,13 +434,19 @@ def cmd_status(args, settings: Settings) -> int:
     active = [j for j in jobs if j.state in ("queued", "running")]
     failed = [j for j in jobs if j.state == "failed"]
     when = lambda t: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    ehrs = [e.to_dict() for e in registry_for(settings).ehrs()]
     if args.json:
         print(json.dumps({"queue_depth": depth, "active": len(active), "failed": len(failed),
-                          "last_sync": {t: when(v) for t, v in last.items()}}))
+                          "last_sync": {t: when(v) for t, v in last.items()},
+                          "ehrs": {e["name"]: {"last_bulk_sync": when(e["last_sync_at"]) if e["last_sync_at"] else None,
+                                               "status": e["last_sync_status"]} for e in ehrs}}))
         return 0
     print(f"broker: {settings.masked()['celery_broker']}\nqueue depth: {depth}\nsyncing now: {len(active)}  failed: {len(failed)}")
     for tenant, at in sorted(last.items()):
-        print(f"tenant {tenant}: last sync {when(at)}")
+        print(f"tenant {tenant}: last patient sync {when(at)}")
+    for e in ehrs:
+        at = when(e["last_sync_at"]) if e["last_sync_at"] else "never"
+        print(f"EHR {e['name']}: last bulk sync {at}: {e['last_sync_status']}")
     return 0
 
 

@@ -179,6 +179,7 @@ def ask():
         citations=[c["ref"] for c in result["citations"]],
         evidence=[e["ref"] for e in result.get("evidence", [])],
         stages=result["diagnostics"].get("stages", []), removed_statements=result.get("removed_statements", 0),
+        removed=result.get("removed", []),
         generator=result.get("generator", "extractive"))
     log.info("answered a question: %s citations, abstained=%s", len(result["citations"]), result["abstained"])
     return jsonify(result)

@@ -95,10 +95,34 @@ def check_origin(origin: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
+def add_missing_columns(engine, metadata) -> list[str]:
+    """Columns a newer chartcite added to an existing table, added in place (nullable, with their
+    default), so an upgrade keeps the registrations. Returns what was added."""
+    from sqlalchemy import inspect, text
+
+    inspector, added = inspect(engine), []
+    for table in metadata.sorted_tables:
+        if not inspector.has_table(table.name):
+            continue
+        present = {c["name"] for c in inspector.get_columns(table.name)}
+        for column in table.columns:
+            if column.name in present:
+                continue
+            kind = column.type.compile(dialect=engine.dialect)
+            default = column.default.arg if column.default is not None and not callable(column.default.arg) else None
+            clause = f" DEFAULT {default!r}" if isinstance(default, str) else (
+                f" DEFAULT {int(default)}" if isinstance(default, (bool, int, float)) else "")
+            with engine.begin() as conn:
+                conn.execute(text(f'ALTER TABLE {table.name} ADD COLUMN {column.name} {kind}{clause}'))
+            added.append(f"{table.name}.{column.name}")
+    return added
+
+
 class Registry:
     def __init__(self, url: str, token_key: str):
         self.engine = create_engine(url, future=True)
         Base.metadata.create_all(self.engine)
+        add_missing_columns(self.engine, Base.metadata)
         self.fernet = Fernet(token_key.encode())
 
     # --- EHRs -------------------------------------------------------------------------------------

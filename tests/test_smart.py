@@ -6,6 +6,7 @@ the same in Chromium."""
 from __future__ import annotations
 
 import base64
+import json
 import re
 import subprocess
 import sys
@@ -386,6 +387,8 @@ def test_bulk_sync_exports_the_group_indexes_it_and_applies_deletions(stack):
     assert kickoff and kickoff[-1]["path"] == f"/fhir/Group/{GROUP}/$export"
     listed = stack.cli("ehr", "list", "--json")
     assert '"last_sync_status": "ok: 2 patients' in listed.stdout
+    status = json.loads(stack.cli("status", "--json").stdout)
+    assert status["ehrs"][TENANT]["status"].startswith("ok: 2 patients") and status["ehrs"][TENANT]["last_bulk_sync"]
     # A deletion at the EHR reaches the index through the next export's `deleted` output.
     observation = next(e for e in requests.get(f"{stack.upstream}/Observation", timeout=30,
                                                params={"patient": OTHER, "_count": "1"}).json()["entry"])

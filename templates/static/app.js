@@ -251,7 +251,7 @@
   const summaryItem = {
     problems: (i) => i.name + (i.since ? " · since " + i.since : ""),
     medications: (i) => i.name + (i.dose ? " · " + i.dose : ""),
-    allergies: (i) => i.name + (i.reactions.length ? " · " + i.reactions.join(", ") : "") + (i.criticality ? " · " + i.criticality : ""),
+    allergies: (i) => i.name + (i.reactions.length ? " · " + i.reactions.join(", ") : "") + (i.criticality ? " · criticality " + i.criticality : ""),
     labs: (i) => i.name + ": " + i.value + " · " + i.date + (i.flag ? " · " + i.flag : ""),
     vitals: (i) => i.name + ": " + i.value + " · " + i.date,
     encounters: (i) => i.date + " · " + (i.type || i.class) + (i.reason ? " · " + i.reason : ""),
