@@ -48,7 +48,7 @@ def fetch_patient(client: FhirClient, patient_id: str, since: str = "", progress
         resources.append(client.get_json(f"Patient/{patient_id}"))
     except FhirError as exc:
         if exc.status == 404:
-            raise KeyError(patient_id) from exc
+            raise KeyError("the EHR has no such patient") from exc  # the id stays out of logs
         raise
     for i, (rtype, param) in enumerate(PATIENT_SEARCHES.items(), start=1):
         params = {param: patient_id, "_count": str(PAGE_SIZE)}

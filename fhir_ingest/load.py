@@ -105,7 +105,7 @@ class BundleDirectorySource:
         for p in self.files():
             if p.name.split(".json")[0] == patient_id:
                 return p
-        raise KeyError(patient_id)
+        raise KeyError("no bundle for that patient")  # the id stays out of logs and tracebacks
 
     def read_patient(self, patient_id: str) -> tuple[list[PatientRecord], LoadReport]:
         return load_resources([self.path_for(patient_id)])
