@@ -147,7 +147,8 @@ class Registry:
             s.commit()
             s.refresh(ehr)
             s.expunge(ehr)
-            return ehr
+        self._frame_origins = None
+        return ehr
 
     def remove_ehr(self, name: str) -> bool:
         with Session(self.engine) as s:
@@ -156,7 +157,8 @@ class Registry:
                 return False
             s.delete(ehr)
             s.commit()
-            return True
+        self._frame_origins = None
+        return True
 
     def ehrs(self) -> list[Ehr]:
         with Session(self.engine, expire_on_commit=False) as s:
@@ -170,8 +172,16 @@ class Registry:
         with Session(self.engine, expire_on_commit=False) as s:
             return s.scalar(select(Ehr).where(Ehr.iss == normalise_iss(iss)))
 
+    FRAME_ORIGINS_TTL = 30.0
+
     def frame_origins(self) -> list[str]:
-        return sorted({o for e in self.ehrs() for o in e.frame_origins.split()})
+        """Every registered EHR's frame origins. Read on every response (the CSP header), so kept
+        for 30 s: a new registration is honoured within half a minute in every process."""
+        cached = getattr(self, "_frame_origins", None)
+        if cached is None or cached[0] < time.monotonic():
+            self._frame_origins = (time.monotonic() + self.FRAME_ORIGINS_TTL,
+                                   sorted({o for e in self.ehrs() for o in e.frame_origins.split()}))
+        return self._frame_origins[1]
 
     def record_sync(self, name: str, status: str, bulk_since: str | None = None) -> None:
         with Session(self.engine) as s:

@@ -60,6 +60,17 @@
       .then(() => { ready = false; $("ask-form").dataset.ready = "no"; pollStatus(); });
   });
 
+  // A statement with its [n] marks, each opening the record it cites.
+  function citedParagraph(text, citations) {
+    const p = el("p", { class: "statement" }, text + " ");
+    citations.forEach((n) => {
+      const mark = el("a", { class: "cite", href: "#", "data-n": String(n) }, "[" + n + "]");
+      mark.addEventListener("click", (e) => { e.preventDefault(); openCitation(n); });
+      p.appendChild(mark);
+    });
+    return p;
+  }
+
   // --- summary drafts: shown for reading, saved only on "Save draft" -----------------------------
   let currentDraft = null;
   function renderDraft(draft) {
@@ -72,15 +83,7 @@
     draft.sections.forEach((section) => {
       answer.appendChild(el("h4", { class: "draft-section" }, section.title));
       if (!section.lines.length) answer.appendChild(el("p", { class: "muted small" }, "nothing to report"));
-      section.lines.forEach((line) => {
-        const p = el("p", { class: "statement" }, line.text + " ");
-        line.citations.forEach((n) => {
-          const mark = el("a", { class: "cite", href: "#", "data-n": String(n) }, "[" + n + "]");
-          mark.addEventListener("click", (e) => { e.preventDefault(); openCitation(n); });
-          p.appendChild(mark);
-        });
-        answer.appendChild(p);
-      });
+      section.lines.forEach((line) => answer.appendChild(citedParagraph(line.text, line.citations)));
     });
     const save = el("button", { type: "button", id: "save-draft" }, "Save draft");
     save.addEventListener("click", () => {
@@ -140,15 +143,7 @@
     } else if (result.abstained) {
       answer.appendChild(el("p", { class: "abstain" }, result.answer));
     }
-    result.statements.forEach((s) => {
-      const p = el("p", { class: "statement" }, s.text + " ");
-      s.citations.forEach((n) => {
-        const mark = el("a", { class: "cite", href: "#", "data-n": String(n) }, "[" + n + "]");
-        mark.addEventListener("click", (e) => { e.preventDefault(); openCitation(n); });
-        p.appendChild(mark);
-      });
-      answer.appendChild(p);
-    });
+    result.statements.forEach((s) => answer.appendChild(citedParagraph(s.text, s.citations)));
     const chips = $("chips");
     result.citations.forEach((c) => {
       const chip = el("button", { type: "button", class: "chip", "data-ref": c.ref });
