@@ -182,7 +182,7 @@ def _oauth_session(ehr: Ehr, redirect_uri: str | None = None) -> OAuth2Session:
     # authlib sends client_id in the body ("none"); _client_auth adds a private_key_jwt assertion
     # when chartcite has a signing key (a confidential asymmetric client), else it is public.
     return OAuth2Session(client_id=ehr.client_id, redirect_uri=redirect_uri, token_endpoint_auth_method="none",
-                         timeout=DISCOVERY_TIMEOUT * 4)
+                         default_timeout=DISCOVERY_TIMEOUT * 4)
 
 
 def _client_auth(registry: Registry, ehr: Ehr, config: dict) -> dict:
