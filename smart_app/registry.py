@@ -124,6 +124,7 @@ class Registry:
         Base.metadata.create_all(self.engine)
         add_missing_columns(self.engine, Base.metadata)
         self.fernet = Fernet(token_key.encode())
+        self._frame_origins: tuple[float, list[str]] | None = None
 
     # --- EHRs -------------------------------------------------------------------------------------
     def add_ehr(self, name: str, iss: str, client_id: str, scopes: str = "v2", frame_origins: list[str] = (),
@@ -177,8 +178,7 @@ class Registry:
     def frame_origins(self) -> list[str]:
         """Every registered EHR's frame origins. Read on every response (the CSP header), so kept
         for 30 s: a new registration is honoured within half a minute in every process."""
-        cached = getattr(self, "_frame_origins", None)
-        if cached is None or cached[0] < time.monotonic():
+        if self._frame_origins is None or self._frame_origins[0] < time.monotonic():
             self._frame_origins = (time.monotonic() + self.FRAME_ORIGINS_TTL,
                                    sorted({o for e in self.ehrs() for o in e.frame_origins.split()}))
         return self._frame_origins[1]

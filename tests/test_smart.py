@@ -239,25 +239,27 @@ def test_unregistered_iss_gets_a_clear_page_and_no_redirect(stack):
     assert "not registered" in response.text
 
 
-def test_state_mismatch_is_refused(stack):
+def authorized_callback(stack: Stack, browser: requests.Session) -> tuple[str, dict]:
+    """Launch and authorize, stopping before the EHR's redirect back: (callback URL, fields sent)."""
     launch_id = stack.test_api("launch", {"patient": PID})["launch"]
-    browser = requests.Session()
     page = browser.get(f"{stack.app}/launch", params={"iss": stack.fhir, "launch": launch_id}, timeout=30)
     action, fields = authorize_form(page.text)
     back = browser.post(action, data=fields, allow_redirects=False, timeout=30)
-    callback = back.headers["Location"].replace(fields["state"], "forged-state")
+    return back.headers["Location"], fields
+
+
+def test_state_mismatch_is_refused(stack):
+    browser = requests.Session()
+    location, fields = authorized_callback(stack, browser)
+    callback = location.replace(fields["state"], "forged-state")
     response = browser.get(callback, timeout=30)
     assert response.status_code == 400 and "state mismatch" in response.text
     assert 'name="chartcite-session"' not in response.text
 
 
 def test_state_from_another_browser_is_refused(stack):
-    launch_id = stack.test_api("launch", {"patient": PID})["launch"]
-    victim = requests.Session()
-    page = victim.get(f"{stack.app}/launch", params={"iss": stack.fhir, "launch": launch_id}, timeout=30)
-    action, fields = authorize_form(page.text)
-    back = victim.post(action, data=fields, allow_redirects=False, timeout=30)
-    response = requests.get(back.headers["Location"], cookies={"chartcite_launch": "someone-else"}, timeout=30)
+    location, _ = authorized_callback(stack, requests.Session())
+    response = requests.get(location, cookies={"chartcite_launch": "someone-else"}, timeout=30)
     assert response.status_code == 400 and "another browser" in response.text
 
 
