@@ -132,7 +132,20 @@ class ElasticsearchBackend(Backend):
         mappings = {"_meta": {"embedding_model": model, "dimension": dimension},
                     "properties": {"vector": {"type": "dense_vector", "dims": dimension, "index": True,
                                               "similarity": "cosine", "index_options": {"type": "flat"}}}}
-        self._call(lambda: self.es.indices.create(index=name, mappings=mappings))
+        self._create_index(name, mappings=mappings)
+
+    def _create_index(self, name: str, **body) -> None:
+        """Create an index, idempotently: when a slow create times out, the client's retry (or
+        another worker starting the same tenant) finds it already there, which is success."""
+        from elasticsearch import ApiError
+
+        try:
+            self._call(lambda: self.es.indices.create(index=name, **body))
+        except BackendError as exc:
+            cause = exc.__cause__
+            error = cause.body.get("error") if isinstance(cause, ApiError) and isinstance(cause.body, dict) else None
+            if not (isinstance(error, dict) and error.get("type") == "resource_already_exists_exception"):
+                raise
 
     def _ensure(self, tenant: str) -> str:
         """The tenant's chunk alias, created on first use and checked against this process's model."""
@@ -155,10 +168,10 @@ class ElasticsearchBackend(Backend):
                     f"it with the configured model (questions keep working on the old index meanwhile)")
         records = self.records_index(tenant)
         if not self._call(lambda: self.es.indices.exists(index=records)):
-            self._call(lambda: self.es.indices.create(index=records, settings={
+            self._create_index(records, settings={
                 "number_of_shards": 1, "number_of_replicas": self.replicas}, mappings={"dynamic": False, "properties": {
                     "kind": {"type": "keyword"}, "patient_id": {"type": "keyword"}, "ref": {"type": "keyword"},
-                    "data": {"type": "object", "enabled": False}}}))
+                    "data": {"type": "object", "enabled": False}}})
         self._ready.add(alias)
         return alias
 
