@@ -63,6 +63,12 @@ transport.port: $((ES_PORT + 100))
 discovery.type: single-node
 action.destructive_requires_name: false
 xpack.security.enabled: false
+# Free-space watermarks instead of the default percentages: this throwaway node shares a large
+# disk with other work, and at 90% used (still gigabytes free) the default refuses to place a new
+# index's shard, so every search on it fails with "all shards failed".
+cluster.routing.allocation.disk.watermark.low: 2gb
+cluster.routing.allocation.disk.watermark.high: 1gb
+cluster.routing.allocation.disk.watermark.flood_stage: 512mb
 YML
   say "starting Elasticsearch on 127.0.0.1:$ES_PORT"
   local java_home=${ES_JAVA_HOME:-${JAVA_HOME:-$(dirname "$(dirname "$(readlink -f "$(command -v java)")")")}}

@@ -47,6 +47,8 @@ class PorterText:
 
 
 class ElasticsearchBackend(Backend):
+    allocation_wait = "20s"     # how long a new index may take to place its shard before we say why not
+
     def __init__(self, urls: list[str], embedding_model: str | None, dimension: int = 0, *, api_key: str = "",
                  username: str = "", password: str = "", ca_certs: str = "", verify_certs: bool = True,
                  shards: int = 1, replicas: int = 0, check_model: bool = True, request_timeout: float = 30.0):
@@ -140,12 +142,38 @@ class ElasticsearchBackend(Backend):
         from elasticsearch import ApiError
 
         try:
-            self._call(lambda: self.es.indices.create(index=name, **body))
+            created = self._call(lambda: self.es.indices.create(index=name, **body))
         except BackendError as exc:
             cause = exc.__cause__
             error = cause.body.get("error") if isinstance(cause, ApiError) and isinstance(cause.body, dict) else None
-            if not (isinstance(error, dict) and error.get("type") == "resource_already_exists_exception"):
-                raise
+            if isinstance(error, dict) and error.get("type") == "resource_already_exists_exception":
+                return
+            if cause is not None and getattr(getattr(cause, "meta", None), "status", None) == 408:
+                self._require_allocated(name)
+                return
+            raise
+        if not created.get("shards_acknowledged", True):
+            self._require_allocated(name)
+
+    def _require_allocated(self, name: str) -> None:
+        """An index whose primary shard cannot be placed fails every search with "all shards
+        failed"; say why at creation instead (typically the disk watermark of a nearly full disk)."""
+        # A health wait that times out answers 408 with the health body; the body is what we want.
+        health = self._call(lambda: self.es.options(ignore_status=408).cluster.health(
+            index=name, wait_for_status="yellow", timeout=self.allocation_wait))
+        if not health.get("timed_out"):
+            return
+        raise BackendUnavailable(f"Elasticsearch cannot place the index {name}: {self._allocation_reason(name)}")
+
+    def _allocation_reason(self, name: str) -> str:
+        try:
+            explain = self.es.cluster.allocation_explain(index=name, shard=0, primary=True)
+        except Exception as exc:  # the explanation is a courtesy; the caller raises either way
+            return f"no allocation explanation ({type(exc).__name__})"
+        reasons = [decider.get("explanation", "")
+                   for node in explain.get("node_allocation_decisions", [])
+                   for decider in node.get("deciders", []) if decider.get("decision") == "NO"]
+        return "; ".join(reasons) or explain.get("allocate_explanation", "shard unassigned")
 
     def _ensure(self, tenant: str) -> str:
         """The tenant's chunk alias, created on first use and checked against this process's model."""

@@ -134,6 +134,26 @@ def test_unreachable_cluster_is_a_clear_error(tmp_path):
         ElasticsearchBackend(["http://127.0.0.1:9"], "m", 384, request_timeout=2)
 
 
+def test_an_index_that_cannot_be_placed_says_why(tmp_path):
+    """A shard that cannot be allocated makes every later search fail with "all shards failed";
+    the backend says at creation which allocation rule refused it."""
+    from search.backend import BackendUnavailable
+    from search.elastic import ElasticsearchBackend
+
+    from .conftest import es_url
+
+    es = ElasticsearchBackend([es_url()], "model-a@384-aaaa", 384)
+    es.allocation_wait = "1s"
+    name = f"chartcite-unplaced{uuid.uuid4().hex[:8]}-records"
+    try:
+        with pytest.raises(BackendUnavailable, match=f"cannot place the index {name}: .*no-such-node"):
+            es._create_index(name, timeout="1s", settings={
+                "number_of_replicas": 0, "index.routing.allocation.require._name": "no-such-node"})
+    finally:
+        es.es.indices.delete(index=name, ignore_unavailable=True)
+        es.close()
+
+
 def test_dev_recall_is_the_same_on_both_backends(tmp_path_factory, embedder, dev_questions, synthea_dir, capsys):
     """recall@5 of `full` on each backend, printed, within 0.05 of each other."""
     from search.evaluate import recall_at
