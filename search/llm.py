@@ -212,9 +212,13 @@ _GENERAL_PHRASES = re.compile(r"\b(normal range|reference range for|side effects
 _DEFINITION = re.compile(r"^\s*what(?: is|'s| are) (?:an? )?(?!the\b|his\b|her\b|their\b|my\b)[\w\s-]+\?*\s*$", re.I)
 
 
-def is_general_question(question: str, mentions_record: bool) -> bool:
+def is_general_question(question: str, mentions_record: bool, names_measurement: bool = False) -> bool:
     """"What is the normal range for potassium?" is about medicine, not this patient. Anything that
-    mentions the patient, their record or something their record contains is about the patient."""
+    mentions the patient, their record or something their record contains is about the patient.
+    Asked inside a chart, "What's A1c?" wants this patient's value, not a definition: a measurement
+    has a value, so naming one turns the definition form into a question about the record."""
     if mentions_record or _PATIENT_WORDS.search(question):
         return False
-    return bool(_GENERAL_PHRASES.search(question) or _DEFINITION.match(question))
+    if _GENERAL_PHRASES.search(question):
+        return True
+    return bool(_DEFINITION.match(question)) and not names_measurement

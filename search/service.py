@@ -119,7 +119,8 @@ class SearchService:
         analysis = retrieval.analysis
         # Asking for a latest value, a trend, a list, a history or a date is asking about the record.
         about_record = bool(analysis.intents() or analysis.date_from or analysis.date_to)
-        if is_general_question(question, about_record):
+        measurement = any(c["semantic_type"] in ("lab", "vital") for c in analysis.concepts)
+        if is_general_question(question, about_record, measurement):
             return self.general(question, tenant, patient_id, question_id, retrieval, use_llm)
         result = compose(retrieval, patient_id, question_id)
         result.setdefault("generator", "extractive")

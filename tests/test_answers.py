@@ -161,6 +161,14 @@ def test_general_questions_are_refused_without_a_model(client, handle):
     assert "language model" in result["answer"]
 
 
+@pytest.mark.parametrize("question, general", [
+    ("What is hypertension?", True), ("What are the symptoms of sepsis?", True),
+    ("What's A1c?", False), ("What is the potassium?", False), ("What is his blood pressure?", False)])
+def test_a_measurement_in_the_chart_asks_for_the_patients_value(client, handle, question, general):
+    result = post(client, handle, "/api/ask", {"question": question}).get_json()
+    assert bool(result.get("general")) is general
+
+
 def test_a_new_patient_says_so(client):
     from search.answer import NEW_PATIENT
 
