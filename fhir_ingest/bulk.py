@@ -15,6 +15,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+import requests
+
 from .client import FhirClient, FhirError, retry_after_seconds
 from .reader import RawResource, ReadItem, ReadProblem
 
@@ -94,12 +96,19 @@ class BulkExport:
                 self.cancel(status_url)
 
     def _lines(self, manifest: Manifest, url: str) -> Iterator[tuple[int, str]]:
-        response = self.client.request("GET", url, accept="application/fhir+ndjson", authorized=manifest.requires_token)
-        if response.status_code != 200:
-            raise BulkExportError(f"bulk output download answered {response.status_code}", response.status_code)
-        for number, line in enumerate(response.text.splitlines(), start=1):
-            if line.strip():
-                yield number, line
+        """An output file's lines as they arrive: an export file can be larger than memory."""
+        response = self.client.request("GET", url, accept="application/fhir+ndjson", authorized=manifest.requires_token,
+                                       stream=True)
+        with response:
+            if response.status_code != 200:
+                raise BulkExportError(f"bulk output download answered {response.status_code}", response.status_code)
+            try:
+                for number, line in enumerate(response.iter_lines(decode_unicode=False), start=1):
+                    if line.strip():
+                        yield number, line.decode("utf-8", errors="replace")
+            except requests.RequestException as exc:
+                # The cursor has not moved: the next round exports the same changes again.
+                raise BulkExportError(f"bulk output download broke off: {type(exc).__name__}") from exc
 
     def resources(self, manifest: Manifest) -> Iterator[ReadItem]:
         for output in manifest.outputs:

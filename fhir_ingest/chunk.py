@@ -610,6 +610,10 @@ def group_by_patient(resources: Iterable[dict]) -> dict[str, list[dict]]:
             shared[f"{r['resourceType']}/{r['id']}"] = r
     if shared:
         for pid, items in per_patient.items():
-            wanted = {ref_id(r.get("medicationReference")) for r in items}
-            items.extend(shared[ref] for ref in wanted if ref in shared)
+            items.extend(shared[ref] for ref in shared_refs(items) if ref in shared)
     return per_patient
+
+
+def shared_refs(resources: Iterable[dict]) -> set[str]:
+    """The patient-less resources (a Medication) a patient's resources point at."""
+    return {ref for r in resources if (ref := ref_id(r.get("medicationReference")))}

@@ -99,7 +99,8 @@ class FhirClient:
         return path_or_url if "://" in path_or_url else urljoin(self.base_url, path_or_url.lstrip("/"))
 
     def request(self, method: str, path_or_url: str, params: dict | None = None, accept: str = "application/fhir+json",
-                headers: dict | None = None, authorized: bool = True, json_body: dict | None = None) -> requests.Response:
+                headers: dict | None = None, authorized: bool = True, json_body: dict | None = None,
+                stream: bool = False) -> requests.Response:
         url = self.url(path_or_url)
         # The token goes only to the EHR's own origin: an attachment or a next link pointing
         # elsewhere must not receive it.
@@ -115,7 +116,7 @@ class FhirClient:
                 with self.limit:
                     self.requests_made += 1
                     response = self.http.request(method, url, params=params, headers=sent, timeout=self.timeout,
-                                                 json=json_body)
+                                                 json=json_body, stream=stream)
             except (requests.ConnectionError, requests.Timeout) as exc:
                 if attempt == self.retries:
                     raise FhirUnavailable(f"{method} {_path(url)}: {type(exc).__name__}") from exc

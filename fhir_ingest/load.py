@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from .chunk import group_by_patient
 from .normalize import INDEXED_TYPES, SUPPORT_TYPES, InvalidResource, check_resource, patient_of
@@ -61,7 +61,13 @@ def load_resources(paths: Iterable[str | Path]) -> tuple[list[PatientRecord], Lo
 def check_items(items: Iterable[ReadItem]) -> tuple[list[PatientRecord], LoadReport]:
     """Check read resources (from files or an EHR) and group them by patient."""
     report = LoadReport()
-    good: list[dict] = []
+    grouped = group_by_patient(checked(items, report))
+    records = [PatientRecord(pid, resources) for pid, resources in sorted(grouped.items())]
+    return records, report
+
+
+def checked(items: Iterable[ReadItem], report: LoadReport) -> Iterator[dict]:
+    """The resources that pass the checks, one at a time; the rest are counted in `report`."""
     for item in items:
         if isinstance(item, ReadProblem):
             report.skipped.append(Skipped(item.origin, item.reason))
@@ -80,10 +86,7 @@ def check_items(items: Iterable[ReadItem]) -> tuple[list[PatientRecord], LoadRep
         report.by_type[rt] += 1
         if rt not in INDEXED_TYPES | SUPPORT_TYPES:
             report.not_indexed[rt] += 1
-        good.append(resource)
-    grouped = group_by_patient(good)
-    records = [PatientRecord(pid, resources) for pid, resources in sorted(grouped.items())]
-    return records, report
+        yield resource
 
 
 class BundleDirectorySource:

@@ -47,10 +47,12 @@ def run_bulk_sync(settings: Settings, registry: Registry, ehr: Ehr, service, gro
                   progress=None) -> dict:
     """One Backend Services + Bulk Data round for an EHR: export what changed since the last
     round's transactionTime, drop deleted resources, merge each patient's changes into what
-    chartcite holds and re-index them. Nothing is lost on failure: the cursor moves only at the end."""
+    chartcite holds and re-index them. The export is parked on disk and indexed a patient at a
+    time. Nothing is lost on failure: the cursor moves only at the end."""
     from fhir_ingest.bulk import BulkExport
     from fhir_ingest.fhir_source import PATIENT_SEARCHES, merge_resources
-    from fhir_ingest.load import check_items
+    from fhir_ingest.load import LoadReport, checked
+    from fhir_ingest.staging import PatientStaging
 
     def say(phase, done=0, total=0, note=""):
         if progress:
@@ -59,25 +61,31 @@ def run_bulk_sync(settings: Settings, registry: Registry, ehr: Ehr, service, gro
     client = ehr_client(settings, registry, ehr)
     export = BulkExport(client)
     types = ("Patient", "Medication", *PATIENT_SEARCHES)
-    with export.job(group_id or ehr.group_id, types, ehr.bulk_since) as status_url:
-        manifest = export.wait(status_url, progress=say)
-        say("downloading")
-        records, report = check_items(export.resources(manifest))
-        deleted = export.deleted_refs(manifest)
-        errors = export.error_messages(manifest)
-    removed = service.backend.delete_refs(ehr.name, deleted) if deleted else 0
-    chunks = embedded = 0
-    for i, record in enumerate(records, start=1):
-        held = service.backend.patient_resources(ehr.name, record.patient_id)
-        record.resources = merge_resources(held, record.resources)
-        result = service.index_records(ehr.name, [record])
-        chunks, embedded = chunks + result.chunks, embedded + result.embedded
-        registry.mark_patient_synced(ehr.name, record.patient_id, manifest.transaction_time)
-        say("indexing", i, len(records))
-    summary = {"patients": len(records), "resources": report.resources_read, "chunks": chunks, "embedded": embedded,
-               "deleted": len(deleted), "removed_chunks": removed, "skipped": len(report.skipped),
-               "export_errors": len(errors), "transaction_time": manifest.transaction_time}
-    status = f"ok: {len(records)} patients, {report.resources_read} resources, {len(deleted)} deleted"
+    report = LoadReport()
+    with PatientStaging(settings.data_dir) as staging:
+        with export.job(group_id or ehr.group_id, types, ehr.bulk_since) as status_url:
+            manifest = export.wait(status_url, progress=say)
+            for resource in checked(export.resources(manifest), report):
+                staging.add(resource)
+                if staging.resources % 1000 == 0:
+                    say("downloading", staging.resources, 0, "resources")
+            deleted = export.deleted_refs(manifest)
+            errors = export.error_messages(manifest)
+        removed = service.backend.delete_refs(ehr.name, deleted) if deleted else 0
+        chunks = embedded = 0
+        patients = staging.patient_ids()
+        for i, pid in enumerate(patients, start=1):
+            record = staging.record(pid)
+            record.resources = merge_resources(service.backend.patient_resources(ehr.name, pid), record.resources)
+            result = service.index_records(ehr.name, [record])
+            chunks, embedded = chunks + result.chunks, embedded + result.embedded
+            registry.mark_patient_synced(ehr.name, pid, manifest.transaction_time)
+            say("indexing", i, len(patients))
+    summary = {"patients": len(patients), "resources": report.resources_read, "chunks": chunks,
+               "embedded": embedded, "deleted": len(deleted), "removed_chunks": removed,
+               "skipped": len(report.skipped), "export_errors": len(errors),
+               "transaction_time": manifest.transaction_time}
+    status = f"ok: {len(patients)} patients, {report.resources_read} resources, {len(deleted)} deleted"
     if errors or report.skipped:
         status += f", {len(errors)} export errors, {len(report.skipped)} skipped"
     registry.record_sync(ehr.name, status, bulk_since=manifest.transaction_time)
