@@ -116,7 +116,10 @@ def quantity_text(q: dict | None) -> str:
         return ""
     value = q["value"]
     if isinstance(value, float):
-        value = f"{value:.2f}".rstrip("0").rstrip(".")
+        # As recorded: a clinician checking a cited value against the chart must find the same
+        # digits there (37.888, not a rounded 37.89).
+        value = repr(value) if "e" not in repr(value) else f"{value:f}".rstrip("0")
+        value = value.removesuffix(".0").rstrip(".")
     unit = q.get("unit") or q.get("code") or ""
     return f"{value} {unit}".strip()
 
