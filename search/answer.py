@@ -65,27 +65,96 @@ def judge_support(retrieval: Retrieval) -> Support:
     return Support(False, 0.0, "nothing in the record matches the question")
 
 
+WHOLE_SECTION_CHARS = 400
+
+
+def note_sections(body: str, headings: list[str]) -> list[tuple[str, str]]:
+    """(heading, text) pairs of a note chunk's body, split on the headings the chunker recorded
+    (Chunk.section); text before the first heading has none."""
+    if not headings:
+        return [("", body.strip())]
+    names = "|".join(re.escape(h) for h in sorted(headings, key=len, reverse=True))
+    parts = re.split(rf"(?:^|(?<=\s))((?:{names})(?: \(continued\))?):\s*", body)
+    sections = [("", parts[0].strip())] if parts[0].strip() else []
+    sections += [(heading, text.strip()) for heading, text in zip(parts[1::2], parts[2::2])]
+    return sections
+
+
+def note_units(text: str) -> list[str]:
+    """A section's sentences, with the items of a list kept with the line that introduces them
+    ("The following procedures were conducted: echocardiography; thrombectomy")."""
+    units: list[list[str]] = []
+    for line in (part.strip() for part in text.split("\n")):
+        if line.startswith("- "):
+            if units and units[-1][-1].endswith(":") or units and units[-1][-1].startswith("- "):
+                units[-1].append(line)
+            else:
+                units.append([line])
+        elif line and not re.fullmatch(r"[A-Z][a-z]+", line):       # a bare subheading ("Plan") says nothing
+            units += [[sentence] for sentence in re.split(r"(?<=[.!?])\s+", line) if sentence]
+    return [_join_list(unit) for unit in units]
+
+
+def _join_list(unit: list[str]) -> str:
+    lead = [] if unit[0].startswith("- ") else unit[:1]
+    items = [line[2:].strip() for line in unit if line.startswith("- ")]
+    return " ".join(lead + (["; ".join(items)] if items else []))
+
+
+def _asks_for_section(heading: str, analysis: Analysis) -> bool:
+    """The question names this section: "presenting complaints" → Chief Complaint (through the
+    lexicon's section concepts), "meds" → Medications (a word the heading begins with)."""
+    if not heading:
+        return False
+    if heading.lower() in {c["display"] for c in analysis.concepts if c["semantic_type"] == "note"}:
+        return True
+    stems = [_stem(t) for t in analysis.terms if len(_stem(t)) >= 3]
+    return any(word.lower().startswith(stem) for stem in stems for word in heading.split() if len(word) > 3)
+
+
 def statement_for(ev: Evidence, analysis: Analysis) -> str:
-    """One or two sentences of a chunk: the whole fact for structured data; for a note the lines
-    that assert what was asked (never a line that denies it)."""
+    """One or two passages of a chunk: the whole fact for structured data; for a note the section
+    the question names when it is short, else the lines that assert what was asked (never a line
+    that denies it), lists kept whole."""
     text = ev.chunk.text
     if ev.chunk.semantic_type != "note":
         return text
     header, _, body = text.partition(". ")
-    sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+|\n", body) if s.strip()]
+    sections = note_sections(body, [h for h in ev.chunk.section.split(", ") if h])
+    named = [(h, t) for h, t in sections if _asks_for_section(h, analysis)]
+    asked = {c["display"] for c in analysis.concepts if c["semantic_type"] == "note"} - {"clinical note"}
+    if asked and not named and not analysis.keys:
+        return ""      # another part of the note: the asked-for section is in a different chunk
+    if named and not analysis.keys:
+        heading, section = named[0]
+        if len(section) <= WHOLE_SECTION_CHARS:
+            return f"{header}: {heading}: " + " ".join(note_units(section))
+        sections = named
+    units = [(heading, unit) for heading, section in sections for unit in note_units(section)]
+    if not units:
+        return text
     # A leading "Allergies:" is the section's heading, not an assertion of allergy.
-    unheaded = [re.sub(r"^[A-Z][A-Za-z /&()-]{2,40}:\s+", "", s) for s in sentences]
-    concepts = default_annotator().annotate(unheaded) if analysis.keys else [[] for _ in sentences]
+    concepts = default_annotator().annotate([u for _, u in units]) if analysis.keys else [[] for _ in units]
     wanted = set(analysis.terms) | {t for name in analysis.names for t in tokens(name)}
 
     def score(i: int) -> tuple:
         asserted = len(asserted_keys(concepts[i]) & analysis.keys)
         denied = any(c["key"] in analysis.keys and c.get("negated") for c in concepts[i])
-        return (asserted, 0 if denied else 1, len(wanted & set(tokens(sentences[i]))))
+        return (asserted, 0 if denied else 1, len(wanted & set(tokens(units[i][1]))))
 
-    ranked = sorted(range(len(sentences)), key=lambda i: score(i), reverse=True)
+    ranked = sorted(range(len(units)), key=score, reverse=True)
     best = [i for i in ranked[:2] if score(i)[0] or (score(i)[1] and score(i)[2])] or ranked[:1]
-    return f"{header}: " + " ".join(sentences[i] for i in sorted(best))
+    passages, previous = [], None
+    for i in sorted(best):
+        heading, unit = units[i]
+        passages.append(f"{heading}: {unit}" if heading and heading != previous else unit)
+        previous = heading
+    return f"{header}: " + " ".join(passages)
+
+
+def _passage(statement: str) -> str:
+    """A statement without its note header ("History and physical note of 2024-04-25: ")."""
+    return re.sub(r"^[^:]* note of \d{4}-\d{2}-\d{2}: ", "", statement)
 
 
 def relevant_evidence(retrieval: Retrieval) -> list[Evidence]:
@@ -154,8 +223,11 @@ def compose(retrieval: Retrieval, patient_id: str, question_id: str | None = Non
         if len(statements) == MAX_STATEMENTS:
             break
         n = len(citations) + 1
-        text = statement_for(ev, retrieval.analysis)
-        if any(text == s["text"] for s in statements):
+        text = statement_for(ev, retrieval.analysis) or ("" if statements else ev.chunk.text)
+        if not text:
+            continue
+        # Templated notes repeat a section word for word; one citation of it is enough.
+        if any(_passage(text) == _passage(s["text"]) for s in statements):
             continue
         citations.append({"n": n, "ref": ev.chunk.ref, "resource_type": ev.chunk.resource_type,
                           "date": ev.chunk.date[:10], "label": ev.chunk.label, "snippet": ev.chunk.text[:240]})

@@ -3,7 +3,8 @@
 A group is hit when any of its member refs is among the resources the top-k evidence draws on.
 Besides recall@k and MRR it reports, like the published ablations, the filter stage's corpus
 ratio and filtering recall (gold groups still reachable after filtering), abstention accuracy on
-unanswerable questions, false abstentions on answerable ones, and latency.
+unanswerable questions, false abstentions on answerable ones, latency, and how many of the
+question's facts (a drug, a value as stored, a date) the answer text states.
 """
 from __future__ import annotations
 
@@ -32,6 +33,14 @@ def recall_at(result: dict, gold: list[list[str]], k: int) -> float:
         return 0.0
     found = refs_at(result, k)
     return sum(1 for group in gold if found & set(group)) / len(gold)
+
+
+def facts_stated(result: dict, facts: list[str]) -> float:
+    """The share of the expected facts that the answer text contains, case-insensitively."""
+    if not facts:
+        return 1.0
+    text = result["answer"].lower()
+    return sum(1 for fact in facts if fact.lower() in text) / len(facts)
 
 
 def reciprocal_rank(result: dict, gold: list[list[str]]) -> float:
@@ -85,7 +94,8 @@ def evaluate(service, tenant: str, questions_path: str, ks: list[int], pipelines
             rows.append({"id": q["id"], "kind": q["kind"], "answerable": q["answerable"],
                          "recall": {k: recall_at(result, q["gold"], k) for k in ks},
                          "rr": reciprocal_rank(result, q["gold"]) if q["answerable"] else 0.0,
-                         "abstained": result["abstained"], "corpus_ratio": ratio, "filter_recall": filter_recall})
+                         "abstained": result["abstained"], "corpus_ratio": ratio, "filter_recall": filter_recall,
+                         "facts": facts_stated(result, q.get("facts") or [])})
         report["pipelines"][label] = summarise(rows, ks, latencies)
     return report
 
@@ -102,12 +112,14 @@ def summarise(rows: list[dict], ks: list[int], latencies: list[float]) -> dict:
         "mrr": mean([r["rr"] for r in answerable]),
         "corpus_ratio": mean([r.get("corpus_ratio", 1.0) for r in answerable]),
         "filter_recall": mean([r.get("filter_recall", 1.0) for r in answerable]),
+        "facts": mean([r["facts"] for r in answerable]),
         "abstention_accuracy": mean([1.0 if r["abstained"] else 0.0 for r in unanswerable]),
         "false_abstention": mean([1.0 if r["abstained"] else 0.0 for r in answerable]),
         "p50_ms": round(percentile(latencies, 0.5), 1),
         "p95_ms": round(percentile(latencies, 0.95), 1),
         "by_kind": {kind: {str(k): mean([r["recall"][k] for r in items]) for k in ks} for kind, items in sorted(by_kind.items())},
         "misses_at_5": [r["id"] for r in answerable if r["recall"].get(5, 1.0) < 1.0],
+        "facts_missed": [r["id"] for r in answerable if r["facts"] < 1.0],
         "wrong_abstentions": [r["id"] for r in rows if r["abstained"] != (not r["answerable"])],
     }
 
@@ -115,12 +127,12 @@ def summarise(rows: list[dict], ks: list[int], latencies: list[float]) -> dict:
 def format_table(report: dict, ks: list[int]) -> str:
     lines = [f"questions: {report['questions']}", ""]
     head = (f"{'pipeline':16} {'corpus':>7} {'filt-R':>7} " + " ".join(f"{'R@' + str(k):>6}" for k in ks)
-            + f" {'MRR':>6} {'abstain':>8} {'false-abst':>10} {'p50 ms':>8} {'p95 ms':>8}")
+            + f" {'MRR':>6} {'facts':>6} {'abstain':>8} {'false-abst':>10} {'p50 ms':>8} {'p95 ms':>8}")
     lines.append(head)
     for name, p in report["pipelines"].items():
         lines.append(f"{name:16} {p.get('corpus_ratio', 1.0):>7.3f} {p.get('filter_recall', 1.0):>7.3f} "
                      + " ".join(f"{p['recall'][str(k)]:>6.3f}" for k in ks)
-                     + f" {p['mrr']:>6.3f} {p['abstention_accuracy']:>8.2f} {p['false_abstention']:>10.2f}"
+                     + f" {p['mrr']:>6.3f} {p.get('facts', 0):>6.3f} {p['abstention_accuracy']:>8.2f} {p['false_abstention']:>10.2f}"
                      + f" {p['p50_ms']:>8.1f} {p['p95_ms']:>8.1f}")
     names = list(report["pipelines"])
     if "dense" in report["pipelines"] and "full" in report["pipelines"]:
