@@ -60,6 +60,9 @@ def record_terms_from_chunks(chunks: Iterable[Chunk]) -> list[RecordTerm]:
     return sorted(terms.values(), key=lambda t: (t.phrase, t.key))
 
 
+NAMES_KEY = "chartcite.record_names"      # doc.user_data: token spans of the record's coded names
+
+
 class Annotator:
     def __init__(self, lexicon: Lexicon | None = None):
         import spacy
@@ -79,6 +82,7 @@ class Annotator:
             self.negex = nlp.add_pipe("negex", config={"neg_termset": termset("en_clinical").get_patterns(),
                                                        "chunk_prefix": ["no"]})
         self.nlp = nlp
+        self.negex.process_negations = self._triggers_outside_names(self.negex.process_negations)
         self._term_matchers: dict[tuple, object] = {}
         self.entries = {}
         self.record_matcher = PhraseMatcher(nlp.vocab, attr="LOWER")
@@ -104,6 +108,17 @@ class Annotator:
                 self.question_matcher.add(label, patterns)
                 if not entry.question_only:
                     self.record_matcher.add(label, patterns)
+
+    @staticmethod
+    def _triggers_outside_names(find_triggers):
+        """NegEx's trigger finder, minus triggers inside one of the record's own coded names: the
+        "free" of "Influenza, seasonal, injectable, preservative free" is part of a vaccine's name,
+        not a denial of everything else in the sentence."""
+        def find(doc):
+            names = doc.user_data.get(NAMES_KEY, ())
+            return tuple([m for m in found if not any(start <= m[1] and m[2] <= end for start, end in names)]
+                         for found in find_triggers(doc))
+        return find
 
     # --- matching --------------------------------------------------------------------------
     def _lexicon_spans(self, doc, in_question: bool):
@@ -170,7 +185,9 @@ class Annotator:
             concepts: dict[str, dict] = {}
             # Lexicon and record phrases overlap ("blood pressure" inside "blood pressure panel ..."),
             # and entities may not, so each set is resolved and negated on its own and then merged.
-            for spans in (lexical, self._record_spans(doc, terms, matcher)):
+            record = filter_spans(self._record_spans(doc, terms, matcher))
+            doc.user_data[NAMES_KEY] = [(span.start, span.end) for span in record]
+            for spans in (lexical, record):
                 doc.ents = filter_spans(spans)
                 self.negex(doc)
                 self._collect(doc, terms, concepts)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .annotate import asserted_keys, default_annotator
+from .annotate import RecordTerm, asserted_keys, default_annotator
 from .lexicon import tokens
 from .pipeline import Analysis, Evidence, Retrieval, concept_overlap
 
@@ -112,10 +112,18 @@ def _asks_for_section(heading: str, analysis: Analysis) -> bool:
     return any(word.lower().startswith(stem) for stem in stems for word in heading.split() if len(word) > 3)
 
 
-def statement_for(ev: Evidence, analysis: Analysis) -> str:
+def coded_names(chunk) -> list[RecordTerm]:
+    """The record's coded names this chunk mentions, so a passage of it is read as the chunk was
+    when indexed ("preservative free" stays part of a vaccine's name)."""
+    return [RecordTerm(c["display"].lower(), c["key"], c["display"], c["semantic_type"])
+            for c in chunk.concepts if c.get("display") and not c["key"].startswith("lex:")]
+
+
+def statement_for(ev: Evidence, analysis: Analysis, first: bool = False) -> str:
     """One or two passages of a chunk: the whole fact for structured data; for a note the section
     the question names when it is short, else the lines that assert what was asked (never a line
-    that denies it), lists kept whole."""
+    that denies it), lists kept whole. A note with nothing to the point gives "" unless it is the
+    first statement of the answer."""
     text = ev.chunk.text
     if ev.chunk.semantic_type != "note":
         return text
@@ -123,7 +131,7 @@ def statement_for(ev: Evidence, analysis: Analysis) -> str:
     sections = note_sections(body, [h for h in ev.chunk.section.split(", ") if h])
     named = [(h, t) for h, t in sections if _asks_for_section(h, analysis)]
     asked = {c["display"] for c in analysis.concepts if c["semantic_type"] == "note"} - {"clinical note"}
-    if asked and not named and not analysis.keys:
+    if asked and not named and not analysis.keys and not first:
         return ""      # another part of the note: the asked-for section is in a different chunk
     if named and not analysis.keys:
         heading, section = named[0]
@@ -134,7 +142,8 @@ def statement_for(ev: Evidence, analysis: Analysis) -> str:
     if not units:
         return text
     # A leading "Allergies:" is the section's heading, not an assertion of allergy.
-    concepts = default_annotator().annotate([u for _, u in units]) if analysis.keys else [[] for _ in units]
+    concepts = (default_annotator().annotate([u for _, u in units], coded_names(ev.chunk)) if analysis.keys
+                else [[] for _ in units])
     wanted = set(analysis.terms) | {t for name in analysis.names for t in tokens(name)}
 
     def score(i: int) -> tuple:
@@ -143,7 +152,9 @@ def statement_for(ev: Evidence, analysis: Analysis) -> str:
         return (asserted, 0 if denied else 1, len(wanted & set(tokens(units[i][1]))))
 
     ranked = sorted(range(len(units)), key=score, reverse=True)
-    best = [i for i in ranked[:2] if score(i)[0] or (score(i)[1] and score(i)[2])] or ranked[:1]
+    best = [i for i in ranked[:2] if score(i)[0] or (score(i)[1] and score(i)[2])] or (ranked[:1] if first else [])
+    if not best:
+        return ""
     passages, previous = [], None
     for i in sorted(best):
         heading, unit = units[i]
@@ -223,7 +234,7 @@ def compose(retrieval: Retrieval, patient_id: str, question_id: str | None = Non
         if len(statements) == MAX_STATEMENTS:
             break
         n = len(citations) + 1
-        text = statement_for(ev, retrieval.analysis) or ("" if statements else ev.chunk.text)
+        text = statement_for(ev, retrieval.analysis, first=not statements)
         if not text:
             continue
         # Templated notes repeat a section word for word; one citation of it is enough.

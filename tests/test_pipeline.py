@@ -71,6 +71,22 @@ def test_negation_abbreviations_and_classes_in_annotation():
     assert asked.required_keys == {"lex:metformin"}
 
 
+def test_a_word_inside_a_coded_name_is_not_a_denial():
+    """"free" in the vaccine's name "... preservative free" would otherwise deny the whole
+    sentence (and a note saying the shot was given would 'conflict' with the immunization)."""
+    from search.annotate import RecordTerm
+
+    vaccine = "Influenza, seasonal, injectable, preservative free"
+    names = [RecordTerm(vaccine.lower(), "cvx|140", vaccine, "immunization")]
+    [given, refused] = default_annotator().annotate(
+        [f"Patient was given the following immunizations: {vaccine.lower()}.", "Patient declined the influenza vaccine."],
+        names)
+    assert not any(c["negated"] for c in given)
+    assert {c["display"]: c["negated"] for c in refused}["influenza vaccine"] is True
+    [unnamed] = default_annotator().annotate([f"Patient was given the following immunizations: {vaccine.lower()}."])
+    assert any(c["negated"] for c in unnamed), "without the record's names NegEx reads 'free' as a denial"
+
+
 def test_time_windows():
     assert time_window("BP at the Oct 2022 physical?") == ("2022-10-01", "2022-10-31")
     assert time_window("assessment from his May 30, 2025 visit") == ("2025-05-30", "2025-05-30")
