@@ -261,12 +261,13 @@ class PatientChunker:
         duration = quantity_text(supply.get("expectedSupplyDuration"))
         validity = supply.get("validityPeriod") or {}
         reason = self.reason_text(r)
+        visit, visit_ref = ("", "") if reason else self.ordering_visit(r)
         notes = _join((n.get("text", "") for n in r.get("note") or []), " ")
         text = _sentence(
             f"Medication order ({status}) {('on ' + when) if when else ''}:".replace("  ", " "),
             f"{drug}.",
             f"Dosage: {self.dosage_text(r.get('dosageInstruction'))}." if r.get("dosageInstruction") else "",
-            f"Reason: {reason}." if reason else "",
+            f"Reason: {reason}." if reason else visit,
             f"Supply duration {duration}." if duration else "",
             f"Valid {day(validity.get('start', ''))} to {day(validity.get('end', ''))}." if validity else "",
             f"Intent: {r.get('intent', '')}." if r.get("intent") else "",
@@ -274,7 +275,20 @@ class PatientChunker:
         )
         label = make_label(when, "Med", f"{drug} ({status})" if status else drug)
         return [self.new_chunk(r, "0", text, label, "medication", category=status, codes=codes,
-                               refs=extra + self.reason_refs(r), status=status)]
+                               refs=extra + self.reason_refs(r) + ([visit_ref] if visit_ref else []), status=status)]
+
+    def ordering_visit(self, r) -> tuple[str, str]:
+        """For an order that states no reason of its own, the reason of the visit it was ordered
+        at ("Why is she getting B12 shots?" is answered by that visit), said as what it is."""
+        enc_ref = ref_id(r.get("encounter"))
+        enc = self.by_ref.get(enc_ref)
+        if not enc:
+            return "", ""
+        reasons = [concept_text(c) for c in enc.get("reasonCode") or []]
+        reasons += [concept_text((self.by_ref.get(ref_id(x)) or {}).get("code")) for x in enc.get("reasonReference") or []]
+        if not any(reasons):
+            return "", ""
+        return f"Ordered at the visit of {day(clinical_date(enc))} for {_join(reasons)}.", enc_ref
 
     def chunk_MedicationAdministration(self, r):
         drug, codes, extra = self.medication_concept(r)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from .annotate import RecordTerm, asserted_keys, default_annotator
 from .lexicon import tokens
-from .pipeline import Analysis, Evidence, Retrieval, concept_overlap
+from .pipeline import Analysis, Evidence, Retrieval, concept_overlap, in_window
 
 NO_EVIDENCE = "I don't have evidence for that in this patient's record."
 NEW_PATIENT = "This is a new patient; I have no prior records."
@@ -175,7 +175,10 @@ def relevant_evidence(retrieval: Retrieval) -> list[Evidence]:
     keep = []
     for i, ev in enumerate(evidence):
         if analysis.keys:
-            ok = concept_overlap(ev.chunk, analysis) > 0
+            # "What procedures were done at the stroke visit?": the visit's procedures need not
+            # name the stroke; being of the asked kind and in the asked window is enough.
+            ok = concept_overlap(ev.chunk, analysis) > 0 or (
+                ev.chunk.semantic_type in analysis.kinds and bool(analysis.date_from) and in_window(ev.chunk, analysis))
         else:
             ok = any(term_in(t, ev.chunk.text) for t in analysis.residual) or (ev.dense or 0) >= best_dense - 0.05
         if ok or i == 0:

@@ -69,6 +69,7 @@ class Analysis:
     wants_ever: bool = False
     wants_list: bool = False
     wants_why: bool = False
+    kinds: tuple[str, ...] = ()      # kinds of record the question names ("procedures", "labs")
 
     @property
     def keys(self) -> set[str]:
@@ -162,14 +163,25 @@ class Retrieval:
 
 # --- stage 2: analyse ---------------------------------------------------------------------------
 
+# Words that name a kind of record rather than a concept: "What procedures were done at the
+# stroke visit?" asks for procedures, not for the visit's medications.
+RECORD_KIND_WORDS = {
+    "procedure": re.compile(r"\b(procedures?|surger(?:y|ies)|operations?)\b", re.I),
+    "medication": re.compile(r"\b(meds|medications?|drugs|prescriptions?|prescribed)\b", re.I),
+    "lab": re.compile(r"\b(labs|lab results|bloodwork|blood work)\b", re.I),
+    "vital": re.compile(r"\b(vitals|vital signs)\b", re.I),
+}
+
+
 def analyse(question: str, terms: list[RecordTerm] | None = None) -> Analysis:
     concepts = default_annotator().annotate([question], terms or [], in_question=True)[0]
     date_from, date_to = time_window(question)
+    kinds = {kind for kind, words in RECORD_KIND_WORDS.items() if words.search(question)}
     return Analysis(
-        question, concepts, content_tokens(question), sorted({c["semantic_type"] for c in concepts}),
+        question, concepts, content_tokens(question), sorted({c["semantic_type"] for c in concepts} | kinds),
         date_from, date_to, wants_latest=bool(LATEST.search(question)), wants_trend=bool(TREND.search(question)),
         wants_ever=bool(EVER.search(question)), wants_list=bool(LIST.search(question)),
-        wants_why=bool(WHY.search(question)))
+        wants_why=bool(WHY.search(question)), kinds=tuple(sorted(kinds)))
 
 
 def time_window(question: str) -> tuple[str, str]:
@@ -288,10 +300,12 @@ def rerank(evidence: list[Evidence], analysis: Analysis, reranker: CrossEncoderR
             "type": 1.0 if chunk.semantic_type in analysis.semantic_types else 0.0,
             "trend": 1.0 if analysis.wants_trend and chunk.category == "trend" else 0.0,
             "structured": 1.0 if overlap and chunk.semantic_type != "note" else 0.0,
+            "kind": 1.0 if chunk.semantic_type in analysis.kinds else 0.0,
         }
         ev.features = f
         ev.score = (f["fused"] + 0.8 * f["concepts"] - 0.6 * f["negated"] + 0.6 * f["in_window"]
-                    + 0.4 * f["latest"] + 0.2 * f["type"] + 0.4 * f["trend"] + 0.3 * f["structured"])
+                    + 0.4 * f["latest"] + 0.2 * f["type"] + 0.4 * f["trend"] + 0.3 * f["structured"]
+                    + 1.0 * f["kind"])
     ranked = sorted(evidence, key=lambda e: (-e.score, e.chunk.chunk_id))
     if reranker is not None:
         ranked = cross_rerank(ranked, analysis.question, reranker)

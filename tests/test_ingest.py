@@ -190,3 +190,23 @@ def test_a_bulk_export_parked_on_disk_regroups_like_the_in_memory_path(patient_f
                 sorted(f"{r['resourceType']}/{r['id']}" for r in want.resources)
             assert "Medication/shared-med" not in {f"{r['resourceType']}/{r['id']}" for r in got.resources}
     assert not list(tmp_path.iterdir()), "the staged export is removed when the sync ends"
+
+
+def test_an_order_without_a_reason_says_why_its_visit_happened(embedder):
+    """"Why is she getting B12 shots?": the order names no reason, the visit it was ordered at
+    does; the chunk says so as what it is and draws on the visit."""
+    visit = {"resourceType": "Encounter", "id": "e1", "status": "finished", "class": {"code": "AMB"},
+             "subject": {"reference": "Patient/p1"}, "period": {"start": "2017-05-02T09:00:00Z"},
+             "reasonCode": [{"coding": [{"system": "http://snomed.info/sct", "code": "271737000",
+                                         "display": "Anemia (disorder)"}]}]}
+    order = {"resourceType": "MedicationRequest", "id": "m1", "status": "active", "intent": "order",
+             "subject": {"reference": "Patient/p1"}, "encounter": {"reference": "Encounter/e1"},
+             "authoredOn": "2017-05-02T09:00:00Z",
+             "medicationCodeableConcept": {"coding": [{"system": "http://www.nlm.nih.gov/research/umls/rxnorm",
+                                                       "code": "1", "display": "Vitamin B12 5 MG/ML Injectable Solution"}]}}
+    with_reason = dict(order, id="m2", reasonCode=[{"text": "Pernicious anemia"}])
+    chunks = {c.resource_id: c for c in PatientChunker("t", "p1", [PATIENT, visit, order, with_reason],
+                                                        embedder.budget()).chunks()}
+    assert "Ordered at the visit of 2017-05-02 for Anemia (disorder)." in chunks["m1"].text
+    assert chunks["m1"].refs == ["MedicationRequest/m1", "Encounter/e1"]
+    assert "Reason: Pernicious anemia." in chunks["m2"].text and "Ordered at" not in chunks["m2"].text
