@@ -141,7 +141,7 @@ def statement_for(ev: Evidence, analysis: Analysis, first: bool = False) -> str:
     units = [(heading, unit) for heading, section in sections for unit in note_units(section)]
     if not units:
         return text
-    # A leading "Allergies:" is the section's heading, not an assertion of allergy.
+    # Units carry no heading: a leading "Allergies:" is not an assertion of allergy.
     concepts = (default_annotator().annotate([u for _, u in units], coded_names(ev.chunk)) if analysis.keys
                 else [[] for _ in units])
     wanted = set(analysis.terms) | {t for name in analysis.names for t in tokens(name)}
