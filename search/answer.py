@@ -106,7 +106,7 @@ def _asks_for_section(heading: str, analysis: Analysis) -> bool:
     lexicon's section concepts), "meds" → Medications (a word the heading begins with)."""
     if not heading:
         return False
-    if heading.lower() in {c["display"] for c in analysis.concepts if c["semantic_type"] == "note"}:
+    if heading.lower() in analysis.sections_asked:
         return True
     stems = [_stem(t) for t in analysis.terms if len(_stem(t)) >= 3]
     return any(word.lower().startswith(stem) for stem in stems for word in heading.split() if len(word) > 3)
@@ -130,8 +130,7 @@ def statement_for(ev: Evidence, analysis: Analysis, first: bool = False) -> str:
     header, _, body = text.partition(". ")
     sections = note_sections(body, [h for h in ev.chunk.section.split(", ") if h])
     named = [(h, t) for h, t in sections if _asks_for_section(h, analysis)]
-    asked = {c["display"] for c in analysis.concepts if c["semantic_type"] == "note"} - {"clinical note"}
-    if asked and not named and not analysis.keys and not first:
+    if analysis.sections_asked and not named and not analysis.keys and not first:
         return ""      # another part of the note: the asked-for section is in a different chunk
     if named and not analysis.keys:
         heading, section = named[0]
@@ -163,9 +162,11 @@ def statement_for(ev: Evidence, analysis: Analysis, first: bool = False) -> str:
     return f"{header}: " + " ".join(passages)
 
 
-def _passage(statement: str) -> str:
-    """A statement without its note header ("History and physical note of 2024-04-25: ")."""
-    return re.sub(r"^[^:]* note of \d{4}-\d{2}-\d{2}: ", "", statement)
+def _passage(ev: Evidence, statement: str) -> str:
+    """A note's statement without the note's own header ("History and physical note of 2024-04-25")."""
+    if ev.chunk.semantic_type != "note":
+        return statement
+    return statement.removeprefix(f"{ev.chunk.text.partition('. ')[0]}: ")
 
 
 def relevant_evidence(retrieval: Retrieval) -> list[Evidence]:
@@ -232,8 +233,9 @@ def compose(retrieval: Retrieval, patient_id: str, question_id: str | None = Non
         return {**base, "answer": NO_EVIDENCE, "statements": [], "citations": [], "evidence": evidence_json,
                 "confidence": "low", "abstained": True, "diagnostics": diagnostics}
 
-    statements, citations = [], []
-    for ev in relevant_evidence(retrieval):
+    statements, citations, passages = [], [], set()
+    relevant = relevant_evidence(retrieval)
+    for ev in relevant:
         if len(statements) == MAX_STATEMENTS:
             break
         n = len(citations) + 1
@@ -241,12 +243,13 @@ def compose(retrieval: Retrieval, patient_id: str, question_id: str | None = Non
         if not text:
             continue
         # Templated notes repeat a section word for word; one citation of it is enough.
-        if any(_passage(text) == _passage(s["text"]) for s in statements):
+        if _passage(ev, text) in passages:
             continue
+        passages.add(_passage(ev, text))
         citations.append({"n": n, "ref": ev.chunk.ref, "resource_type": ev.chunk.resource_type,
                           "date": ev.chunk.date[:10], "label": ev.chunk.label, "snippet": ev.chunk.text[:240]})
         statements.append({"text": text, "citations": [n]})
-    conflict = note_conflict(retrieval, [ev for ev in relevant_evidence(retrieval)])
+    conflict = note_conflict(retrieval, relevant)
     if conflict is not None:
         ev, sentence = conflict
         n = len(citations) + 1

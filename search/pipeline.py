@@ -89,6 +89,11 @@ class Analysis:
         return sorted({c["display"] for c in self.concepts})
 
     @property
+    def sections_asked(self) -> set[str]:
+        """Note sections the question names ("social history"), by their canonical headings."""
+        return {c["display"] for c in self.concepts if c["semantic_type"] == "note"} - {"clinical note"}
+
+    @property
     def wants_note(self) -> bool:
         return "note" in self.semantic_types
 
