@@ -33,6 +33,8 @@ def blood_pressure(resource: dict) -> tuple[dict, dict] | None:
         return comps[SYSTOLIC].get("valueQuantity") or {}, comps[DIASTOLIC].get("valueQuantity") or {}
     return None
 TREND_WINDOWS = (30, 90, 365)
+# About 60 pages of text, a few hundred chunks: longer "notes" are scanned books or machine output.
+MAX_NOTE_CHARS = 200_000
 
 
 @dataclass
@@ -503,6 +505,11 @@ class PatientChunker:
                     refs: list[str] | None = None, part_prefix: str = "") -> list[Chunk]:
         """Pack a note's sections into chunks that fit the model's window; never mix two notes."""
         header = f"{note_type} of {when}".strip()
+        if len(text) > MAX_NOTE_CHARS:
+            # Bounded time and memory whatever arrives; what is left out is reported, never silent.
+            self.problems.append(ChunkProblem(f"{r['resourceType']}/{r['id']}", f"a note of {len(text):,} characters: "
+                                              f"the first {MAX_NOTE_CHARS:,} are indexed, the rest is not"))
+            text = text[:MAX_NOTE_CHARS]
         pieces: list[tuple[str, str]] = []  # (heading, text)
         for section in split_sections(text):
             if re.fullmatch(r"\d{4}-\d{2}-\d{2}", section.text.strip()) and not section.heading:
@@ -547,17 +554,24 @@ class PatientChunker:
         # A single sentence longer than the window is cut on words rather than silently truncated.
         out = []
         for piece in pieces:
-            while not self.budget.fits(f"{header}. {piece}"):
-                words = piece.split()
-                cut = len(words) // 2 or 1
-                head, piece = " ".join(words[:cut]), " ".join(words[cut:])
-                while not self.budget.fits(f"{header}. {head}") and " " in head:
-                    words2 = head.split()
-                    piece = f"{words2[-1]} {piece}"
-                    head = " ".join(words2[:-1])
-                out.append(head)
-            out.append(piece)
+            out += [piece] if self.budget.fits(f"{header}. {piece}") else self.cut_on_words(header, piece)
         return out
+
+    def cut_on_words(self, header: str, text: str) -> list[str]:
+        """Pieces of `text` that fit the window, cut between words in one pass: the model's word
+        pieces never cross a space, so a piece's size is the sum of its words' sizes."""
+        room = max(1, self.budget.max_tokens - self.budget.count_tokens(f"{header}. "))
+        pieces, current, used = [], [], 0
+        for word in text.split():
+            size = self.budget.count_tokens(word)
+            if current and used + size > room:
+                pieces.append(" ".join(current))
+                current, used = [], 0
+            current.append(word)
+            used += size
+        if current:
+            pieces.append(" ".join(current))
+        return pieces
 
     # Trends ----------------------------------------------------------------------------------
     def trend_chunks(self) -> list[Chunk]:
@@ -608,26 +622,3 @@ class PatientChunker:
         return self.new_chunk(latest, f"trend-{days or 'all'}", text, label, semantic, category="trend",
                               codes=code_keys(latest.get("code")), refs=refs, when=last_day)
 
-
-def group_by_patient(resources: Iterable[dict]) -> dict[str, list[dict]]:
-    """Split mixed resources (an NDJSON export, a directory) into per-patient lists.
-
-    Resources that name no patient (Medication) go with every patient that references them.
-    """
-    per_patient: dict[str, list[dict]] = defaultdict(list)
-    shared: dict[str, dict] = {}
-    for r in resources:
-        pid = patient_of(r)
-        if pid:
-            per_patient[pid].append(r)
-        else:
-            shared[f"{r['resourceType']}/{r['id']}"] = r
-    if shared:
-        for pid, items in per_patient.items():
-            items.extend(shared[ref] for ref in shared_refs(items) if ref in shared)
-    return per_patient
-
-
-def shared_refs(resources: Iterable[dict]) -> set[str]:
-    """The patient-less resources (a Medication) a patient's resources point at."""
-    return {ref for r in resources if (ref := ref_id(r.get("medicationReference")))}

@@ -36,7 +36,8 @@ class Chunk:
 
     @property
     def chunk_id(self) -> str:
-        key = "|".join([self.tenant, self.resource_type, self.resource_id, self.version_id, self.part])
+        # The patient is part of the key: one `Type/id` under two patients of a tenant is two records.
+        key = "|".join([self.tenant, self.patient_id, self.resource_type, self.resource_id, self.version_id, self.part])
         return hashlib.sha256(key.encode()).hexdigest()[:32]
 
     def to_dict(self) -> dict:

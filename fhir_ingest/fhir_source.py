@@ -134,18 +134,12 @@ class ConditionalResolver:
         return dict(self.cache[ref])
 
 
-def merge_resources(held: list[dict], changed: list[dict]) -> list[dict]:
-    """What chartcite holds, with every changed resource replacing its older version."""
-    by_ref = {f"{r['resourceType']}/{r.get('id')}": r for r in held}
-    for resource in changed:
-        by_ref[f"{resource['resourceType']}/{resource.get('id')}"] = resource
-    return list(by_ref.values())
-
-
 def to_record(patient_id: str, resources: list[dict], problems: list[ReadProblem],
               origin: str) -> tuple[PatientRecord | None, LoadReport]:
     """Check the fetched resources like a file's: malformed ones reported and skipped."""
     items: list[ReadItem] = [RawResource(r, f"{origin}:{r.get('resourceType')}/{r.get('id')}") for r in resources]
     records, report = check_items(items + list(problems))
     record = next((r for r in records if r.patient_id == patient_id), None)
+    if record is not None:
+        record.complete = True     # a sync of the patient from its own EHR is the authority on that record
     return record, report

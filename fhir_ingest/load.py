@@ -1,14 +1,29 @@
-"""Files → checked resources grouped by patient, with a report of everything read and skipped."""
+"""Files → checked resources grouped by patient, with a report of everything read and skipped.
+
+Authority, not mention, decides what an input may remove. A patient's record in an input is
+*whole* only when every resource of that patient comes from one document (a bundle file, an
+NDJSON line) and that document holds that patient's own Patient resource and no other patient's:
+a Synthea or `Patient/$everything` bundle. Indexing a whole record replaces what the index held
+for the patient. Anything else (a stray Observation of patient B in patient A's bundle, an NDJSON
+export, a bundle of several patients) only adds to the patient's held record: it is merged into
+it, nothing is removed, and the report says so.
+"""
 from __future__ import annotations
 
+import tempfile
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import date, timedelta
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from .chunk import group_by_patient
-from .normalize import INDEXED_TYPES, SUPPORT_TYPES, InvalidResource, check_resource, patient_of
-from .reader import RawResource, ReadItem, ReadProblem, read_path
+from .chunk import clinical_date
+from .normalize import INDEXED_TYPES, SUPPORT_TYPES, InvalidResource, check_resource, patient_of, ref_id
+from .reader import RawResource, ReadItem, ReadProblem, ReadWarning, read_path
+from .staging import PatientStaging, StagedResource
+
+EARLIEST_PLAUSIBLE_YEAR = 1900
 
 
 @dataclass
@@ -22,19 +37,16 @@ class LoadReport:
     resources_read: int = 0
     by_type: Counter = field(default_factory=Counter)
     not_indexed: Counter = field(default_factory=Counter)   # read fine, but of a type chartcite does not index
-    skipped: list[Skipped] = field(default_factory=list)
-
-    def merge(self, other: "LoadReport") -> None:
-        self.resources_read += other.resources_read
-        self.by_type.update(other.by_type)
-        self.not_indexed.update(other.not_indexed)
-        self.skipped.extend(other.skipped)
+    skipped: list[Skipped] = field(default_factory=list)    # unreadable or invalid: not indexed
+    warnings: list[Skipped] = field(default_factory=list)   # indexed, with something a person should know
+    added_to: list[str] = field(default_factory=list)       # patients whose input was not their whole record
 
 
 @dataclass
 class PatientRecord:
     patient_id: str
     resources: list[dict]
+    complete: bool = True    # the whole record: what it lacks leaves the index; False = merge into what is held
 
     @property
     def patient(self) -> dict:
@@ -49,8 +61,18 @@ ESSENTIAL_TYPES = {"Patient", "Condition", "AllergyIntolerance", "MedicationRequ
 
 def essentials(record: PatientRecord) -> PatientRecord:
     """The problem list, medications and allergies: indexed first on a new patient's sync so the
-    clinician can ask about them while results, notes and visits are still embedding."""
-    return PatientRecord(record.patient_id, [r for r in record.resources if r["resourceType"] in ESSENTIAL_TYPES])
+    clinician can ask about them while results, notes and visits are still embedding. Never whole:
+    indexing it must not remove the rest of a record held from before."""
+    return PatientRecord(record.patient_id, [r for r in record.resources if r["resourceType"] in ESSENTIAL_TYPES],
+                         complete=False)
+
+
+def merge_resources(held: list[dict], changed: list[dict]) -> list[dict]:
+    """What chartcite holds, with every changed resource replacing its older version."""
+    by_ref = {f"{r['resourceType']}/{r.get('id')}": r for r in held}
+    for resource in changed:
+        by_ref[f"{resource['resourceType']}/{resource.get('id')}"] = resource
+    return list(by_ref.values())
 
 
 def load_resources(paths: Iterable[str | Path]) -> tuple[list[PatientRecord], LoadReport]:
@@ -59,20 +81,32 @@ def load_resources(paths: Iterable[str | Path]) -> tuple[list[PatientRecord], Lo
 
 
 def check_items(items: Iterable[ReadItem]) -> tuple[list[PatientRecord], LoadReport]:
-    """Check read resources (from files or an EHR) and group them by patient."""
+    """Check read resources (from files or an EHR) and group them by patient, in memory."""
     report = LoadReport()
-    grouped = group_by_patient(checked(items, report))
-    records = [PatientRecord(pid, resources) for pid, resources in sorted(grouped.items())]
-    return records, report
+    with assembled(items, report) as assembler:
+        return list(assembler.records()), report
 
 
-def checked(items: Iterable[ReadItem], report: LoadReport) -> Iterator[dict]:
+@contextmanager
+def assembled(items: Iterable[ReadItem], report: LoadReport, directory: str | Path | None = None):
+    """The checked items parked on disk, to be handed out one patient at a time."""
+    assembler = RecordAssembler(report, directory)
+    try:
+        assembler.add(items)
+        yield assembler
+    finally:
+        assembler.close()
+
+
+def checked(items: Iterable[ReadItem], report: LoadReport) -> Iterator[RawResource]:
     """The resources that pass the checks, one at a time; the rest are counted in `report`."""
     for item in items:
         if isinstance(item, ReadProblem):
             report.skipped.append(Skipped(item.origin, item.reason))
             continue
-        assert isinstance(item, RawResource)
+        if isinstance(item, ReadWarning):
+            report.warnings.append(Skipped(item.origin, item.reason))
+            continue
         report.resources_read += 1
         try:
             resource = check_resource(item.resource)
@@ -86,7 +120,97 @@ def checked(items: Iterable[ReadItem], report: LoadReport) -> Iterator[dict]:
         report.by_type[rt] += 1
         if rt not in INDEXED_TYPES | SUPPORT_TYPES:
             report.not_indexed[rt] += 1
-        yield resource
+        elif rt in INDEXED_TYPES:
+            warning = implausible_date(resource)
+            if warning:
+                report.warnings.append(Skipped(item.origin, warning))
+        yield RawResource(resource, item.origin, item.document)
+
+
+def implausible_date(resource: dict, today: date | None = None) -> str:
+    """A clinical date in the future or before 1900 is kept as recorded, and said."""
+    when = clinical_date(resource)[:10]
+    try:
+        day = date.fromisoformat(when) if len(when) == 10 else date(int(when[:4]), 1, 1)
+    except ValueError:
+        return ""
+    today = today or date.today()
+    ref = f"{resource['resourceType']}/{resource['id']}"
+    if day > today + timedelta(days=1):
+        return f"{ref} is dated {when}, in the future: indexed as recorded"
+    if day.year < EARLIEST_PLAUSIBLE_YEAR:
+        return f"{ref} is dated {when}, before {EARLIEST_PLAUSIBLE_YEAR}: indexed as recorded"
+    return ""
+
+
+def shared_refs(resources: Iterable[dict]) -> set[str]:
+    """The patient-less resources (a Medication) a patient's resources point at."""
+    return {ref for r in resources if (ref := ref_id(r.get("medicationReference")))}
+
+
+class RecordAssembler:
+    """Checked resources → one record per patient, with duplicates settled and authority decided."""
+
+    def __init__(self, report: LoadReport, directory: str | Path | None = None):
+        self.report = report
+        self.staging = PatientStaging(directory or tempfile.gettempdir())
+
+    def add(self, items: Iterable[ReadItem]) -> None:
+        for raw in checked(items, self.report):
+            self.staging.add(raw.resource, patient_of(raw.resource), raw.origin, raw.document)
+
+    def patient_ids(self) -> list[str]:
+        return self.staging.patient_ids()
+
+    def record(self, patient_id: str) -> PatientRecord:
+        staged = self.staging.owned(patient_id)
+        resources = newest_versions(staged, self.report)
+        for ref in sorted(shared_refs(resources)):
+            medication = self.staging.shared(ref)
+            if medication is not None:
+                resources.append(medication)
+        complete = self.is_whole_record(patient_id, staged)
+        if not complete:
+            self.report.added_to.append(patient_id)
+        return PatientRecord(patient_id, resources, complete)
+
+    def is_whole_record(self, patient_id: str, staged: list[StagedResource]) -> bool:
+        documents = {s.document for s in staged}
+        if len(documents) != 1 or "" in documents:
+            return False
+        return self.staging.patients_defined(documents.pop()) == {patient_id}
+
+    def records(self) -> Iterator[PatientRecord]:
+        for pid in self.patient_ids():
+            yield self.record(pid)
+
+    def close(self) -> None:
+        self.staging.close()
+
+
+def newest_versions(staged: list[StagedResource], report: LoadReport) -> list[dict]:
+    """One resource per `Type/id`: the newest by meta.versionId, then meta.lastUpdated, then the
+    later in the input. A duplicate that differs is reported; an identical copy is merely dropped."""
+    kept: dict[str, tuple[tuple, StagedResource]] = {}
+    for position, item in enumerate(staged):
+        ref = f"{item.resource['resourceType']}/{item.resource['id']}"
+        key = version_key(item.resource, position)
+        if ref not in kept:
+            kept[ref] = (key, item)
+            continue
+        previous_key, previous = kept[ref]
+        newer, older = (item, previous) if key > previous_key else (previous, item)
+        kept[ref] = (max(key, previous_key), newer)
+        if newer.resource != older.resource:
+            report.warnings.append(Skipped(older.origin, f"{ref} appears again at {newer.origin} with other content; "
+                                                         f"the newer version (there) is indexed"))
+    return [item.resource for _, item in kept.values()]
+
+
+def version_key(resource: dict, position: int) -> tuple:
+    meta = resource.get("meta") if isinstance(resource.get("meta"), dict) else {}
+    version = str(meta.get("versionId") or "")
+    return (int(version) if version.isdigit() else -1, str(meta.get("lastUpdated") or ""), position)
 
 
 class BundleDirectorySource:

@@ -8,6 +8,7 @@ accessors below, so no field is silently dropped by a model round-trip.
 """
 from __future__ import annotations
 
+import json
 import re
 from functools import lru_cache
 
@@ -24,6 +25,8 @@ SUPPORT_TYPES = {"Patient", "Medication"}
 # read and counted in the index summary as "read but not indexed", never dropped silently.
 
 _URI = re.compile(r"^(?:[a-zA-Z][a-zA-Z0-9+.-]*:)\S+$")
+_TYPE_NAME = re.compile(r"^[A-Z][A-Za-z]{1,63}$")
+_ID = re.compile(r"^[A-Za-z0-9\-.]{1,64}$")
 
 
 class InvalidResource(ValueError):
@@ -36,26 +39,34 @@ def _model_class(resource_type: str):
 
     try:
         return get_fhir_model_class(resource_type)
-    except (KeyError, ValueError, AttributeError, ImportError) as exc:
+    except (KeyError, ValueError, AttributeError, ImportError, LookupError) as exc:
         raise InvalidResource(f"unknown resource type {resource_type!r}") from exc
 
 
 def check_resource(resource: dict) -> dict:
-    """Validate one resource against the FHIR R4(B) model; return it or raise InvalidResource."""
+    """Validate one resource against the FHIR R4(B) model; return it or raise InvalidResource.
+
+    Wrong JSON types anywhere (a list where a string belongs, a number for an id) make the resource
+    invalid, never the run: everything that can go wrong here is an InvalidResource."""
     resource_type = resource.get("resourceType")
-    if not resource_type:
-        raise InvalidResource("missing resourceType")
-    if not resource.get("id"):
+    if not isinstance(resource_type, str) or not _TYPE_NAME.match(resource_type):
+        raise InvalidResource(f"invalid resourceType {str(resource_type)[:40]!r}")
+    cls = _model_class(resource_type)      # an unknown type ("Obsrvation") is invalid, not "not clinical"
+    rid = resource.get("id")
+    if not rid:
         raise InvalidResource(f"{resource_type} without an id")
+    if not isinstance(rid, str) or not _ID.match(rid):
+        raise InvalidResource(f"{resource_type} id {json.dumps(rid)[:80]} is not a FHIR id (1-64 letters, digits, '-', '.')")
     if resource_type not in INDEXED_TYPES | SUPPORT_TYPES:
         return resource  # counted, not indexed: no need to parse it fully
-    cls = _model_class(resource_type)
     try:
         cls.model_validate(resource)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ()) if p != "__root__")
-        raise InvalidResource(f"{resource_type}/{resource['id']}: {where or 'resource'}: {first.get('msg')}") from None
+        raise InvalidResource(f"{resource_type}/{rid}: {where or 'resource'}: {first.get('msg')}") from None
+    except (RecursionError, TypeError, ValueError) as exc:
+        raise InvalidResource(f"{resource_type}/{rid}: cannot be read as FHIR ({type(exc).__name__})") from None
     _check_code_systems(resource, resource_type)
     return resource
 
@@ -126,8 +137,8 @@ def quantity_text(q: dict | None) -> str:
 
 def ref_id(reference: dict | None) -> str:
     """`Type/id` of a resolved reference, or '' for conditional / external ones."""
-    value = (reference or {}).get("reference") or ""
-    if "?" in value or not value:
+    value = reference.get("reference") if isinstance(reference, dict) else ""
+    if not isinstance(value, str) or "?" in value or not value:
         return ""
     parts = value.rstrip("/").split("/")
     return "/".join(parts[-2:]) if len(parts) >= 2 else ""

@@ -1,25 +1,37 @@
 """Read FHIR R4 resources from Bundles (.json / .json.gz), NDJSON and directories of these.
 
-Every resource comes out with its position ("file.json.gz#entry[12]", "file.ndjson:7"), and
-anything that cannot be read comes out as a `ReadProblem` with its position, so the caller can
-report it and carry on with the rest of the file.
+Every resource comes out with its position ("file.json.gz#entry[12]", "file.ndjson:7") and the
+document it came from (a bundle file, an NDJSON line): the unit that decides whether the input
+is a patient's whole record (see `load.py`). Anything that cannot be read comes out as a
+`ReadProblem` with its position, and anything read with a repair (undecodable bytes replaced, an
+id taken from the entry's fullUrl) as a `ReadWarning`, so the caller reports it and carries on.
+A bad file, line, entry or byte costs only itself.
 """
 from __future__ import annotations
 
 import gzip
 import json
+import uuid
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Union
+from typing import BinaryIO, Iterator, Union
 
 BUNDLE_SUFFIXES = (".json", ".json.gz")
 NDJSON_SUFFIXES = (".ndjson", ".ndjson.gz", ".jsonl", ".jsonl.gz")
+# Deeper than any real resource (extensions of extensions, contained resources) and far below the
+# depth at which Python's own JSON reader and the FHIR models give up with a RecursionError.
+MAX_RESOURCE_DEPTH = 64
+MAX_BUNDLE_NESTING = 8
+# Damage to a compressed stream: gzip reports it with any of these.
+DAMAGED = (OSError, EOFError, zlib.error)
 
 
 @dataclass
 class RawResource:
     resource: dict
     origin: str
+    document: str = ""      # the bundle or line this came from; "" = a source with its own authority rule
 
 
 @dataclass
@@ -28,13 +40,17 @@ class ReadProblem:
     reason: str
 
 
-ReadItem = Union[RawResource, ReadProblem]
+@dataclass
+class ReadWarning:
+    origin: str
+    reason: str
 
 
-def _open_text(path: Path):
-    if path.name.endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, "r", encoding="utf-8")
+ReadItem = Union[RawResource, ReadProblem, ReadWarning]
+
+
+def _open_binary(path: Path) -> BinaryIO:
+    return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
 
 
 def iter_files(path: Path) -> Iterator[Path]:
@@ -47,7 +63,7 @@ def iter_files(path: Path) -> Iterator[Path]:
 
 
 def read_path(path: str | Path) -> Iterator[ReadItem]:
-    """Yield every resource (or problem) found under `path`."""
+    """Yield every resource (or problem, or warning) found under `path`."""
     path = Path(path)
     if not path.exists():
         yield ReadProblem(str(path), "no such file or directory")
@@ -59,76 +75,181 @@ def read_path(path: str | Path) -> Iterator[ReadItem]:
             yield from read_json_file(file)
 
 
-def read_ndjson(file: Path) -> Iterator[ReadItem]:
+def decode_utf8(raw: bytes, origin: str) -> tuple[str, ReadWarning | None]:
+    """Text of `raw`; bytes that are not UTF-8 are replaced (U+FFFD) and reported with their offset,
+    so one bad byte costs one character, not the file."""
     try:
-        with _open_text(file) as fh:
+        return raw.decode("utf-8"), None
+    except UnicodeDecodeError as exc:
+        text = raw.decode("utf-8", errors="replace")
+        bad = raw[exc.start:exc.end]
+        return text, ReadWarning(origin, f"bytes that are not UTF-8 (first: 0x{bad.hex()} at byte offset {exc.start}) "
+                                         f"were replaced with U+FFFD")
+
+
+def parse_json(text: str) -> object:
+    """json.loads with the recursion limit turned into a readable error."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to read") from None
+
+
+def read_ndjson(file: Path) -> Iterator[ReadItem]:
+    lineno = 0
+    try:
+        with _open_binary(file) as fh:
             for lineno, line in enumerate(fh, start=1):
-                origin = f"{file.name}:{lineno}"
-                if not line.strip():
-                    continue
-                try:
-                    resource = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    yield ReadProblem(origin, f"bad JSON: {exc.msg} at column {exc.colno}")
-                    continue
-                if not isinstance(resource, dict) or "resourceType" not in resource:
-                    yield ReadProblem(origin, "not a FHIR resource (no resourceType)")
-                    continue
-                if resource["resourceType"] == "Bundle":
-                    yield from bundle_entries(resource, origin)
-                else:
-                    yield RawResource(resource, origin)
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
-        yield ReadProblem(file.name, f"unreadable file: {exc}")
+                if line.strip():
+                    yield from read_line(line, f"{file.name}:{lineno}")
+    except DAMAGED as exc:
+        where = f"after line {lineno}" if lineno else "at its start"
+        yield ReadProblem(f"{file.name}:{lineno + 1}", f"the file is damaged {where} ({_describe(exc)}); "
+                                                     f"the lines before it were read")
+
+
+def read_line(line: bytes, origin: str) -> Iterator[ReadItem]:
+    text, warning = decode_utf8(line, origin)
+    if warning:
+        yield warning
+    try:
+        resource = parse_json(text)
+    except json.JSONDecodeError as exc:
+        yield ReadProblem(origin, f"bad JSON: {exc.msg} at column {exc.colno}")
+        return
+    except ValueError as exc:
+        yield ReadProblem(origin, str(exc))
+        return
+    yield from document_items(resource, origin)
 
 
 def read_json_file(file: Path) -> Iterator[ReadItem]:
     try:
-        with _open_text(file) as fh:
-            document = json.load(fh)
+        with _open_binary(file) as fh:
+            raw = fh.read()
+    except DAMAGED as exc:
+        yield ReadProblem(file.name, f"unreadable file: {_describe(exc)}")
+        return
+    text, warning = decode_utf8(raw, file.name)
+    if warning:
+        yield warning
+    try:
+        document = parse_json(text)
     except json.JSONDecodeError as exc:
         yield ReadProblem(file.name, f"bad JSON: {exc.msg} at line {exc.lineno} column {exc.colno}")
         return
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
-        yield ReadProblem(file.name, f"unreadable file: {exc}")
+    except ValueError as exc:
+        yield ReadProblem(file.name, str(exc))
         return
+    yield from document_items(document, file.name)
+
+
+def document_items(document: object, origin: str) -> Iterator[ReadItem]:
+    """One parsed JSON document (a file or an NDJSON line): a Bundle's entries or one resource."""
     if not isinstance(document, dict) or "resourceType" not in document:
-        yield ReadProblem(file.name, "not a FHIR resource (no resourceType)")
+        yield ReadProblem(origin, "not a FHIR resource (no resourceType)")
+    elif not isinstance(document["resourceType"], str):
+        yield ReadProblem(origin, f"invalid resourceType {str(document['resourceType'])[:40]}: it must name a type")
     elif document["resourceType"] == "Bundle":
-        yield from bundle_entries(document, file.name)
+        yield from bundle_entries(document, origin, document=origin)
     else:
-        yield RawResource(document, file.name)
+        yield from checked_shape(document, origin, origin)
 
 
-def bundle_entries(bundle: dict, origin: str) -> Iterator[ReadItem]:
-    """Entries of a transaction, batch, collection or searchset Bundle, with urn:uuid resolved."""
+def checked_shape(resource: dict, origin: str, document: str) -> Iterator[ReadItem]:
+    depth = nesting_depth(resource, MAX_RESOURCE_DEPTH)
+    if depth > MAX_RESOURCE_DEPTH:
+        yield ReadProblem(origin, f"{resource['resourceType']} nested more than {MAX_RESOURCE_DEPTH} levels deep")
+    else:
+        yield RawResource(resource, origin, document)
+
+
+def nesting_depth(node: object, limit: int) -> int:
+    """How deep `node` nests (counted without recursion, stopping just past `limit`)."""
+    deepest, stack = 0, [(node, 1)]
+    while stack:
+        item, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if deepest > limit:
+            return deepest
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return deepest
+
+
+def bundle_entries(bundle: dict, origin: str, document: str, nesting: int = 1) -> Iterator[ReadItem]:
+    """Entries of a transaction, batch, collection or searchset Bundle, with urn:uuid resolved.
+
+    An entry without an id (the usual POST shape of a transaction) gets the one its `urn:uuid`
+    fullUrl names, reported as a warning, so the same bundle read twice gives the same ids."""
+    if nesting > MAX_BUNDLE_NESTING:
+        yield ReadProblem(origin, f"Bundles nested more than {MAX_BUNDLE_NESTING} deep")
+        return
     entries = bundle.get("entry") or []
-    local_refs = {}
-    for entry in entries:
-        resource = entry.get("resource") if isinstance(entry, dict) else None
-        full_url = entry.get("fullUrl") if isinstance(entry, dict) else None
-        if isinstance(resource, dict) and full_url and resource.get("id") and resource.get("resourceType"):
-            local_refs[full_url] = f"{resource['resourceType']}/{resource['id']}"
+    if not isinstance(entries, list):
+        yield ReadProblem(origin, "Bundle.entry is not a list")
+        return
+    warnings = [w for w in (assign_entry_id(e, f"{origin}#entry[{i}]") for i, e in enumerate(entries)) if w]
+    yield from warnings
+    local_refs = local_references(entries)
     for index, entry in enumerate(entries):
         position = f"{origin}#entry[{index}]"
         resource = entry.get("resource") if isinstance(entry, dict) else None
         if not isinstance(resource, dict) or "resourceType" not in resource:
-            if isinstance(entry, dict) and entry.get("request", {}).get("method") == "DELETE":
-                continue  # a delete instruction carries no resource
-            yield ReadProblem(position, "bundle entry without a resource")
+            if not _is_delete(entry):      # a delete instruction carries no resource
+                yield ReadProblem(position, "bundle entry without a resource")
+            continue
+        if not isinstance(resource["resourceType"], str):
+            yield ReadProblem(position, f"invalid resourceType {str(resource['resourceType'])[:40]}: it must name a type")
             continue
         if resource["resourceType"] == "Bundle":
-            yield from bundle_entries(resource, position)
+            yield from bundle_entries(resource, position, document, nesting + 1)
             continue
-        yield RawResource(resolve_references(resource, local_refs), position)
+        if nesting_depth(resource, MAX_RESOURCE_DEPTH) > MAX_RESOURCE_DEPTH:
+            yield ReadProblem(position, f"{resource['resourceType']} nested more than {MAX_RESOURCE_DEPTH} levels deep")
+            continue
+        yield RawResource(resolve_references(resource, local_refs), position, document)
+
+
+def _is_delete(entry: object) -> bool:
+    request = entry.get("request") if isinstance(entry, dict) else None
+    return isinstance(request, dict) and request.get("method") == "DELETE"
+
+
+def assign_entry_id(entry: object, position: str) -> ReadWarning | None:
+    if not isinstance(entry, dict) or not isinstance(entry.get("resource"), dict):
+        return None
+    resource, full_url = entry["resource"], entry.get("fullUrl")
+    if resource.get("id") or not isinstance(full_url, str) or not full_url.startswith("urn:uuid:"):
+        return None
+    derived = full_url[len("urn:uuid:"):]
+    try:
+        uuid.UUID(derived)
+    except ValueError:
+        return None
+    resource["id"] = derived
+    return ReadWarning(position, f"{resource.get('resourceType')} had no id; its fullUrl's uuid {derived} is used")
+
+
+def local_references(entries: list) -> dict[str, str]:
+    """fullUrl → `Type/id` for the bundle's own entries (urn:uuid and absolute URLs alike)."""
+    refs = {}
+    for entry in entries:
+        if not isinstance(entry, dict) or not isinstance(entry.get("resource"), dict):
+            continue
+        resource, full_url = entry["resource"], entry.get("fullUrl")
+        rtype, rid = resource.get("resourceType"), resource.get("id")
+        if isinstance(full_url, str) and isinstance(rtype, str) and isinstance(rid, str) and rid:
+            refs[full_url] = f"{rtype}/{rid}"
+    return refs
 
 
 def resolve_references(node, local_refs: dict):
-    """Rewrite `urn:uuid:` references that point into the same bundle to `Type/id`."""
+    """Rewrite references that point into the same bundle (`urn:uuid:`, absolute fullUrls) to `Type/id`."""
     if isinstance(node, dict):
         out = {}
         for key, value in node.items():
-            if key == "reference" and isinstance(value, str) and value in local_refs:
+            if key in ("reference", "url") and isinstance(value, str) and value in local_refs:
                 out[key] = local_refs[value]
             else:
                 out[key] = resolve_references(value, local_refs)
@@ -136,3 +257,7 @@ def resolve_references(node, local_refs: dict):
     if isinstance(node, list):
         return [resolve_references(item, local_refs) for item in node]
     return node
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

@@ -1,30 +1,40 @@
-"""A bulk export parked on disk and handed out one patient at a time.
+"""Checked resources parked on disk and handed out one patient at a time.
 
-A Group export of a hospital is gigabytes of NDJSON sorted by resource type, not by patient. Held
-in memory it would cost the whole export; parked in a temporary SQLite file it costs one patient's
-record while that patient is indexed.
+A Group export of a hospital, or a folder of NDJSON, is gigabytes sorted by resource type, not by
+patient. Held in memory it would cost the whole input; parked in a temporary SQLite file (inside
+the data directory, which is private to chartcite) it costs one patient's record while that
+patient is indexed.
 """
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
-from .chunk import shared_refs
-from .load import PatientRecord
-from .normalize import patient_of
+
+@dataclass
+class StagedResource:
+    resource: dict
+    origin: str
+    document: str
 
 
 class PatientStaging:
     def __init__(self, directory: str | Path | None = None):
-        self._dir = tempfile.TemporaryDirectory(prefix="chartcite-bulk-", dir=directory)
+        if directory is not None:
+            Path(directory).mkdir(parents=True, exist_ok=True)
+        self._dir = tempfile.TemporaryDirectory(prefix="chartcite-staging-", dir=directory)
+        os.chmod(self._dir.name, 0o700)
         self.db = sqlite3.connect(Path(self._dir.name) / "staging.sqlite")
         self.db.executescript("""
             PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF;
-            CREATE TABLE owned (patient_id TEXT NOT NULL, body TEXT NOT NULL);
+            CREATE TABLE owned (patient_id TEXT NOT NULL, ref TEXT NOT NULL, origin TEXT NOT NULL,
+                                document TEXT NOT NULL, body TEXT NOT NULL);
             CREATE TABLE shared (ref TEXT PRIMARY KEY, body TEXT NOT NULL);
+            CREATE TABLE defines (document TEXT NOT NULL, patient_id TEXT NOT NULL);
         """)
         self.resources = 0
 
@@ -34,33 +44,35 @@ class PatientStaging:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def add(self, resource: dict) -> None:
+    def add(self, resource: dict, patient_id: str, origin: str = "", document: str = "") -> None:
         """Park one checked resource: under its patient, or as shared when it names none (a Medication)."""
         body = json.dumps(resource, separators=(",", ":"))
-        pid = patient_of(resource)
-        if pid:
-            self.db.execute("INSERT INTO owned VALUES (?, ?)", (pid, body))
+        ref = f"{resource['resourceType']}/{resource['id']}"
+        if patient_id:
+            self.db.execute("INSERT INTO owned VALUES (?, ?, ?, ?, ?)", (patient_id, ref, origin, document, body))
+            if resource["resourceType"] == "Patient" and document:
+                self.db.execute("INSERT INTO defines VALUES (?, ?)", (document, patient_id))
         else:
-            self.db.execute("INSERT OR REPLACE INTO shared VALUES (?, ?)",
-                            (f"{resource['resourceType']}/{resource['id']}", body))
+            self.db.execute("INSERT OR REPLACE INTO shared VALUES (?, ?)", (ref, body))
         self.resources += 1
 
     def patient_ids(self) -> list[str]:
         self.db.execute("CREATE INDEX IF NOT EXISTS owned_patient ON owned (patient_id)")
         return [row[0] for row in self.db.execute("SELECT DISTINCT patient_id FROM owned ORDER BY patient_id")]
 
-    def record(self, patient_id: str) -> PatientRecord:
-        resources = [json.loads(body) for (body,) in
-                     self.db.execute("SELECT body FROM owned WHERE patient_id = ? ORDER BY rowid", (patient_id,))]
-        for ref in sorted(shared_refs(resources)):
-            row = self.db.execute("SELECT body FROM shared WHERE ref = ?", (ref,)).fetchone()
-            if row:
-                resources.append(json.loads(row[0]))
-        return PatientRecord(patient_id, resources)
+    def owned(self, patient_id: str) -> list[StagedResource]:
+        """The patient's resources in the order they were read."""
+        rows = self.db.execute("SELECT body, origin, document FROM owned WHERE patient_id = ? ORDER BY rowid",
+                               (patient_id,))
+        return [StagedResource(json.loads(body), origin, document) for body, origin, document in rows]
 
-    def records(self) -> Iterator[PatientRecord]:
-        for pid in self.patient_ids():
-            yield self.record(pid)
+    def shared(self, ref: str) -> dict | None:
+        row = self.db.execute("SELECT body FROM shared WHERE ref = ?", (ref,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def patients_defined(self, document: str) -> set[str]:
+        """The patients whose Patient resource this document holds."""
+        return {row[0] for row in self.db.execute("SELECT patient_id FROM defines WHERE document = ?", (document,))}
 
     def close(self) -> None:
         self.db.close()

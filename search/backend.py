@@ -32,6 +32,13 @@ class Hit:
 
 
 @dataclass
+class IndexCheck:
+    """What `chartcite check` reports: counts of each part of the index, and anything that disagrees."""
+    counts: dict
+    problems: list[str]
+
+
+@dataclass
 class Scope:
     tenant: str
     patient_id: str
@@ -111,6 +118,10 @@ class Backend(ABC):
 
     @abstractmethod
     def list_patients(self, tenant: str) -> list[dict]: ...
+
+    @abstractmethod
+    def check(self, tenant: str) -> IndexCheck:
+        """Chunks, lexical rows, vectors and patient summaries agree; nothing is orphaned."""
 
     @abstractmethod
     def close(self) -> None: ...

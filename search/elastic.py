@@ -18,7 +18,7 @@ import numpy as np
 from fhir_ingest.contract import Chunk
 
 from .annotate import asserted_keys
-from .backend import Backend, BackendError, BackendUnavailable, Hit, ModelMismatch, Scope
+from .backend import Backend, BackendError, BackendUnavailable, Hit, IndexCheck, ModelMismatch, Scope
 from .embedded import text_hash
 from .lexicon import tokens
 
@@ -418,6 +418,26 @@ class ElasticsearchBackend(Backend):
         hits = self._call(lambda: self.es.search(index=index, size=MAX_RESULT, query={"term": {"kind": "patient"}},
                                                  sort=[{"patient_id": "asc"}]))["hits"]["hits"]
         return [h["_source"]["data"] for h in hits]
+
+    def check(self, tenant: str) -> IndexCheck:
+        from .embedded import summary_disagreement
+
+        alias = self.alias(tenant)
+        if not self._call(lambda: self.es.indices.exists(index=alias)):
+            return IndexCheck({"chunks": 0, "patients": 0}, [])
+        per_patient = self._call(lambda: self.es.search(
+            index=alias, size=0, track_total_hits=True, query={"term": {"tenant": tenant}},
+            aggs={"patients": {"terms": {"field": "patient_id", "size": MAX_RESULT}}}))
+        actual = {b["key"]: b["doc_count"] for b in per_patient["aggregations"]["patients"]["buckets"]}
+        summaries = {p["patient_id"]: p for p in self.list_patients(tenant)}
+        counts = {"chunks": per_patient["hits"]["total"]["value"], "patients": len(summaries)}
+        problems = []
+        orphaned = sum(n for pid, n in actual.items() if pid not in summaries)
+        if orphaned:
+            problems.append(f"{orphaned} chunks of a patient with no summary")
+        for pid, summary in summaries.items():
+            problems += summary_disagreement(pid, summary, actual.get(pid, 0))
+        return IndexCheck(counts, problems)
 
     # --- reindex with an atomic alias swap -------------------------------------------------
     def scan_chunks(self, tenant: str):

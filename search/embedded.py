@@ -16,7 +16,7 @@ import numpy as np
 from fhir_ingest.contract import Chunk
 
 from .annotate import asserted_keys
-from .backend import Backend, Hit, ModelMismatch, Scope
+from .backend import Backend, Hit, IndexCheck, ModelMismatch, Scope
 from .lexicon import tokens
 
 SCHEMA = """
@@ -114,9 +114,10 @@ class EmbeddedBackend(Backend):
     def index(self, chunks: list[Chunk], vectors: np.ndarray, lexical_texts: list[str]) -> None:
         if not chunks:
             return
-        db = self._db()
+        # One row per chunk id even if a caller passes a chunk twice: the last one wins everywhere.
+        unique = {c.chunk_id: (c, v, lx) for c, v, lx in zip(chunks, vectors, lexical_texts)}
         rows, fts, refs, concepts = [], [], [], []
-        for chunk, vector, lexical in zip(chunks, vectors, lexical_texts):
+        for chunk, vector, lexical in unique.values():
             chunk.embedding_model = self.embedding_model
             cid = chunk.chunk_id
             rows.append((cid, chunk.tenant, chunk.patient_id, chunk.ref, chunk.semantic_type, chunk.date,
@@ -281,8 +282,58 @@ class EmbeddedBackend(Backend):
         rows = self._db().execute("SELECT data FROM patients WHERE tenant=? ORDER BY patient_id", (tenant,)).fetchall()
         return [json.loads(r[0]) for r in rows]
 
+    def check(self, tenant: str) -> IndexCheck:
+        db = self._db()
+
+        def one(sql: str, *args) -> int:
+            return db.execute(sql, (tenant, *args)).fetchone()[0]
+
+        row = db.execute("SELECT value FROM meta WHERE key='dimension'").fetchone()
+        vector_bytes = 4 * int(row[0]) if row else 0
+        counts = {
+            "chunks": one("SELECT count(*) FROM chunks WHERE tenant=?"),
+            "lexical rows": one("SELECT count(*) FROM chunks_fts WHERE tenant=?"),
+            "vectors": one("SELECT count(*) FROM chunks WHERE tenant=? AND length(vector)=?", vector_bytes),
+            "patients": one("SELECT count(*) FROM patients WHERE tenant=?"),
+            "source records": one("SELECT count(*) FROM resources WHERE tenant=?"),
+        }
+        checks = {
+            "lexical rows without a chunk": "SELECT count(*) FROM chunks_fts f WHERE f.tenant=? AND NOT EXISTS "
+                                            "(SELECT 1 FROM chunks c WHERE c.chunk_id = f.chunk_id)",
+            "chunks without a lexical row": "SELECT count(*) FROM chunks c WHERE c.tenant=? AND NOT EXISTS "
+                                            "(SELECT 1 FROM chunks_fts f WHERE f.chunk_id = c.chunk_id)",
+            "chunks with several lexical rows": "SELECT count(*) FROM (SELECT chunk_id FROM chunks_fts WHERE tenant=? "
+                                                "GROUP BY chunk_id HAVING count(*) > 1)",
+            "chunks without a vector of the index's dimension": "SELECT count(*) FROM chunks WHERE tenant=? AND "
+                                                                f"length(vector) != {vector_bytes}",
+            "reference rows without a chunk": "SELECT count(*) FROM chunk_refs r WHERE r.tenant=? AND NOT EXISTS "
+                                              "(SELECT 1 FROM chunks c WHERE c.chunk_id = r.chunk_id)",
+            "concept rows without a chunk": "SELECT count(*) FROM chunk_concepts k WHERE k.tenant=? AND NOT EXISTS "
+                                            "(SELECT 1 FROM chunks c WHERE c.chunk_id = k.chunk_id)",
+            "chunks of a patient with no summary": "SELECT count(*) FROM chunks c WHERE c.tenant=? AND NOT EXISTS "
+                                                   "(SELECT 1 FROM patients p WHERE p.tenant = c.tenant AND "
+                                                   "p.patient_id = c.patient_id)",
+        }
+        problems = []
+        for what, sql in checks.items():
+            found = one(sql)
+            if found:
+                problems.append(f"{found} {what}")
+        actual = dict(db.execute("SELECT patient_id, count(*) FROM chunks WHERE tenant=? GROUP BY patient_id", (tenant,)))
+        for patient_id, data in db.execute("SELECT patient_id, data FROM patients WHERE tenant=?", (tenant,)):
+            problems += summary_disagreement(patient_id, json.loads(data), actual.get(patient_id, 0))
+        return IndexCheck(counts, problems)
+
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)
         if conn is not None:
             conn.close()
             self._local.conn = None
+
+
+def summary_disagreement(patient_id: str, summary: dict, chunks: int) -> list[str]:
+    """A patient summary whose chunk count is not what the index holds for that patient."""
+    said = sum((summary.get("chunk_counts") or {}).values())
+    if said == chunks:
+        return []
+    return [f"patient {patient_id}: the summary counts {said} chunks, the index holds {chunks}"]

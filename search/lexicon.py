@@ -73,3 +73,8 @@ def tokens(text: str) -> list[str]:
 
 def content_tokens(text: str) -> list[str]:
     return [t for t in tokens(text) if t not in STOP_WORDS and len(t) > 1 or t in ("k+",)]
+
+
+def clean_text(text: str) -> str:
+    """Text as it can be stored and searched: lone surrogates (which no encoder accepts) replaced."""
+    return text.encode("utf-8", errors="replace").decode("utf-8")

@@ -190,31 +190,43 @@ def analyse(question: str, terms: list[RecordTerm] | None = None) -> Analysis:
 
 
 def time_window(question: str) -> tuple[str, str]:
-    """Explicit dates in the question → an inclusive ISO window ('May 30, 2025', 'Oct 2022', 'since 2023')."""
+    """Explicit dates in the question → an inclusive ISO window ('May 30, 2025', 'Oct 2022', 'since 2023').
+
+    Questions are text: an impossible date ("2023-02-30", "since 0000-01-01") is a date the
+    question does not have, never an error."""
     q = question.lower()
     m = re.search(r"\b(\d{4})-(\d{2})-(\d{2})\b", q)
     if m:
-        return m.group(0), m.group(0)
+        d = _valid_date(int(m.group(1)), int(m.group(2)), int(m.group(3)))
+        return (d, d) if d else ("", "")
     m = re.search(rf"\b({_MONTH_RE})\.?\s+(\d{{1,2}})(?:st|nd|rd|th)?,?\s+(\d{{4}})\b", q)
     if m:
-        try:
-            d = date(int(m.group(3)), MONTHS[m.group(1)], int(m.group(2)))
-            return d.isoformat(), d.isoformat()
-        except ValueError:
-            pass
+        d = _valid_date(int(m.group(3)), MONTHS[m.group(1)], int(m.group(2)))
+        if d:
+            return d, d
     m = re.search(rf"\b({_MONTH_RE})\.?\s+(\d{{4}})\b", q)
-    if m:
+    if m and _valid_date(int(m.group(2)), MONTHS[m.group(1)], 1):
         year, month = int(m.group(2)), MONTHS[m.group(1)]
         last = calendar.monthrange(year, month)[1]
         since = re.search(rf"\b(since|after|from)\s+{re.escape(m.group(0))}", q)
         return f"{year:04d}-{month:02d}-01", ("" if since else f"{year:04d}-{month:02d}-{last:02d}")
     m = re.search(r"\b(since|after|from)\s+(\d{4})\b", q)
-    if m:
+    if m and _valid_date(int(m.group(2)), 1, 1):
         return f"{m.group(2)}-01-01", ""
     m = re.search(r"\b(?:in|during|of)\s+(\d{4})\b", q) or re.search(r"\b(19[5-9]\d|20[0-4]\d)\b", q)
-    if m:
+    if m and _valid_date(int(m.group(1)), 1, 1):
         return f"{m.group(1)}-01-01", f"{m.group(1)}-12-31"
     return "", ""
+
+
+def _valid_date(year: int, month: int, day: int) -> str:
+    """ISO date, or "" when no such day exists (or the year is outside what a record can hold)."""
+    if not 1 <= year <= 9998:      # leaves room to widen the window by a month either way
+        return ""
+    try:
+        return date(year, month, day).isoformat()
+    except ValueError:
+        return ""
 
 
 def expanded_query(analysis: Analysis) -> str:

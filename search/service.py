@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from fhir_ingest.load import LoadReport, PatientRecord, load_resources
+from fhir_ingest.load import LoadReport, PatientRecord, assembled, merge_resources
+from fhir_ingest.reader import read_path
 
 from .answer import compose
 from .backend import Backend, BackendError
@@ -15,6 +16,7 @@ from .crossrank import CrossEncoderRanker, load_reranker
 from .embed import Embedder, load_embedder
 from .indexer import IndexResult, index_record
 from .grounded import GENERAL_BANNER, GENERAL_REFUSAL, grounded_answer
+from .lexicon import clean_text
 from .llm import ChatClient, LlmError, LlmSettings, general_answer, is_general_question
 from .phi import Identifiers
 from .pipeline import patient_terms, retrieve
@@ -99,21 +101,36 @@ class SearchService:
     def index_records(self, tenant: str, records: list[PatientRecord],
                       progress: Callable[[str, int, int], None] | None = None) -> IndexResult:
         total = IndexResult()
-        for i, record in enumerate(records):
-            def patient_progress(phase, done, count, i=i):
-                if progress:
-                    progress(phase, done, count)
-            total.merge(index_record(self.backend, self.embedder, tenant, record, patient_progress))
+        for record in records:
+            total.merge(self.index_record(tenant, record, progress))
         return total
 
+    def index_record(self, tenant: str, record: PatientRecord,
+                     progress: Callable[[str, int, int], None] | None = None) -> IndexResult:
+        """A whole record replaces what the index holds for the patient; a partial one (a stray
+        resource, an export, the essentials of a first sync) is merged into it and removes nothing."""
+        if not record.complete:
+            held = self.backend.patient_resources(tenant, record.patient_id)
+            record = PatientRecord(record.patient_id, merge_resources(held, record.resources))
+        return index_record(self.backend, self.embedder, tenant, record, progress)
+
     def index_paths(self, tenant: str, paths: list[str | Path],
-                    progress: Callable[[str, int, int], None] | None = None) -> IndexSummary:
-        records, report = load_resources(paths)
-        result = self.index_records(tenant, records, progress)
-        return IndexSummary(report, result)
+                    on_patient: Callable[[int, int], None] | None = None) -> IndexSummary:
+        """Index files and folders a patient at a time; the input waits on disk in the data directory
+        (not in memory) while it is regrouped by patient."""
+        report, total = LoadReport(), IndexResult()
+        items = (item for path in paths for item in read_path(path))
+        with assembled(items, report, self.index_path.parent) as assembler:
+            patient_ids = assembler.patient_ids()
+            for done, patient_id in enumerate(patient_ids, start=1):
+                total.merge(self.index_record(tenant, assembler.record(patient_id)))
+                if on_patient:
+                    on_patient(done, len(patient_ids))
+        return IndexSummary(report, total)
 
     def ask(self, tenant: str, patient_id: str, question: str, k: int = 5, pipeline: str = "full",
             question_id: str | None = None, ablate: tuple[str, ...] = (), use_llm: bool = True) -> dict:
+        question = clean_text(question)
         retrieval = retrieve(self.backend, self.embedder, question, tenant, patient_id, k=k, pipeline=pipeline,
                              ablate=ablate, reranker=self.reranker)
         analysis = retrieval.analysis

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 
-from flask import Flask, jsonify, render_template
+from flask import Flask, jsonify, render_template, request
 
 from .settings import REPO_ROOT, Settings
 
@@ -22,7 +22,11 @@ def create_app(settings: Settings | None = None, runner=None) -> Flask:
     from .sessions import SessionStore
     from .sources import open_registry
 
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    settings.prepare_data_dir()
+    if settings.token_key_beside_data and not settings.demo_launch:
+        logging.getLogger(__name__).warning(
+            "the key that encrypts EHR tokens is a file in the data directory, beside the tokens it protects; "
+            "supply it from your secret store as CHARTCITE_TOKEN_KEY (a Fernet key) instead")
     app.extensions["chartcite.search"] = SearchService(**settings.search_options())
     app.extensions["chartcite.sessions"] = SessionStore(settings.state_path, settings.secret_key)
     registry = open_registry(settings)
@@ -73,6 +77,19 @@ def create_app(settings: Settings | None = None, runner=None) -> Flask:
     @app.errorhandler(413)
     def too_large(_):
         return jsonify(error="request too large"), 413
+
+    @app.errorhandler(400)
+    def bad_request(error):
+        if request.path.startswith("/api/"):
+            return jsonify(error=getattr(error, "description", "") or "malformed request"), 400
+        return render_template("error.html", message="That request could not be read."), 400
+
+    @app.errorhandler(500)
+    def server_error(_):
+        # The frame reads JSON; a page of HTML would leave it waiting. The cause is in the log.
+        if request.path.startswith("/api/"):
+            return jsonify(error="chartcite could not answer that request; it has been logged. Try again."), 500
+        return render_template("error.html", message="Something went wrong; it has been logged."), 500
 
     # Werkzeug's access log shows paths only; question text travels in POST bodies and is never logged.
     logging.getLogger("werkzeug").setLevel(logging.WARNING)

@@ -100,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     rx = sub.add_parser("reindex", help="rebuild a tenant's index with the configured model (atomic alias swap)")
     rx.add_argument("--tenant")
     sub.add_parser("config", help="print the effective settings (secrets masked)")
+    ck = sub.add_parser("check", help="verify the index is consistent (chunks, lexical rows, vectors, patient summaries)")
+    ck.add_argument("--tenant")
+    ck.add_argument("--json", action="store_true")
     return p
 
 
@@ -112,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
+    if args.command != "config":
+        settings.prepare_data_dir()
     handler = globals()[f"cmd_{args.command.replace('-', '_')}"]
     from search.backend import BackendError
     from search.embed import ModelNotFound
@@ -134,39 +139,64 @@ def cmd_config(args, settings: Settings) -> int:
     return 0
 
 
+# Exit codes of `chartcite index` (and of `check`): documented in the README.
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_SKIPPED = 0, 1, 2, 3
+
+
 def cmd_index(args, settings: Settings) -> int:
     from tqdm import tqdm
-
-    from fhir_ingest.load import load_resources
 
     tenant = args.tenant or settings.tenant
     for path in args.paths:
         if not Path(path).exists():
             raise FileNotFoundError(f"no such file or directory: {path}")
     started = time.perf_counter()
-    records, report = load_resources(args.paths)
     svc = service(settings)
     svc.embedder  # load the model before the bar starts
-    bar = tqdm(total=len(records), unit="patient", desc="indexing", file=sys.stderr)
-    from search.indexer import IndexResult
+    bar = tqdm(unit="patient", desc="indexing", file=sys.stderr)
 
-    total = IndexResult()
-    for record in records:
-        total.merge(svc.index_records(tenant, [record]))
-        bar.update(1)
+    def on_patient(done, total):
+        bar.total = total
+        bar.update(done - bar.n)
+
+    summary = svc.index_paths(tenant, args.paths, on_patient)
     bar.close()
-    elapsed = time.perf_counter() - started
-    print(f"resources read: {report.resources_read}  ({', '.join(f'{k} {v}' for k, v in report.by_type.most_common())})")
+    print(format_index_summary(summary, time.perf_counter() - started))
+    skipped = summary.load.skipped or summary.result.problems
+    return EXIT_SKIPPED if skipped else EXIT_OK
+
+
+def format_index_summary(summary, elapsed: float) -> str:
+    report, total = summary.load, summary.result
+    lines = [f"resources read: {report.resources_read}  ({', '.join(f'{k} {v}' for k, v in report.by_type.most_common())})"]
     if report.not_indexed:
-        print(f"read but not indexed (not clinical content): {', '.join(f'{k} {v}' for k, v in report.not_indexed.most_common())}")
-    print(f"patients: {total.patients}  chunks written: {total.embedded}  unchanged: {total.unchanged}  "
-          f"removed: {total.removed}  total chunks: {total.chunks}  in {elapsed:.1f}s")
-    print(f"skipped: {len(report.skipped) + len(total.problems)}")
-    for s in report.skipped:
-        print(f"  {s.origin}: {s.reason}")
-    for p in total.problems:
-        print(f"  {p.ref}: {p.reason}")
-    return 0
+        lines.append("read but not indexed (not clinical content): "
+                     + ", ".join(f"{k} {v}" for k, v in report.not_indexed.most_common()))
+    lines.append(f"patients: {total.patients}  chunks written: {total.embedded}  unchanged: {total.unchanged}  "
+                 f"removed: {total.removed}  total chunks: {total.chunks}  in {elapsed:.1f}s")
+    if report.added_to:
+        lines.append(f"added to the records held (this input is not their whole record, so nothing of theirs was "
+                     f"removed): {len(report.added_to)} patient(s): {', '.join(report.added_to[:20])}"
+                     + (" ..." if len(report.added_to) > 20 else ""))
+    lines.append(f"skipped: {len(report.skipped) + len(total.problems)}")
+    lines += [f"  {s.origin}: {s.reason}" for s in report.skipped]
+    lines += [f"  {p.ref}: {p.reason}" for p in total.problems]
+    if report.warnings:
+        lines.append(f"warnings: {len(report.warnings)} (indexed)")
+        lines += [f"  {w.origin}: {w.reason}" for w in report.warnings]
+    return "\n".join(lines)
+
+
+def cmd_check(args, settings: Settings) -> int:
+    tenant = args.tenant or settings.tenant
+    result = service(settings).catalog.check(tenant)
+    if args.json:
+        print(json.dumps({"tenant": tenant, "counts": result.counts, "problems": result.problems}, indent=2))
+    else:
+        print(f"tenant {tenant}: " + ", ".join(f"{name} {n}" for name, n in result.counts.items()))
+        print("consistent" if not result.problems else "INCONSISTENT:")
+        print("\n".join(f"  {p}" for p in result.problems))
+    return EXIT_FAILED if result.problems else EXIT_OK
 
 
 def cmd_patients(args, settings: Settings) -> int:
@@ -222,19 +252,7 @@ def cmd_ask(args, settings: Settings) -> int:
     tenant = args.tenant or settings.tenant
     svc = service(settings)
     if args.batch:
-        with open(args.batch, encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    item = json.loads(line)
-                    pid, question = item["patient_id"], item["question"]
-                except (json.JSONDecodeError, KeyError) as exc:
-                    print(f"chartcite: {args.batch}:{lineno}: needs patient_id and question ({exc})", file=sys.stderr)
-                    continue
-                result = svc.ask(tenant, pid, question, k=args.k, pipeline=args.pipeline, question_id=item.get("id"))
-                print(json.dumps(result), flush=True)
-        return 0
+        return ask_batch(svc, tenant, args)
     if not args.patient or not args.question:
         print("chartcite ask: give --patient ID and a QUESTION, or --batch FILE", file=sys.stderr)
         return 2
@@ -249,6 +267,37 @@ def cmd_ask(args, settings: Settings) -> int:
     if args.explain:
         print_stage_table(result["diagnostics"]["stages"])
     return 0
+
+
+def ask_batch(svc, tenant: str, args) -> int:
+    """One JSON result per line, in order; a line that cannot be answered gets an error result and
+    the rest are still answered. Exit 3 when any line failed."""
+    failed = 0
+    with open(args.batch, encoding="utf-8", errors="replace") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            result = answer_line(svc, tenant, args, line, f"{args.batch}:{lineno}")
+            failed += "error" in result
+            print(json.dumps(result), flush=True)
+    return EXIT_SKIPPED if failed else EXIT_OK
+
+
+def answer_line(svc, tenant: str, args, line: str, where: str) -> dict:
+    try:
+        item = json.loads(line)
+    except (json.JSONDecodeError, RecursionError):
+        return {"line": where, "error": "not a JSON object"}
+    if not isinstance(item, dict) or not isinstance(item.get("patient_id"), str) \
+            or not isinstance(item.get("question"), str) or not item["question"].strip():
+        return {"line": where, "error": "needs patient_id and question (strings)"}
+    qid = item.get("id") if isinstance(item.get("id"), (str, int)) else None
+    try:
+        return svc.ask(tenant, item["patient_id"], item["question"], k=args.k, pipeline=args.pipeline, question_id=qid)
+    except Exception as exc:  # one question's failure must not cost the questions after it
+        log.exception("a batch question could not be answered")
+        return {"line": where, "id": qid, "patient_id": item["patient_id"],
+                "error": f"could not be answered ({type(exc).__name__})"}
 
 
 def print_stage_table(stages: list[dict]) -> None:
@@ -346,7 +395,7 @@ def cmd_ehr(args, settings: Settings) -> int:
 def cmd_audit(args, settings: Settings) -> int:
     from .audit import open_audit
 
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    settings.prepare_data_dir()
     entries = open_audit(settings.audit_db).entries(limit=args.limit, kind=args.kind, patient_id=args.patient,
                                                     tenant=args.tenant)
     if args.jsonl:

@@ -10,14 +10,12 @@ from flask import Blueprint, abort, current_app, g, jsonify, make_response, redi
 from fhir_ingest.load import BundleDirectorySource
 from fhir_ingest.normalize import human_name
 
+from .bodies import PIPELINES, AskBody, DraftBody, SaveDraftBody, SyncBody, WriteBackBody, json_object, parse
 from .render import readable
 from .sessions import COOKIE_NAME, SESSION_HEADER
 
 bp = Blueprint("frame", __name__)
 log = logging.getLogger(__name__)
-
-PIPELINES = ("dense", "hybrid", "full")
-
 
 def settings():
     return current_app.config["CHARTCITE"]
@@ -52,15 +50,39 @@ def launch_context():
     return context
 
 
+PATIENT_KEYS = {"patient", "patient_id", "patientid", "subject", "patient.id", "_patient"}
+
+
+def asked_patients(payload: dict) -> list[str]:
+    """Every patient a request names, however it spells the key (query or body, any case), as an
+    id: `Patient/x` and `x` are the same patient."""
+    pairs = list(request.args.items(multi=True)) + [(k, v) for k, v in payload.items() if isinstance(k, str)]
+    asked = []
+    for key, value in pairs:
+        if key.lower().replace("-", "_") in PATIENT_KEYS:
+            text = value if isinstance(value, str) else str(value)
+            asked.append(text.removeprefix("Patient/"))
+    return asked
+
+
 def reject_other_patient(context, payload: dict) -> None:
     """A patient id in a request is never trusted; one that differs from the launch is refused."""
-    asked = payload.get("patient_id") or payload.get("patient") or request.args.get("patient")
-    if asked and asked != context.patient_id:
+    others = [p for p in asked_patients(payload) if p != context.patient_id]
+    if others:
         log.warning("request for a patient outside the launch context was refused")
         audit().record("refused", context.tenant, context.clinician, context.patient_id,
-                       request=f"{request.method} {request.path}", asked_patient=str(asked)[:200],
+                       request=f"{request.method} {request.path}", asked_patient=others[0][:200],
                        reason="patient outside the launch context")
         abort(make_response(jsonify(error="this session is not launched for that patient"), 403))
+
+
+def launched_body(model=None):
+    """The launch context and the request's checked body: 401 without a launch, 403 for another
+    patient, 400 for a body of the wrong shape."""
+    context = launch_context()
+    payload = json_object()
+    reject_other_patient(context, payload)
+    return context, (parse(model, payload) if model else payload)
 
 
 def age_of(birth: str) -> int | None:
@@ -136,8 +158,7 @@ def render_patient(context, handle: str):
 
 @bp.get("/api/status")
 def status():
-    context = launch_context()
-    reject_other_patient(context, {})
+    context, _ = launched_body()
     job = runner().jobs.get(context.tenant, context.patient_id)
     indexed = search().patient(context.tenant, context.patient_id)
     return jsonify(patient_id=context.patient_id, indexed=indexed is not None,
@@ -148,8 +169,7 @@ def status():
 @bp.post("/api/sync")
 def sync_now():
     """"Refresh from the EHR": queue a sync of the launched patient (incremental after the first)."""
-    context = launch_context()
-    reject_other_patient(context, request.get_json(silent=True) or {})
+    context, _ = launched_body(SyncBody)
     queued = runner().enqueue_sync(context.tenant, context.patient_id,
                                    context.session_id if context.mode != "demo" else None)
     return jsonify(queued=queued), 202
@@ -157,24 +177,13 @@ def sync_now():
 
 @bp.post("/api/ask")
 def ask():
-    context = launch_context()
-    payload = request.get_json(silent=True) or {}
-    reject_other_patient(context, payload)
-    question = str(payload.get("question", "")).strip()
+    context, body = launched_body(AskBody)
+    question = body.question.strip()
     if not question:
         return jsonify(error="type a question about this patient"), 400
-    if len(question) > 1000:
-        return jsonify(error="questions are limited to 1000 characters"), 400
-    pipeline = payload.get("pipeline", "full")
-    if pipeline not in PIPELINES:
-        return jsonify(error=f"pipeline must be one of {', '.join(PIPELINES)}"), 400
-    try:
-        k = max(1, min(int(payload.get("k", 5)), 20))
-    except (TypeError, ValueError):
-        return jsonify(error="k must be a number"), 400
-    result = search().ask(context.tenant, context.patient_id, question, k=k, pipeline=pipeline)
+    result = search().ask(context.tenant, context.patient_id, question, k=body.k, pipeline=body.pipeline)
     result["audit_id"] = audit().record(
-        "ask", context.tenant, context.clinician, context.patient_id, question, pipeline=pipeline,
+        "ask", context.tenant, context.clinician, context.patient_id, question, pipeline=body.pipeline,
         answer=result["answer"], abstained=result["abstained"], confidence=result.get("confidence"),
         citations=[c["ref"] for c in result["citations"]],
         evidence=[e["ref"] for e in result.get("evidence", [])],
@@ -188,25 +197,21 @@ def ask():
 @bp.get("/api/context")
 def context_bundle():
     """Structured facts only (problems, medications, allergies, labs, vitals, encounters), each with its ref."""
-    context = launch_context()
-    reject_other_patient(context, {})
+    context, _ = launched_body()
     return jsonify(search().context(context.tenant, context.patient_id))
 
 
 @bp.post("/api/draft")
 def draft():
     """A summary draft for the clinician to read and edit. Not saved: saving is an explicit step."""
-    context = launch_context()
-    payload = request.get_json(silent=True) or {}
-    reject_other_patient(context, payload)
+    context, body = launched_body(DraftBody)
     from search.drafts import KINDS
 
-    kind = payload.get("kind", "")
-    if kind not in KINDS:
+    if body.kind not in KINDS:
         return jsonify(error=f"kind must be one of {', '.join(KINDS)}"), 400
-    result = search().draft(context.tenant, context.patient_id, kind)
+    result = search().draft(context.tenant, context.patient_id, body.kind)
     result["can_write_back"] = bool(context.details.get("can_write_back"))
-    audit().record("draft", context.tenant, context.clinician, context.patient_id, draft_kind=kind,
+    audit().record("draft", context.tenant, context.clinician, context.patient_id, draft_kind=body.kind,
                    citations=[c["ref"] for c in result["citations"]])
     return jsonify(result)
 
@@ -215,12 +220,10 @@ def draft():
 def save_draft():
     """Store a draft the clinician chose to keep, with who and when. Every citation must be a
     record of this patient; the text is the clinician's (they may have edited it)."""
-    context = launch_context()
-    payload = request.get_json(silent=True) or {}
-    reject_other_patient(context, payload)
+    context, body = launched_body(SaveDraftBody)
     from search.drafts import KINDS
 
-    draft = payload.get("draft") or {}
+    draft = body.draft.model_dump()
     problem = check_draft(draft, KINDS, context)
     if problem:
         return jsonify(error=problem), 400
@@ -230,19 +233,15 @@ def save_draft():
 
 
 def check_draft(draft: dict, kinds, context) -> str:
-    if draft.get("kind") not in kinds or not isinstance(draft.get("sections"), list):
-        return "a draft needs its kind and sections"
-    citations = draft.get("citations")
-    if not isinstance(citations, list) or not all(isinstance(c, dict) and isinstance(c.get("ref"), str) for c in citations):
-        return "a draft needs its citations"
-    numbers = {c.get("n") for c in citations}
+    """What the schema cannot say: a known kind, citations that resolve, records of this patient."""
+    if draft["kind"] not in kinds:
+        return f"kind must be one of {', '.join(kinds)}"
+    numbers = {c["n"] for c in draft["citations"]}
     for section in draft["sections"]:
-        for line in section.get("lines") or []:
-            if not isinstance(line.get("text"), str) or len(line["text"]) > 2000:
-                return "each line needs text (at most 2000 characters)"
-            if not line.get("citations") or not set(line["citations"]) <= numbers:
+        for line in section["lines"]:
+            if not set(line["citations"]) <= numbers:
                 return "every line must cite the record it came from"
-    for c in citations:
+    for c in draft["citations"]:
         if search().resource(context.tenant, context.patient_id, c["ref"]) is None:
             return f"{c['ref'][:80]} is not a record of this patient"
     return ""
@@ -251,15 +250,10 @@ def check_draft(draft: dict, kinds, context) -> str:
 @bp.post("/api/draft/writeback")
 def write_back_draft():
     """Write a saved draft to the EHR as a preliminary note, only with a granted create scope."""
-    context = launch_context()
-    payload = request.get_json(silent=True) or {}
-    reject_other_patient(context, payload)
+    context, body = launched_body(WriteBackBody)
     if context.mode == "demo" or not context.details.get("can_write_back"):
         return jsonify(error="the EHR did not grant chartcite permission to write notes for this launch"), 403
-    try:
-        entry = audit().get(int(payload.get("saved", 0)))
-    except (TypeError, ValueError):
-        entry = None
+    entry = audit().get(body.saved)
     if not entry or entry["kind"] != "draft-saved" or entry["patient_id"] != context.patient_id \
             or entry["tenant"] != context.tenant:
         return jsonify(error="save the draft first; only this patient's saved drafts can be written back"), 404
@@ -284,16 +278,14 @@ def write_back_draft():
 
 @bp.get("/api/drafts")
 def saved_drafts():
-    context = launch_context()
-    reject_other_patient(context, {})
+    context, _ = launched_body()
     entries = audit().entries(kind="draft-saved", patient_id=context.patient_id, tenant=context.tenant, limit=50)
     return jsonify([{"id": e["id"], "when": e["when"], "clinician": e["clinician"], "draft": e["draft"]} for e in entries])
 
 
 @bp.get("/api/record")
 def record():
-    context = launch_context()
-    reject_other_patient(context, {})
+    context, _ = launched_body()
     ref = request.args.get("ref", "")
     if ref.count("/") != 1:
         return jsonify(error="ref must look like ResourceType/id"), 400

@@ -6,6 +6,7 @@ reads the environment.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import tomllib
 from dataclasses import dataclass, field, fields
@@ -13,7 +14,8 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SECRET_FIELDS = {"secret_key", "es_api_key", "es_password", "llm_api_key", "token_key", "admin_token"}
-URL_FIELDS = {"redis_url", "broker_url", "es_url", "registry_url", "audit_url"}      # may carry a password: user:secret@host
+# Settings that hold URLs, which may carry credentials (user:secret@host, ?api_key=...).
+URL_FIELDS = {"redis_url", "broker_url", "es_url", "registry_url", "audit_url", "llm_url", "public_url"}
 
 
 class SettingsError(ValueError):
@@ -89,7 +91,7 @@ class Settings:
         """A stable signing key: the configured one, else one kept in the data dir."""
         if self.secret_key:
             return self.secret_key
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.prepare_data_dir()
         key_file = self.data_dir / "secret.key"
         if not key_file.exists():
             key_file.write_text(secrets.token_hex(32))
@@ -103,13 +105,23 @@ class Settings:
             return self.token_key
         from cryptography.fernet import Fernet
 
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.prepare_data_dir()
         key_file = self.data_dir / "token.key"
         if not key_file.exists():
             key_file.write_bytes(Fernet.generate_key())
             key_file.chmod(0o600)
         self.token_key = key_file.read_text().strip()
         return self.token_key
+
+    def prepare_data_dir(self) -> Path:
+        """The data directory, private to chartcite (it holds records, questions and keys)."""
+        make_private_dir(self.data_dir)
+        return self.data_dir
+
+    @property
+    def token_key_beside_data(self) -> bool:
+        """The key that encrypts tokens is a file in the directory that holds them."""
+        return not self.token_key and (self.data_dir / "token.key").exists()
 
     @property
     def audit_db(self) -> str:
@@ -160,17 +172,46 @@ class Settings:
             if f.name in SECRET_FIELDS and value:
                 value = "****"
             elif f.name in URL_FIELDS and value:
-                value = mask_url_password(str(value))
+                value = mask_urls(str(value))
             out[f.name] = str(value) if isinstance(value, Path) else value
         out["index_path"] = str(self.index_path)
         out["celery_broker"] = mask_url_password(self.celery_broker)
         return out
 
 
-def mask_url_password(url: str) -> str:
-    import re
+_SECRET_PARAMS = re.compile(r"(?i)([?&;](?:password|passwd|pwd|api[_-]?key|apikey|token|access_token|secret|key|sig)=)[^&;#]*")
 
-    return re.sub(r"(://[^:/@]*:)[^@/]+@", r"\1****@", url)
+
+def mask_url_password(url: str) -> str:
+    """The URL with its credentials masked, whatever characters the password holds ('/', '@', ':').
+
+    The userinfo ends at the last '@' before the query: hosts never contain '@', passwords may."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    end = min((i for i in (rest.find("?"), rest.find("#")) if i >= 0), default=len(rest))
+    at = rest.rfind("@", 0, end)
+    if at >= 0:
+        user, colon, _ = rest[:at].partition(":")
+        # A bare userinfo (https://token@host) is itself the secret.
+        rest = (f"{user}:****" if colon else "****") + rest[at:]
+    return f"{scheme}://" + _SECRET_PARAMS.sub(r"\1****", rest)
+
+
+def mask_urls(value: str) -> str:
+    """Each of several comma-separated URLs (CHARTCITE_ES_URL) masked on its own."""
+    return ",".join(mask_url_password(part) for part in value.split(","))
+
+
+def make_private_dir(path: Path) -> None:
+    """A directory only chartcite's user can read, and every file chartcite creates from now on
+    (databases and their journals, keys, staged exports) 0600, whatever the umask was."""
+    os.umask(0o077)
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.chmod(0o700)
+    for child in path.iterdir():
+        if child.is_file() and child.stat().st_mode & 0o077:
+            child.chmod(0o600)
 
 
 def _coerce(default, raw, name: str):

@@ -17,7 +17,7 @@ def _registry(url: str, key: str) -> Registry:
 
 
 def open_registry(settings: Settings) -> Registry:
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    settings.prepare_data_dir()
     return _registry(settings.registry_db, settings.ensure_token_key())
 
 
@@ -32,7 +32,8 @@ def read_ehr_patient(settings: Settings, registry: Registry, ehr: Ehr, patient_i
                      session_id: str | None, progress=None):
     """The patient's record from the EHR: everything on the first sync, then what changed since the
     last one (by the EHR's own clock), merged into the resources chartcite already holds."""
-    from fhir_ingest.fhir_source import fetch_patient, merge_resources, to_record
+    from fhir_ingest.fhir_source import fetch_patient, to_record
+    from fhir_ingest.load import merge_resources
 
     client = ehr_client(settings, registry, ehr, session_id)
     cursor = registry.patient_synced(ehr.name, patient_id)
@@ -50,37 +51,42 @@ def run_bulk_sync(settings: Settings, registry: Registry, ehr: Ehr, service, gro
     chartcite holds and re-index them. The export is parked on disk and indexed a patient at a
     time. Nothing is lost on failure: the cursor moves only at the end."""
     from fhir_ingest.bulk import BulkExport
-    from fhir_ingest.fhir_source import PATIENT_SEARCHES, merge_resources
-    from fhir_ingest.load import LoadReport, checked
-    from fhir_ingest.staging import PatientStaging
+    from fhir_ingest.fhir_source import PATIENT_SEARCHES
+    from fhir_ingest.load import LoadReport, RecordAssembler
 
     def say(phase, done=0, total=0, note=""):
         if progress:
             progress(phase, done, total, note)
 
+    def downloaded(items):
+        for count, item in enumerate(items, start=1):
+            if count % 1000 == 0:
+                say("downloading", count, 0, "resources")
+            yield item
+
     client = ehr_client(settings, registry, ehr)
     export = BulkExport(client)
     types = ("Patient", "Medication", *PATIENT_SEARCHES)
     report = LoadReport()
-    with PatientStaging(settings.data_dir) as staging:
+    # An export is never a patient's whole record (it may be incremental, and it is sorted by type):
+    # each patient's part is merged into what chartcite holds, and only `deleted` removes anything.
+    assembler = RecordAssembler(report, settings.data_dir)
+    try:
         with export.job(group_id or ehr.group_id, types, ehr.bulk_since) as status_url:
             manifest = export.wait(status_url, progress=say)
-            for resource in checked(export.resources(manifest), report):
-                staging.add(resource)
-                if staging.resources % 1000 == 0:
-                    say("downloading", staging.resources, 0, "resources")
+            assembler.add(downloaded(export.resources(manifest)))
             deleted = export.deleted_refs(manifest)
             errors = export.error_messages(manifest)
         removed = service.backend.delete_refs(ehr.name, deleted) if deleted else 0
         chunks = embedded = 0
-        patients = staging.patient_ids()
+        patients = assembler.patient_ids()
         for i, pid in enumerate(patients, start=1):
-            record = staging.record(pid)
-            record.resources = merge_resources(service.backend.patient_resources(ehr.name, pid), record.resources)
-            result = service.index_records(ehr.name, [record])
+            result = service.index_record(ehr.name, assembler.record(pid))
             chunks, embedded = chunks + result.chunks, embedded + result.embedded
             registry.mark_patient_synced(ehr.name, pid, manifest.transaction_time)
             say("indexing", i, len(patients))
+    finally:
+        assembler.close()
     summary = {"patients": len(patients), "resources": report.resources_read, "chunks": chunks,
                "embedded": embedded, "deleted": len(deleted), "removed_chunks": removed,
                "skipped": len(report.skipped), "export_errors": len(errors),

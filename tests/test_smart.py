@@ -26,6 +26,7 @@ PID = "936988e9-d587-ef42-ebdf-541238540ff3"            # 46 resources
 OTHER = "8ef99ca1-5615-7aa6-d383-47fe931a1f14"          # 88 resources, two medications
 GROUP = "chartcite-test-group"
 CLIENT_ID = "chartcite-test-client"
+ADMIN_TOKEN = "admin-token-for-the-suite"
 TENANT = "testehr"
 
 
@@ -62,7 +63,7 @@ def stack(tmp_path_factory, synthea_dir):
         app_port = free_port()
         app_url = f"http://localhost:{app_port}"
         env = clean_env(data_dir=folder / "data", demo_launch="false", public_url=app_url,
-                        token_key=Fernet.generate_key().decode(), fhir_max_concurrency=2)
+                        token_key=Fernet.generate_key().decode(), fhir_max_concurrency=2, admin_token=ADMIN_TOKEN)
         ehr, ehr_root = start_ehr_server(folder, fhir_base, CLIENT_ID, app_url, f"{app_url}/.well-known/jwks.json",
                                          standalone_patient=OTHER)
         processes.append(ehr)
@@ -415,7 +416,10 @@ def test_registration_info_prints_what_the_consoles_ask_for(stack):
     for expected in (f"{stack.app}/launch", f"{stack.app}/callback", f"{stack.app}/.well-known/jwks.json",
                      "patient/Observation.read", "patient/Observation.rs", "system/Observation.rs", "launch-ehr"):
         assert expected in info.stdout
-    admin = requests.get(f"{stack.app}/admin", timeout=10)
+    # Outside the demo, loopback is no credential (a TLS proxy on the same host is loopback too).
+    assert requests.get(f"{stack.app}/admin", timeout=10).status_code == 403
+    assert requests.get(f"{stack.app}/admin/audit", timeout=10).status_code == 403
+    admin = requests.get(f"{stack.app}/admin", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=10)
     assert admin.status_code == 200 and TENANT in admin.text and stack.fhir in admin.text
 
 

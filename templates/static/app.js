@@ -19,7 +19,15 @@
   function api(path, options) {
     options = options || {};
     options.headers = Object.assign({ "X-Chartcite-Session": handle }, options.headers || {});
-    return fetch(path, options).then((r) => r.json().then((body) => ({ ok: r.ok, status: r.status, body })));
+    // Every answer becomes {ok, status, body}: a page that is not JSON (a proxy's 502) or no answer
+    // at all (network down) is an error the frame can show, never a promise left hanging.
+    return fetch(path, options)
+      .then((r) => r.text().then((text) => {
+        try { return { ok: r.ok, status: r.status, body: JSON.parse(text) }; } catch (e) {
+          return { ok: false, status: r.status, body: { error: "chartcite answered with an error (HTTP " + r.status + "). Try again." } };
+        }
+      }))
+      .catch(() => ({ ok: false, status: 0, body: { error: "chartcite could not be reached. Check the connection and try again." } }));
   }
 
   function el(tag, attrs, text) {
@@ -32,8 +40,8 @@
   // --- indexing progress -------------------------------------------------------------------
   let ready = false;
   function pollStatus() {
-    api("/api/status").then(({ ok, body }) => {
-      if (!ok) return;
+    api("/api/status").then(({ ok, status, body }) => {
+      if (!ok) { if (status === 0 || status >= 500) setTimeout(pollStatus, 2000); return; }
       const job = body.job;
       const active = job && (job.state === "queued" || job.state === "running");
       ready = body.indexed && !active;
@@ -112,7 +120,7 @@
       $("answer").textContent = "Drafting…";
       api("/api/draft", { method: "POST", headers: { "Content-Type": "application/json" },
                           body: JSON.stringify({ kind: $(id).dataset.kind }) })
-        .then(({ ok, body }) => { if (ok) renderDraft(body); else $("answer").textContent = body.error || "Could not draft."; });
+        .then(({ ok, body }) => { if (ok) renderDraft(body); else showError(body.error || "Could not draft."); });
     });
   });
 
@@ -124,15 +132,23 @@
     if (!question) return;
     $("answer").textContent = "Searching the record…";
     $("chips").textContent = ""; $("meta").textContent = ""; $("chart").hidden = true;
+    $("ask-button").disabled = true;
     api("/api/ask", {
       method: "POST", headers: { "Content-Type": "application/json" },
       body: JSON.stringify({ question, pipeline: $("pipeline").value }),
     }).then(({ ok, body }) => {
-      if (!ok) { $("answer").textContent = body.error || "Something went wrong."; return; }
+      $("ask-button").disabled = false;
+      if (!ok) { showError(body.error || "Something went wrong. Try again."); return; }
       current = body;
       renderAnswer(body);
     });
   });
+
+  function showError(message) {
+    const answer = $("answer");
+    answer.textContent = "";
+    answer.appendChild(el("p", { class: "error", role: "alert" }, message));
+  }
 
   function renderAnswer(result) {
     const answer = $("answer");

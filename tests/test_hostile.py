@@ -1,0 +1,238 @@
+"""Careless and hostile input through real `chartcite index` processes: a bad file, line, entry or
+byte costs only itself and is reported with its position; no input removes or rewrites another
+patient's record; the exit code says when something was skipped; the index stays consistent."""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import clean_env
+
+REPO = Path(__file__).resolve().parent.parent
+A = "936988e9-d587-ef42-ebdf-541238540ff3"      # the smallest shared record
+B = "8ef99ca1-5615-7aa6-d383-47fe931a1f14"      # has a recorded aspirin allergy
+EXIT_SKIPPED = 3
+
+
+def run(args, env, umask: int | None = None):
+    return subprocess.run([sys.executable, "-m", "smart_app.cli", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=600, preexec_fn=(lambda: os.umask(umask)) if umask is not None else None)
+
+
+def potassium(oid: str, patient: str, day: str, value: float, version: str = "", text: str = "Potassium") -> dict:
+    resource = {"resourceType": "Observation", "id": oid, "status": "final",
+                "category": [{"coding": [{"system": "http://terminology.hl7.org/CodeSystem/observation-category",
+                                          "code": "laboratory"}]}],
+                "code": {"coding": [{"system": "http://loinc.org", "code": "2823-3", "display": "Potassium"}],
+                         "text": text},
+                "subject": {"reference": f"Patient/{patient}"}, "effectiveDateTime": f"{day}T09:00:00Z",
+                "valueQuantity": {"value": value, "unit": "mmol/L", "system": "http://unitsofmeasure.org",
+                                  "code": "mmol/L"}}
+    if version:
+        resource["meta"] = {"versionId": version}
+    return resource
+
+
+def collection(*resources) -> dict:
+    return {"resourceType": "Bundle", "type": "collection", "entry": [{"resource": r} for r in resources]}
+
+
+def chunk_counts(env) -> dict[str, int]:
+    out = run(["patients", "--json"], env)
+    assert out.returncode == 0, out.stderr
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+    return {r["patient_id"]: sum(r["chunk_counts"].values()) for r in rows}
+
+
+def catalog(env):
+    from search.embedded import EmbeddedBackend
+
+    return EmbeddedBackend(Path(env["CHARTCITE_DATA_DIR"]) / "index.sqlite", None)
+
+
+def ask_all(env, questions: list[tuple[str, str]], tmp: Path) -> list[dict]:
+    batch = tmp / "questions.jsonl"
+    batch.write_text("".join(json.dumps({"patient_id": pid, "question": q}) + "\n" for pid, q in questions))
+    out = run(["ask", "--batch", str(batch)], env)
+    assert out.returncode == 0, out.stderr
+    return [json.loads(line) for line in out.stdout.splitlines()]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory, synthea_dir):
+    env = clean_env(data_dir=tmp_path_factory.mktemp("hostile-data"))
+    out = run(["index", str(synthea_dir / f"{A}.json.gz"), str(synthea_dir / f"{B}.json.gz")], env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return env
+
+
+def test_a_stray_resource_adds_to_the_patient_it_names_and_removes_nothing(env, synthea_dir, tmp_path):
+    """A's bundle plus one Observation of B: B's record is added to, never replaced."""
+    before = chunk_counts(env)
+    bundle = json.loads(gzip.open(synthea_dir / f"{A}.json.gz").read())
+    bundle["entry"].append({"fullUrl": "urn:uuid:0d1f8a36-6d6e-4f6a-9a57-3f7e7d0c0b01",
+                            "resource": potassium("stray-k", B, "2024-03-12", 5.9)})
+    path = tmp_path / "a-plus-stray.json"
+    path.write_text(json.dumps(bundle))
+    out = run(["index", str(path)], env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "removed: 0" in out.stdout
+    assert B in out.stdout.split("added to the records held")[1]
+    after = chunk_counts(env)
+    assert after[A] == before[A] and after[B] > before[B]
+    allergy, stray = ask_all(env, [(B, "Does he have any allergies?"), (B, "K+ on March 12, 2024?")], tmp_path)
+    assert not allergy["abstained"] and any(c["resource_type"] == "AllergyIntolerance" for c in allergy["citations"])
+    assert "5.9" in stray["answer"]
+    assert run(["check"], env).returncode == 0
+
+
+def test_duplicate_ids_keep_the_newest_version_and_say_so(env, tmp_path):
+    path = tmp_path / "dupes.ndjson"
+    newer, older = potassium("dup-k", A, "2024-04-01", 4.8, "2"), potassium("dup-k", A, "2024-04-01", 3.1, "1")
+    path.write_text(json.dumps(newer) + "\n" + json.dumps(older) + "\n" + json.dumps(newer) + "\n")
+    out = run(["index", str(path)], env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "dupes.ndjson:2: Observation/dup-k appears again" in out.stdout
+    held = catalog(env).get_resource("default", A, "Observation/dup-k")
+    assert held["valueQuantity"]["value"] == 4.8
+    checked = run(["check", "--json"], env)
+    assert checked.returncode == 0 and json.loads(checked.stdout)["problems"] == []
+
+
+def test_the_same_id_under_two_patients_is_two_records(env, tmp_path):
+    path = tmp_path / "shared-id.ndjson"
+    path.write_text(json.dumps(potassium("same-id", A, "2024-05-01", 4.1)) + "\n"
+                    + json.dumps(potassium("same-id", B, "2024-05-01", 5.2)) + "\n")
+    assert run(["index", str(path)], env).returncode == 0
+    index = catalog(env)
+    assert index.get_resource("default", A, "Observation/same-id")["valueQuantity"]["value"] == 4.1
+    assert index.get_resource("default", B, "Observation/same-id")["valueQuantity"]["value"] == 5.2
+    assert run(["check"], env).returncode == 0
+
+
+def hostile_folder(folder: Path) -> dict[str, str]:
+    """Bad files, lines, entries and bytes, each beside good resources. Returns the good ids and
+    the value each one carries."""
+    good = {f"good-{i}": (f"2023-0{1 + i // 9}-{1 + i % 9:02d}", round(4.0 + i / 100, 2)) for i in range(12)}
+    obs = {oid: potassium(oid, A, day, value) for oid, (day, value) in good.items()}
+    line = lambda resource: json.dumps(resource) + "\n"
+    (folder / "deep.json").write_text('{"resourceType": "Observation", "id": "deep", "note": ' + "[" * 10_000
+                                      + "]" * 10_000 + "}")
+    inner = json.dumps(obs["good-0"])
+    (folder / "nested600.json").write_text('{"resourceType": "Bundle", "type": "collection", "entry": [{"resource": ' * 600
+                                           + inner + "}]}" * 600)
+    (folder / "nested20.json").write_text('{"resourceType": "Bundle", "type": "collection", "entry": [{"resource": ' * 20
+                                          + inner + "}]}" * 20)
+    (folder / "entries.json").write_text(json.dumps({"resourceType": "Bundle", "type": "collection", "entry": [
+        {"resource": obs["good-1"]}, "a string", {"fullUrl": "urn:uuid:nothing-here"},
+        {"resource": {"resourceType": ["Observation"], "id": "listed"}}, {"request": "DELETE"},
+        {"resource": obs["good-2"]}]}))
+    (folder / "types.ndjson").write_text(
+        line(obs["good-3"]) + '{"resourceType": ["Observation"], "id": "t1"}\n'
+        + line(dict(obs["good-4"], resourceType="Obsrvation")) + line(dict(obs["good-4"], resourceType=123))
+        + line(dict(obs["good-4"], id=5)) + line(dict(obs["good-4"], subject="Patient/" + A)) + line(obs["good-4"]))
+    whole = gzip.compress(json.dumps(collection(obs["good-5"])).encode())
+    (folder / "corrupt.json.gz").write_bytes(whole[:20] + bytes(b ^ 0x5A for b in whole[20:60]) + whole[60:])
+    lines = "".join(line(potassium(f"run-{i}", A, "2022-06-01", 4.5)) for i in range(400)).encode()
+    (folder / "truncated.ndjson.gz").write_bytes(gzip.compress(line(obs["good-6"]).encode() + lines)[:-400])
+    latin = json.dumps(collection(obs["good-7"])).encode().replace(b'"text": "Potassium"', b'"text": "Potassium caf\xe9"')
+    (folder / "latin1.json").write_bytes(latin)
+    bad_line = line(obs["good-9"]).encode().replace(b'"text": "Potassium"', b'"text": "K\xe9"')
+    (folder / "badbyte.ndjson").write_bytes(line(obs["good-8"]).encode() + bad_line + line(obs["good-10"]).encode())
+    (folder / "future.ndjson").write_text(line(dict(obs["good-11"], effectiveDateTime="2099-01-01T00:00:00Z")))
+    return {oid: str(value) for oid, (_, value) in good.items()}
+
+
+def test_bad_files_lines_entries_and_bytes_cost_only_themselves(env, tmp_path):
+    folder = tmp_path / "hostile"
+    folder.mkdir()
+    good = hostile_folder(folder)
+    out = run(["index", str(folder)], env)
+    report = out.stdout
+    assert out.returncode == EXIT_SKIPPED, report + out.stderr
+    expected = {
+        "deep.json: JSON nested too deeply to read",
+        "nested600.json: JSON nested too deeply to read",
+        "nested20.json#entry[0]#entry[0]#entry[0]#entry[0]#entry[0]#entry[0]#entry[0]#entry[0]: Bundles nested more than 8 deep",
+        "entries.json#entry[1]: bundle entry without a resource",
+        "entries.json#entry[2]: bundle entry without a resource",
+        "entries.json#entry[3]: invalid resourceType",
+        "entries.json#entry[4]: bundle entry without a resource",
+        "types.ndjson:2: invalid resourceType",
+        "types.ndjson:3: unknown resource type 'Obsrvation'",
+        "types.ndjson:4: invalid resourceType 123",
+        "types.ndjson:5: Observation id 5 is not a FHIR id",
+        "types.ndjson:6: Observation/good-4: subject",
+        "corrupt.json.gz: unreadable file",
+        "truncated.ndjson.gz:",
+        "latin1.json: bytes that are not UTF-8 (first: 0xe9 at byte offset",
+        "badbyte.ndjson:2: bytes that are not UTF-8 (first: 0xe9 at byte offset",
+        "future.ndjson:1: Observation/good-11 is dated 2099-01-01, in the future",
+    }
+    missing = [want for want in expected if want not in report]
+    assert not missing, f"not reported: {missing}\n{report}"
+    assert "the lines before it were read" in report
+    index = catalog(env)
+    # good-0 sat inside the unreadable nests, good-5 inside the corrupt archive: those files cost themselves.
+    indexed = {oid for oid in good if index.get_resource("default", A, f"Observation/{oid}")}
+    assert indexed == set(good) - {"good-0", "good-5"}
+    assert index.get_resource("default", A, "Observation/run-0") is not None   # lines before the damage
+    assert index.get_resource("default", A, "Observation/good-9")["code"]["text"] == "K\ufffd"   # one character, not the line
+    answer, = ask_all(env, [(A, "K+ on Jan 4, 2023?")], tmp_path)
+    assert good["good-3"] in answer["answer"]
+    assert run(["check"], env).returncode == 0
+
+
+def test_a_file_that_does_not_exist_is_a_usage_error(env):
+    out = run(["index", "/nonexistent/bundle.json"], env)
+    assert out.returncode == 2 and "no such file" in out.stderr
+
+
+def test_ask_batch_answers_every_line_and_reports_the_ones_it_cannot(env, tmp_path):
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text("\n".join([
+        json.dumps({"patient_id": A, "question": "labs on 2023-02-30"}),
+        "not json at all",
+        json.dumps(["a", "list"]),
+        json.dumps({"patient_id": A, "question": "since 0000-01-01 any visits? \ud800"}),
+        json.dumps({"patient_id": A}),
+        json.dumps({"patient_id": A, "question": "on 2024-13-45 what meds?"}),
+    ]) + "\n")
+    out = run(["ask", "--batch", str(batch)], env)
+    assert out.returncode == EXIT_SKIPPED, out.stderr
+    results = [json.loads(line) for line in out.stdout.splitlines()]
+    assert len(results) == 6
+    assert ["error" in r for r in results] == [False, True, True, False, True, False]
+    assert all("answer" in r for r in results if "error" not in r)
+
+
+def test_config_masks_every_credential(tmp_path):
+    env = clean_env(data_dir=tmp_path / "data", llm_url="https://llm-user:llm/pa@ss@llm.example/v1",
+                    broker_url="redis://:s3cr/et@redis.example:6379/0",
+                    audit_url="postgresql+psycopg://audit:p@ss:w/rd@db.example/audit",
+                    es_url="https://es:one@n1:9200,https://es:two@n2:9200", llm_api_key="sk-123")
+    out = run(["config"], env)
+    assert out.returncode == 0, out.stderr
+    for secret in ("llm/pa@ss", "s3cr/et", "p@ss:w/rd", "one@", "two@", "sk-123"):
+        assert secret not in out.stdout
+    settings = json.loads(out.stdout)
+    assert settings["llm_url"] == "https://llm-user:****@llm.example/v1"
+    assert settings["broker_url"] == "redis://:****@redis.example:6379/0"
+
+
+def test_the_data_directory_is_private_whatever_the_umask(tmp_path, synthea_dir):
+    env = clean_env(data_dir=tmp_path / "private")
+    out = run(["index", str(synthea_dir / f"{A}.json.gz")], env, umask=0o022)
+    assert out.returncode == 0, out.stderr
+    data = tmp_path / "private"
+    assert stat.S_IMODE(data.stat().st_mode) == 0o700
+    files = [p for p in data.rglob("*") if p.is_file()]
+    assert any(p.name == "index.sqlite" for p in files)
+    assert {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in files} == {p.name: "0o600" for p in files}
