@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Annotated, Literal, TypeVar
 
 from flask import abort, jsonify, make_response, request
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from search.lexicon import clean_text
 
@@ -21,8 +21,12 @@ class Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+def _clean_if_text(value):
+    return clean_text(value) if isinstance(value, str) else value
+
+
 class AskBody(Body):
-    question: Annotated[str, AfterValidator(clean_text)] = Field(min_length=1, max_length=1000)
+    question: Annotated[str, BeforeValidator(_clean_if_text)] = Field(min_length=1, max_length=1000)
     pipeline: Literal["dense", "hybrid", "full"] = "full"
     k: int = Field(default=5, ge=1, le=20)
 

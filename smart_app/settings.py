@@ -121,7 +121,8 @@ class Settings:
     @property
     def token_key_beside_data(self) -> bool:
         """The key that encrypts tokens is a file in the directory that holds them."""
-        return not self.token_key and (self.data_dir / "token.key").exists()
+        key_file = self.data_dir / "token.key"
+        return key_file.exists() and self.token_key in ("", key_file.read_text().strip())
 
     @property
     def audit_db(self) -> str:

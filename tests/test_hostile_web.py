@@ -1,0 +1,135 @@
+"""The frame's JSON API against malformed and hostile requests: a 400 with a sentence, never a 500;
+another patient refused however the request spells it."""
+from __future__ import annotations
+
+import logging
+import shutil
+
+import pytest
+from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+
+from smart_app.app import create_app
+from smart_app.settings import Settings
+
+from .conftest import InlineRunner
+from .test_web import launch
+
+PID = "936988e9-d587-ef42-ebdf-541238540ff3"
+OTHER = "8ef99ca1-5615-7aa6-d383-47fe931a1f14"
+POST_ROUTES = ("/api/ask", "/api/draft", "/api/draft/save", "/api/draft/writeback", "/api/sync")
+GET_ROUTES = ("/api/status", "/api/context", "/api/drafts", "/api/record")
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory, synthea_dir, embedder):
+    source = tmp_path_factory.mktemp("source")
+    for pid in (PID, OTHER):
+        shutil.copy(synthea_dir / f"{pid}.json.gz", source)
+    settings = Settings.load({"CHARTCITE_DATA_DIR": str(tmp_path_factory.mktemp("data")),
+                              "CHARTCITE_DEMO_SOURCE": str(source), "CHARTCITE_RATE_LIMIT_CLINICIAN": "100000/minute",
+                              "CHARTCITE_RATE_LIMIT_TENANT": "100000/minute"})
+    return create_app(settings, runner=InlineRunner(settings))
+
+
+@pytest.fixture(scope="module")
+def session(app):
+    client = app.test_client()
+    return client, {"X-Chartcite-Session": launch(client, PID)}
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=30),
+                    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4),
+                    max_leaves=12)
+# Bodies shaped like the real ones, with every value replaced by anything JSON can hold.
+SHAPED = st.fixed_dictionaries({}, optional={"question": JSON, "k": JSON, "pipeline": JSON, "kind": JSON,
+                                             "draft": JSON, "saved": JSON, "title": JSON})
+
+
+@hsettings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(route=st.sampled_from(POST_ROUTES), body=JSON | SHAPED)
+def test_no_json_body_makes_a_route_fail(session, route, body):
+    client, headers = session
+    response = client.post(route, json=body, headers=headers)
+    assert response.status_code < 500, (route, body, response.get_data(as_text=True))
+    assert response.is_json and (response.status_code < 400 or response.get_json()["error"])
+
+
+@hsettings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(question=st.text(min_size=1, max_size=200))
+def test_no_question_text_makes_asking_fail(session, question):
+    client, headers = session
+    response = client.post("/api/ask", json={"question": question}, headers=headers)
+    assert response.status_code in (200, 400), (question, response.get_data(as_text=True))
+
+
+@pytest.mark.parametrize("question", ["labs on 2023-02-30", "since 2024-00-10 any visits?", "meds on 2024-13-45",
+                                      "since 0000-01-01", "A1c on Feb 30, 2024?", "BP \ud800 lately?"])
+def test_impossible_dates_and_lone_surrogates_are_just_text(session, question):
+    client, headers = session
+    response = client.post("/api/ask", json={"question": question}, headers=headers)
+    assert response.status_code == 200, response.get_data(as_text=True)
+    assert "answer" in response.get_json()
+
+
+@pytest.mark.parametrize("body,says", [
+    ([], "JSON object"), ("a string", "JSON object"), ({"question": "K+?", "k": 1e400}, "k"),
+    ({"question": "K+?", "k": "many"}, "k"), ({"question": 7}, "question"), ({}, "question"),
+])
+def test_a_malformed_ask_gets_a_sentence(session, body, says):
+    client, headers = session
+    response = client.post("/api/ask", json=body, headers=headers)
+    assert response.status_code == 400 and says in response.get_json()["error"]
+
+
+def test_a_draft_without_a_title_is_refused_not_crashed(session):
+    client, headers = session
+    draft = client.post("/api/draft", json={"kind": "medication-review"}, headers=headers).get_json()
+    draft.pop("title")
+    response = client.post("/api/draft/save", json={"draft": draft}, headers=headers)
+    assert response.status_code == 400 and "title" in response.get_json()["error"]
+
+
+def test_a_body_that_is_not_json_is_refused(session):
+    client, headers = session
+    response = client.post("/api/ask", data=b"\xff\xfe not json", headers=headers, content_type="application/json")
+    assert response.status_code == 400 and response.is_json
+
+
+@pytest.mark.parametrize("route", GET_ROUTES)
+@pytest.mark.parametrize("key", ["patient", "patient_id", "patientId", "PATIENT", "subject"])
+def test_another_patient_is_refused_however_it_is_spelled(session, route, key):
+    client, headers = session
+    for value in (OTHER, f"Patient/{OTHER}"):
+        response = client.get(route, query_string={key: value, "ref": "Patient/x"}, headers=headers)
+        assert response.status_code == 403, (route, key, value)
+
+
+@pytest.mark.parametrize("key", ["patient", "patient_id", "patientId", "subject"])
+def test_another_patient_in_a_body_is_refused(session, key):
+    client, headers = session
+    response = client.post("/api/ask", json={"question": "K+?", key: OTHER}, headers=headers)
+    assert response.status_code == 403
+
+
+def test_the_launched_patient_named_explicitly_is_fine(session):
+    client, headers = session
+    assert client.get("/api/status", query_string={"patient_id": PID}, headers=headers).status_code == 200
+
+
+def test_admin_needs_a_token_outside_the_demo(tmp_path):
+    settings = Settings.load({"CHARTCITE_DATA_DIR": str(tmp_path / "data"), "CHARTCITE_DEMO_LAUNCH": "false",
+                              "CHARTCITE_ADMIN_TOKEN": "t0ken"})
+    client = create_app(settings, runner=InlineRunner(settings)).test_client()
+    assert client.get("/admin").status_code == 403                   # loopback is no credential
+    assert client.get("/admin", headers={"Authorization": "Bearer wrong"}).status_code == 403
+    assert client.get("/admin", headers={"Authorization": "Bearer t0ken"}).status_code == 200
+    no_token = Settings.load({"CHARTCITE_DATA_DIR": str(tmp_path / "data2"), "CHARTCITE_DEMO_LAUNCH": "false"})
+    assert create_app(no_token, runner=InlineRunner(no_token)).test_client().get("/admin").status_code == 403
+
+
+def test_a_token_key_beside_the_data_is_warned_about(tmp_path, caplog):
+    settings = Settings.load({"CHARTCITE_DATA_DIR": str(tmp_path / "data"), "CHARTCITE_DEMO_LAUNCH": "false"})
+    settings.ensure_token_key()
+    with caplog.at_level(logging.WARNING):
+        create_app(settings, runner=InlineRunner(settings))
+    assert any("CHARTCITE_TOKEN_KEY" in r.getMessage() for r in caplog.records)
