@@ -290,6 +290,14 @@ def negated_overlap(chunk: Chunk, analysis: Analysis) -> bool:
     return bool(mentioned) and not (mentioned & asserted_keys(chunk.concepts))
 
 
+def holds_asked_section(chunk: Chunk, analysis: Analysis) -> bool:
+    """A note chunk that holds the section the question names ("presenting complaints" → Chief
+    Complaint): of a note's pieces, that one answers."""
+    asked = analysis.sections_asked
+    return bool(asked) and chunk.semantic_type == "note" and any(
+        heading.strip().lower() in asked for heading in chunk.section.split(","))
+
+
 def rerank(evidence: list[Evidence], analysis: Analysis, reranker: CrossEncoderRanker | None = None) -> list[Evidence]:
     """Deterministic features: concepts asserted (not negated), the asked-for dates, the newest
     for 'latest', trend summaries for trends, structured facts over templated note lines; plus,
@@ -318,11 +326,12 @@ def rerank(evidence: list[Evidence], analysis: Analysis, reranker: CrossEncoderR
             "trend": 1.0 if analysis.wants_trend and chunk.category == "trend" else 0.0,
             "structured": 1.0 if overlap and chunk.semantic_type != "note" else 0.0,
             "kind": 1.0 if chunk.semantic_type in analysis.kinds else 0.0,
+            "section": 1.0 if holds_asked_section(chunk, analysis) else 0.0,
         }
         ev.features = f
         ev.score = (f["fused"] + 0.8 * f["concepts"] - 0.6 * f["negated"] + 0.6 * f["in_window"]
                     + 0.4 * f["latest"] + 0.2 * f["type"] + 0.4 * f["trend"] + 0.3 * f["structured"]
-                    + 1.0 * f["kind"])
+                    + 1.0 * f["kind"] + 0.5 * f["section"])
     ranked = sorted(evidence, key=lambda e: (-e.score, e.chunk.chunk_id))
     if reranker is not None:
         ranked = cross_rerank(ranked, analysis.question, reranker)

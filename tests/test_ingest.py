@@ -171,24 +171,26 @@ def test_entered_in_error_never_becomes_a_chunk():
 def test_a_bulk_export_parked_on_disk_regroups_like_the_in_memory_path(patient_files, tmp_path):
     """An export arrives sorted by type, not patient; staging hands each patient back whole, with
     only the Medications that patient's requests point at."""
-    from fhir_ingest.load import LoadReport, check_items, checked
+    from fhir_ingest.load import LoadReport, RecordAssembler, check_items
     from fhir_ingest.reader import RawResource
-    from fhir_ingest.staging import PatientStaging
 
     items = [item for path in patient_files[:3] for item in read_path(path)]
     by_type = sorted((i for i in items if isinstance(i, RawResource)), key=lambda i: i.resource["resourceType"])
     medication = {"resourceType": "Medication", "id": "shared-med", "code": {"text": "aspirin"}}
     by_type.append(RawResource(medication, "Medication.ndjson:1"))
     expected, _ = check_items(by_type)
-    with PatientStaging(tmp_path) as staging:
-        for resource in checked(by_type, LoadReport()):
-            staging.add(resource)
-        assert staging.patient_ids() == [r.patient_id for r in expected]
+    assembler = RecordAssembler(LoadReport(), tmp_path)
+    try:
+        assembler.add(by_type)
+        assert assembler.patient_ids() == [r.patient_id for r in expected]
         for want in expected:
-            got = staging.record(want.patient_id)
+            got = assembler.record(want.patient_id)
             assert sorted(f"{r['resourceType']}/{r['id']}" for r in got.resources) == \
                 sorted(f"{r['resourceType']}/{r['id']}" for r in want.resources)
             assert "Medication/shared-med" not in {f"{r['resourceType']}/{r['id']}" for r in got.resources}
+            assert got.complete == want.complete
+    finally:
+        assembler.close()
     assert not list(tmp_path.iterdir()), "the staged export is removed when the sync ends"
 
 
