@@ -14,9 +14,12 @@ from datetime import date, timedelta
 from typing import Callable, Iterable
 
 from .contract import Chunk, make_label
+from .words import _join, _sentence, _strip_tag, _to_date, clinical_date, day  # noqa: F401  (context.py reads some here)
 from .normalize import (
-    code_keys, codings, concept_text, patient_of, quantity_text, ref_id, status_code,
+    binary_ref, code_keys, codings, concept_text, contained, patient_of, quantity_text, ref_id, status_code,
 )
+from .datatypes import choice_text, concept_words, dosage_text, period_text, reference_range_text, value_text
+from . import care_records
 from .notes import NoteDecodeError, decode_attachment, split_sections
 
 log = logging.getLogger(__name__)
@@ -26,12 +29,37 @@ SYSTOLIC, DIASTOLIC = "8480-6", "8462-4"
 
 
 def blood_pressure(resource: dict) -> tuple[dict, dict] | None:
-    """(systolic, diastolic) valueQuantity of a blood-pressure Observation, whatever the component
-    order (Synthea lists the diastolic first), or None for any other observation."""
-    comps = {((c.get("code") or {}).get("coding") or [{}])[0].get("code"): c for c in resource.get("component") or []}
-    if SYSTOLIC in comps and DIASTOLIC in comps:
-        return comps[SYSTOLIC].get("valueQuantity") or {}, comps[DIASTOLIC].get("valueQuantity") or {}
+    """(systolic, diastolic) components of a blood-pressure Observation, whatever the component
+    order (Synthea lists the diastolic first) and wherever LOINC sits among the codings (Epic puts
+    its flowsheet code first); either side may lack a value. None for any other observation."""
+    comps = {}
+    for component in resource.get("component") or []:
+        for coding in codings(component.get("code")):
+            if coding.get("code") in (SYSTOLIC, DIASTOLIC):
+                comps[coding["code"]] = component
+    if SYSTOLIC in comps or DIASTOLIC in comps:
+        return comps.get(SYSTOLIC, {}), comps.get(DIASTOLIC, {})
     return None
+
+
+def blood_pressure_text(systolic: dict, diastolic: dict) -> str:
+    """'120/80 mmHg'; a side without a value is said, never left blank ('109/(diastolic not recorded) mmHg')."""
+    sys_q, dia_q = systolic.get("valueQuantity") or {}, diastolic.get("valueQuantity") or {}
+    unit = sys_q.get("unit") or dia_q.get("unit") or "mm[Hg]"
+    top = quantity_text({"value": sys_q.get("value")}) or "(systolic not recorded)"
+    bottom = quantity_text({"value": dia_q.get("value")}) or "(diastolic not recorded)"
+    return f"{top}/{bottom} {unit}"
+
+
+def series_key(resource: dict) -> str:
+    """What one trend follows: a (system, code), LOINC preferred, so two local code systems that
+    happen to share a code never mix (a pulse in a potassium trend)."""
+    keys = [c for c in codings(resource.get("code")) if c.get("code")]
+    loinc = [c for c in keys if c.get("system") == "http://loinc.org"]
+    chosen = (loinc or keys or [{}])[0]
+    return f"{chosen.get('system', '')}|{chosen.get('code', '')}" if chosen else ""
+
+
 TREND_WINDOWS = (30, 90, 365)
 # About 60 pages of text, a few hundred chunks: longer "notes" are scanned books or machine output.
 MAX_NOTE_CHARS = 200_000
@@ -53,65 +81,10 @@ class ChunkProblem:
     reason: str
 
 
-# --- small helpers ----------------------------------------------------------------------------
-
-def clinical_date(resource: dict) -> str:
-    rt = resource.get("resourceType")
-    candidates = {
-        "Observation": ("effectiveDateTime", "effectivePeriod", "issued"),
-        "MedicationRequest": ("authoredOn",),
-        "MedicationAdministration": ("effectiveDateTime", "effectivePeriod"),
-        "Condition": ("onsetDateTime", "onsetPeriod", "recordedDate"),
-        "AllergyIntolerance": ("onsetDateTime", "recordedDate"),
-        "Encounter": ("period",),
-        "Procedure": ("performedDateTime", "performedPeriod"),
-        "Immunization": ("occurrenceDateTime",),
-        "DocumentReference": ("context", "date"),
-        "DiagnosticReport": ("effectiveDateTime", "effectivePeriod", "issued"),
-        "CarePlan": ("period",),
-        "Device": ("manufactureDate",),
-        "ImagingStudy": ("started",),
-    }.get(rt, ())
-    for field in candidates:
-        value = resource.get(field)
-        if field == "context" and isinstance(value, dict):
-            value = value.get("period")
-        if isinstance(value, dict):
-            value = value.get("start") or value.get("end")
-        if isinstance(value, str) and value:
-            return value
-    return ""
-
-
-def day(iso: str) -> str:
-    return iso[:10] if iso else ""
-
-
-def _to_date(iso: str) -> date | None:
-    try:
-        return date.fromisoformat(iso[:10])
-    except (TypeError, ValueError):
-        return None
-
-
-def _sentence(*parts: str) -> str:
-    return " ".join(p.strip() for p in parts if p and p.strip())
-
-
-def _join(items: Iterable[str], sep: str = ", ") -> str:
-    seen, out = set(), []
-    for item in items:
-        if item and item not in seen:
-            seen.add(item)
-            out.append(item)
-    return sep.join(out)
-
-
-def _strip_tag(display: str) -> str:
-    """'Prediabetes (finding)' → 'Prediabetes' for labels; the full display stays in the text."""
-    return re.sub(r"\s*\((?:disorder|finding|situation|procedure|substance|product|qualifier value|"
-                  r"observable entity|physical object|morphologic abnormality|regime/therapy|event)\)\s*$",
-                  "", display or "")
+# The resource types rendered by the chunker's own methods; care_records.RENDERERS has the rest.
+CORE_RENDERERS = {rt: f"chunk_{rt}" for rt in (
+    "Encounter", "MedicationRequest", "MedicationAdministration", "Observation", "Condition", "AllergyIntolerance",
+    "Procedure", "Immunization", "CarePlan", "Device", "ImagingStudy", "DocumentReference", "DiagnosticReport")}
 
 
 # --- the chunker ------------------------------------------------------------------------------
@@ -163,7 +136,7 @@ class PatientChunker:
         for r in self.resources:
             if status_code(r, "status") in WITHDRAWN or status_code(r, "verificationStatus") in WITHDRAWN:
                 continue
-            method = getattr(self, "chunk_" + r["resourceType"], None)
+            method = self.renderer(r["resourceType"])
             if method is None:
                 continue
             try:
@@ -173,6 +146,13 @@ class PatientChunker:
                 self.problems.append(ChunkProblem(ref, f"could not be chunked: {exc}"))
         out.extend(self.trend_chunks())
         return [piece for chunk in out for piece in self.within_window(chunk)]
+
+    def renderer(self, resource_type: str):
+        """The renderer of a resource type (CORE_RENDERERS here, the rest in care_records), or None."""
+        if resource_type in CORE_RENDERERS:
+            return getattr(self, CORE_RENDERERS[resource_type])
+        extra = care_records.RENDERERS.get(resource_type)
+        return (lambda r: extra(self, r)) if extra else None
 
     def within_window(self, chunk: Chunk) -> list[Chunk]:
         """A structured chunk too long for the model's window (a 30-question survey, a big panel)
@@ -222,9 +202,9 @@ class PatientChunker:
             mcc = r["medicationCodeableConcept"]
             return concept_text(mcc), code_keys(mcc), []
         med_ref = ref_id(r.get("medicationReference"))
-        med = self.by_ref.get(med_ref)
+        med = self.by_ref.get(med_ref) or contained(r, r.get("medicationReference"))
         if med:
-            return concept_text(med.get("code")), code_keys(med.get("code")), [med_ref]
+            return concept_text(med.get("code")), code_keys(med.get("code")), [med_ref] if med_ref else []
         display = (r.get("medicationReference") or {}).get("display", "")
         return display or "unknown medication", [], [med_ref] if med_ref else []
 
@@ -240,20 +220,7 @@ class PatientChunker:
 
     @staticmethod
     def dosage_text(dosages: list[dict]) -> str:
-        parts = []
-        for d in dosages or []:
-            bits = [d.get("text", "")]
-            for dr in d.get("doseAndRate") or []:
-                bits.append(quantity_text(dr.get("doseQuantity")))
-            repeat = (d.get("timing") or {}).get("repeat") or {}
-            if repeat.get("frequency") and repeat.get("period"):
-                bits.append(f"{repeat['frequency']} time(s) per {repeat['period']} {repeat.get('periodUnit', '')}".strip())
-            if d.get("route"):
-                bits.append(f"route {concept_text(d['route'])}")
-            if d.get("asNeededBoolean"):
-                bits.append("as needed")
-            parts.append(_join(bits, "; "))
-        return _join(parts, " | ")
+        return _join((dosage_text(d) for d in dosages or [] if isinstance(d, dict)), " | ")
 
     def chunk_MedicationRequest(self, r):
         drug, codes, extra = self.medication_concept(r)
@@ -271,7 +238,7 @@ class PatientChunker:
             f"Dosage: {self.dosage_text(r.get('dosageInstruction'))}." if r.get("dosageInstruction") else "",
             f"Reason: {reason}." if reason else visit,
             f"Supply duration {duration}." if duration else "",
-            f"Valid {day(validity.get('start', ''))} to {day(validity.get('end', ''))}." if validity else "",
+            f"Valid {period_text(validity)}." if period_text(validity) else "",
             f"Intent: {r.get('intent', '')}." if r.get("intent") else "",
             f"Note: {notes}" if notes else "",
         )
@@ -315,20 +282,11 @@ class PatientChunker:
     def observation_value(r) -> str:
         bp = blood_pressure(r)
         if bp:
-            sys_q, dia_q = bp
-            unit = sys_q.get("unit") or "mm[Hg]"
-            return f"{quantity_text({'value': sys_q.get('value')})}/{quantity_text({'value': dia_q.get('value')})} {unit}"
-        if r.get("valueQuantity"):
-            return quantity_text(r["valueQuantity"])
-        if r.get("valueCodeableConcept"):
-            return concept_text(r["valueCodeableConcept"])
-        for field in ("valueString", "valueBoolean", "valueInteger", "valueDateTime"):
-            if field in r:
-                return str(r[field])
-        parts = []
-        for c in r.get("component") or []:
-            value = quantity_text(c.get("valueQuantity")) or concept_text(c.get("valueCodeableConcept")) or c.get("valueString", "")
-            parts.append(f"{concept_text(c.get('code'))}: {value}")
+            return blood_pressure_text(*bp)
+        value = value_text(r)
+        if value:
+            return value
+        parts = [f"{concept_text(c.get('code'))}: {value_text(c) or 'no value'}" for c in r.get("component") or []]
         return "; ".join(parts)
 
     @staticmethod
@@ -339,15 +297,25 @@ class PatientChunker:
                     return c["code"]
         return ""
 
+    def specimen_text(self, r) -> str:
+        """What the result was measured on, when the record says ('Serum sample, hemolyzed')."""
+        spec = self.by_ref.get(ref_id(r.get("specimen"))) or contained(r, r.get("specimen"))
+        if not spec:
+            return (r.get("specimen") or {}).get("display", "") if isinstance(r.get("specimen"), dict) else ""
+        collected = (spec.get("collection") or {}).get("collectedDateTime", "") if isinstance(spec.get("collection"), dict) else ""
+        return _join([concept_text(spec.get("type")), _join(concept_text(c) for c in spec.get("condition") or []),
+                      f"collected {day(collected)}" if collected else ""])
+
     def chunk_Observation(self, r):
-        name = concept_text(r.get("code"))
+        name = concept_words(r.get("code"))
         when = day(clinical_date(r))
         value = self.observation_value(r)
+        if not value and not r.get("hasMember"):
+            value = "no value recorded"      # a result without a value must not read as one
+        specimen = self.specimen_text(r)
+        method, body = concept_text(r.get("method")), concept_text(r.get("bodySite"))
         category = self.observation_category(r)
-        ranges = []
-        for rr in r.get("referenceRange") or []:
-            low, high = quantity_text(rr.get("low")), quantity_text(rr.get("high"))
-            ranges.append(rr.get("text") or (f"{low} to {high}" if low or high else ""))
+        ranges = reference_range_text(r.get("referenceRange"))
         flags = _join(concept_text(i) for i in r.get("interpretation") or [])
         semantic = {"vital-signs": "vital", "laboratory": "lab", "social-history": "social",
                     "survey": "survey", "exam": "exam"}.get(category, "observation")
@@ -355,35 +323,52 @@ class PatientChunker:
         text = _sentence(
             f"{kind} result on {when}:" if when else f"{kind} result:",
             f"{name} = {value}." if value else f"{name}.",
-            f"Reference range {_join(ranges)}." if any(ranges) else "",
+            f"Reference range {ranges}." if ranges else "",
             f"Interpretation: {flags}." if flags else "",
+            f"Specimen: {specimen}." if specimen else "", f"Method: {method}." if method else "",
+            f"Body site: {body}." if body else "",
             f"Status: {r.get('status', '')}." if r.get("status") not in (None, "final") else "",
+            self.notes_text(r),
         )
-        label = make_label(when, kind, f"{name} {value}{' ' + flags if flags else ''}")
+        label = make_label(when, kind, f"{concept_text(r.get('code'))} {value}{' ' + flags if flags else ''}")
         return [self.new_chunk(r, "0", text, label, semantic, category=category,
                                codes=code_keys(r.get("code")), status=r.get("status", ""))]
 
     # Problems and allergies ------------------------------------------------------------------
     def chunk_Condition(self, r):
-        name = concept_text(r.get("code"))
+        name = concept_words(r.get("code"))
         clinical = status_code(r, "clinicalStatus")
         verification = status_code(r, "verificationStatus")
-        onset = day(clinical_date(r))
-        abated = day(r.get("abatementDateTime") or (r.get("abatementPeriod") or {}).get("start", ""))
+        onset = choice_text(r, "onset")
+        abated = choice_text(r, "abatement")
+        recorded = day(r.get("recordedDate") or "")
         categories = _join(concept_text(c) or (codings(c)[0].get("code", "") if codings(c) else "") for c in r.get("category") or [])
         status = _join([clinical, verification])
+        severity = concept_text(r.get("severity"))
+        body = _join(concept_text(b) for b in r.get("bodySite") or [])
         text = _sentence(
             f"Problem / diagnosis ({status}):" if status else "Problem / diagnosis:",
             f"{name}.",
             f"Onset {onset}." if onset else "",
-            f"Resolved {abated}." if abated else ("Still active." if clinical == "active" else ""),
+            f"Resolved {abated}." if abated and abated != "yes" else "Resolved." if abated else (
+                "Still active." if clinical == "active" else ""),
+            f"Severity: {severity}." if severity else "", f"Body site: {body}." if body else "",
             f"Category: {categories}." if categories else "",
+            f"Recorded {recorded}." if recorded and recorded != onset else "",
+            self.notes_text(r),
         )
-        label = make_label(onset, "Problem", f"{_strip_tag(name)} ({clinical})" if clinical else _strip_tag(name))
+        when = day(clinical_date(r))
+        label = make_label(when, "Problem", f"{_strip_tag(concept_text(r.get('code')))} ({clinical})" if clinical
+                           else _strip_tag(concept_text(r.get("code"))))
         enc = ref_id(r.get("encounter"))
         return [self.new_chunk(r, "0", text, label, "problem", category=clinical,
                                codes=code_keys(r.get("code")), refs=[enc] if enc in self.by_ref else [],
                                status=clinical)]
+
+    @staticmethod
+    def notes_text(r) -> str:
+        notes = _join((n.get("text", "") for n in r.get("note") or [] if isinstance(n, dict)), " ")
+        return f"Note: {notes}" if notes else ""
 
     def chunk_AllergyIntolerance(self, r):
         name = concept_text(r.get("code"))
@@ -436,7 +421,9 @@ class PatientChunker:
         categories = _join(concept_text(c) for c in r.get("category") or [] if concept_text(c))
         activities = _join(concept_text((a.get("detail") or {}).get("code")) for a in r.get("activity") or [])
         addresses = _join(concept_text((self.by_ref.get(ref_id(x)) or {}).get("code")) for x in r.get("addresses") or [])
-        text = _sentence(f"Care plan ({r.get('status', '')}) from {when}:", f"{categories}.",
+        title = r.get("title") or r.get("description") or ""
+        text = _sentence(f"Care plan ({r.get('status', '')})" + (f" from {when}:" if when else ":"),
+                         f"{_join([categories, title], '. ')}." if categories or title else "",
                          f"Addresses: {addresses}." if addresses else "",
                          f"Activities: {activities}." if activities else "")
         return [self.new_chunk(r, "0", text, make_label(when, "Care plan", _strip_tag(categories)), "careplan",
@@ -461,50 +448,87 @@ class PatientChunker:
                                status=r.get("status", ""))]
 
     # Notes and reports -----------------------------------------------------------------------
+    def attachment_text(self, r, attachment: dict) -> str:
+        """Plain text of an attachment: its inline data, or the Binary it points at when this input
+        holds it (relative or absolute URL, a urn:uuid the reader resolved, or contained)."""
+        if attachment.get("data"):
+            return decode_attachment(attachment)
+        url = attachment.get("url")
+        binary = contained(r, url) or self.by_ref.get(binary_ref(url))
+        if binary and binary.get("data"):
+            return decode_attachment({"data": binary["data"],
+                                      "contentType": attachment.get("contentType") or binary.get("contentType", "")})
+        raise NoteDecodeError("its content is neither inline nor in this input (attachment URL not fetched)")
+
+    def readable_attachments(self, r, attachments: list) -> tuple[list[str], list[str]]:
+        """(texts, reasons): every attachment that could be read, and why the others could not."""
+        texts, reasons = [], []
+        for i, attachment in enumerate(attachments):
+            if not isinstance(attachment, dict):
+                continue
+            try:
+                texts.append(self.attachment_text(r, attachment))
+            except NoteDecodeError as exc:
+                reasons.append(f"attachment {i + 1} ({attachment.get('contentType') or 'no content type'}): {exc}")
+        return texts, reasons
+
     def chunk_DocumentReference(self, r):
-        note_type = concept_text(r.get("type")) or "Clinical note"
+        note_type = concept_words(r.get("type")) or "Clinical note"
         when = day(clinical_date(r))
-        texts = []
-        for content in r.get("content") or []:
-            attachment = content.get("attachment") or {}
-            if attachment.get("data"):
-                texts.append(decode_attachment(attachment))
-        if not texts:
-            # The live-EHR client fetches Binary attachments before chunking; a URL we could not
-            # fetch leaves nothing to index, and that is worth reporting rather than hiding.
-            raise NoteDecodeError("note has no inline text (attachment URL not fetched)")
+        attachments = [c.get("attachment") for c in r.get("content") or [] if isinstance(c, dict)]
+        texts, reasons = self.readable_attachments(r, attachments)
         enc = ref_id((r.get("context") or {}).get("encounter", [{}])[0] if (r.get("context") or {}).get("encounter") else None)
-        return self.note_chunks(r, texts[0], note_type, when, "note", refs=[enc] if enc in self.by_ref else [])
+        refs = [enc] if enc in self.by_ref else []
+        if texts:    # the same note in several formats: the first readable one is the note
+            return self.note_chunks(r, texts[0], note_type, when, "note", refs=refs)
+        # The note exists even when its text cannot be read: say so where a clinician will look.
+        ref = f"DocumentReference/{r['id']}"
+        self.problems.append(ChunkProblem(ref, "note text could not be read: " + "; ".join(reasons or ["no attachment"])))
+        description = r.get("description") or ""
+        text = _sentence(f"{note_type}" + (f" of {when}" if when else "") + ":", f"{description}." if description else "",
+                         "Its text could not be read from the record.")
+        return [self.new_chunk(r, "0", text, make_label(when, "Note", note_type), "note", category=note_type,
+                               refs=refs, status=r.get("status", ""))]
 
     def chunk_DiagnosticReport(self, r):
+        """The result panel, the conclusion (with its codes) and each presented form, each kept when
+        another part cannot be read."""
         ref = f"DiagnosticReport/{r['id']}"
         if ref in self.note_twins:
             return []  # the same note is indexed once, through its DocumentReference
-        name = concept_text(r.get("code"))
+        name = concept_words(r.get("code"))
         when = day(clinical_date(r))
+        chunks = []
         results = [self.by_ref.get(ref_id(x)) for x in r.get("result") or []]
         results = [x for x in results if x]
-        chunks = []
         if results:
             values = [f"{concept_text(o.get('code'))} {self.observation_value(o)}" for o in results]
-            text = _sentence(f"Lab panel / report on {when}:", f"{name}.", "Results: " + "; ".join(values) + ".")
+            text = _sentence(f"Lab panel / report on {when}:" if when else "Lab panel / report:", f"{name}.",
+                             "Results: " + "; ".join(values) + ".")
             chunks.append(self.new_chunk(
-                r, "0", text, make_label(when, "Panel", name), "lab", category="panel",
+                r, "0", text, make_label(when, "Panel", concept_text(r.get("code"))), "lab", category="panel",
                 codes=code_keys(r.get("code")), refs=[f"Observation/{o['id']}" for o in results],
                 status=r.get("status", "")))
-        for i, form in enumerate(r.get("presentedForm") or []):
-            if form.get("data"):
-                chunks.extend(self.note_chunks(r, decode_attachment(form), name or "Report", when, "note",
-                                               part_prefix=f"form{i}-"))
-        if r.get("conclusion") and not chunks:
-            chunks.append(self.new_chunk(r, "0", _sentence(f"Report on {when}:", f"{name}.", r["conclusion"]),
-                                         make_label(when, "Report", name), "note"))
+        texts, reasons = self.readable_attachments(r, r.get("presentedForm") or [])
+        for i, text in enumerate(texts[:1]):
+            chunks.extend(self.note_chunks(r, text, name or "Report", when, "note", part_prefix=f"form{i}-"))
+        if reasons and not texts:
+            self.problems.append(ChunkProblem(ref, "report text could not be read: " + "; ".join(reasons)
+                                              + "; its results and conclusion are indexed"))
+        coded = _join(concept_words(c) for c in r.get("conclusionCode") or [])
+        if r.get("conclusion") or coded:
+            text = _sentence(f"Report on {when}:" if when else "Report:", f"{name}.",
+                             f"Conclusion: {r['conclusion']}" if r.get("conclusion") else "",
+                             f"Coded conclusion: {coded}." if coded else "")
+            chunks.append(self.new_chunk(r, "conclusion" if chunks else "0", text,
+                                         make_label(when, "Report", concept_text(r.get("code"))), "note",
+                                         codes=code_keys(*(r.get("conclusionCode") or [])), status=r.get("status", "")))
         return chunks
 
     def note_chunks(self, r, text: str, note_type: str, when: str, semantic: str,
                     refs: list[str] | None = None, part_prefix: str = "") -> list[Chunk]:
         """Pack a note's sections into chunks that fit the model's window; never mix two notes."""
-        header = f"{note_type} of {when}".strip()
+        header = f"{note_type} of {when}" if when else note_type
         if len(text) > MAX_NOTE_CHARS:
             # Bounded time and memory whatever arrives; what is left out is reported, never silent.
             self.problems.append(ChunkProblem(f"{r['resourceType']}/{r['id']}", f"a note of {len(text):,} characters: "
@@ -580,13 +604,13 @@ class PatientChunker:
         for r in self.resources:
             if r["resourceType"] != "Observation" or status_code(r, "status") in WITHDRAWN:
                 continue
-            keys = codings(r.get("code"))
-            if not keys or not _to_date(clinical_date(r)):
+            key = series_key(r)
+            if not key or not _to_date(clinical_date(r)):
                 continue
             value = self.observation_value(r)
             numeric = r.get("valueQuantity") or any(c.get("valueQuantity") for c in r.get("component") or [])
             if numeric and value:
-                series[keys[0].get("code")].append(r)
+                series[key].append(r)
         out = []
         for code, observations in series.items():
             if len(observations) < 2:

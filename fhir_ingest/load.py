@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from .chunk import clinical_date
-from .normalize import INDEXED_TYPES, SUPPORT_TYPES, InvalidResource, check_resource, patient_of, ref_id
+from .normalize import IGNORED_TYPES, INDEXED_TYPES, SUPPORT_TYPES, InvalidResource, binary_ref, check_resource, patient_of, ref_id
 from .reader import RawResource, ReadItem, ReadProblem, ReadWarning, read_path
 from .staging import PatientStaging, StagedResource
 
@@ -36,10 +36,22 @@ class Skipped:
 class LoadReport:
     resources_read: int = 0
     by_type: Counter = field(default_factory=Counter)
-    not_indexed: Counter = field(default_factory=Counter)   # read fine, but of a type chartcite does not index
+    ignored: Counter = field(default_factory=Counter)       # deliberately not indexed (billing, directory data...)
+    not_indexed: Counter = field(default_factory=Counter)   # read fine, of a type chartcite has no renderer for
     skipped: list[Skipped] = field(default_factory=list)    # unreadable or invalid: not indexed
+    skipped_types: Counter = field(default_factory=Counter) # invalid resources of a known type, by type
     warnings: list[Skipped] = field(default_factory=list)   # indexed, with something a person should know
     added_to: list[str] = field(default_factory=list)       # patients whose input was not their whole record
+
+    def type_rows(self) -> list[tuple[str, int, int, int, str]]:
+        """(type, read, skipped, ignored, what became of it) for every type the input held."""
+        rows = []
+        for rt in sorted(set(self.by_type) | set(self.skipped_types)):
+            read, skipped = self.by_type[rt] + self.skipped_types[rt], self.skipped_types[rt]
+            fate = ("indexed" if rt in INDEXED_TYPES else "read to complete other records" if rt in SUPPORT_TYPES
+                    else f"ignored: {IGNORED_TYPES[rt]}" if rt in IGNORED_TYPES else "not indexed: no renderer")
+            rows.append((rt, read, skipped, self.ignored[rt], fate))
+        return rows
 
 
 @dataclass
@@ -109,16 +121,21 @@ def checked(items: Iterable[ReadItem], report: LoadReport) -> Iterator[RawResour
             continue
         report.resources_read += 1
         try:
-            resource = check_resource(item.resource)
+            resource = check_resource(item.resource, lambda words: report.warnings.append(Skipped(item.origin, words)))
         except InvalidResource as exc:
             report.skipped.append(Skipped(item.origin, str(exc)))
+            if isinstance(item.resource.get("resourceType"), str):
+                report.skipped_types[item.resource["resourceType"]] += 1
             continue
         rt = resource["resourceType"]
         if rt in INDEXED_TYPES and not patient_of(resource):
             report.skipped.append(Skipped(item.origin, f"{rt}/{resource['id']} names no patient it belongs to"))
+            report.skipped_types[rt] += 1
             continue
         report.by_type[rt] += 1
-        if rt not in INDEXED_TYPES | SUPPORT_TYPES:
+        if rt in IGNORED_TYPES:
+            report.ignored[rt] += 1
+        elif rt not in INDEXED_TYPES | SUPPORT_TYPES:
             report.not_indexed[rt] += 1
         elif rt in INDEXED_TYPES:
             warning = implausible_date(resource)
@@ -144,8 +161,13 @@ def implausible_date(resource: dict, today: date | None = None) -> str:
 
 
 def shared_refs(resources: Iterable[dict]) -> set[str]:
-    """The patient-less resources (a Medication) a patient's resources point at."""
-    return {ref for r in resources if (ref := ref_id(r.get("medicationReference")))}
+    """The patient-less resources a patient's resources point at: a Medication, a note's Binary."""
+    refs = {ref for r in resources if (ref := ref_id(r.get("medicationReference")))}
+    for r in resources:
+        attachments = [c.get("attachment") for c in r.get("content") or [] if isinstance(c, dict)]
+        attachments += r.get("presentedForm") or [] if isinstance(r.get("presentedForm"), list) else []
+        refs |= {ref for a in attachments if isinstance(a, dict) and (ref := binary_ref(a.get("url")))}
+    return refs
 
 
 class RecordAssembler:

@@ -16,13 +16,32 @@ from pydantic import ValidationError
 
 # Resources chartcite turns into chunks, and the ones it reads only to resolve references.
 INDEXED_TYPES = {
-    "Encounter", "MedicationRequest", "MedicationAdministration", "Observation",
-    "DocumentReference", "DiagnosticReport", "Condition", "AllergyIntolerance",
-    "Procedure", "Immunization", "CarePlan", "Device", "ImagingStudy",
+    "Encounter", "MedicationRequest", "MedicationAdministration", "MedicationStatement", "MedicationDispense",
+    "Observation", "DocumentReference", "DiagnosticReport", "Composition", "Condition", "AllergyIntolerance",
+    "Procedure", "Immunization", "CarePlan", "Device", "ImagingStudy", "ServiceRequest", "Goal",
+    "FamilyMemberHistory", "QuestionnaireResponse", "Coverage", "CareTeam", "Media",
 }
-SUPPORT_TYPES = {"Patient", "Medication"}
-# Every other type (Claim, ExplanationOfBenefit, Provenance, SupplyDelivery, CareTeam, ...) is
-# read and counted in the index summary as "read but not indexed", never dropped silently.
+# Read to complete what indexed resources point at: a drug's name, a note's content, a result's specimen.
+SUPPORT_TYPES = {"Patient", "Medication", "Binary", "Specimen"}
+# Read, counted and deliberately not indexed, with the reason the index report gives.
+IGNORED_TYPES = {
+    "Claim": "billing", "ExplanationOfBenefit": "billing", "ClaimResponse": "billing", "Account": "billing",
+    "Invoice": "billing", "ChargeItem": "billing",
+    "Provenance": "record-keeping about other records", "AuditEvent": "record-keeping about other records",
+    "Practitioner": "directory data (names appear through references)",
+    "PractitionerRole": "directory data (names appear through references)",
+    "Organization": "directory data (names appear through references)",
+    "Location": "directory data (names appear through references)", "Endpoint": "directory data",
+    "HealthcareService": "directory data", "RelatedPerson": "contact data, not clinical content",
+    "Person": "contact data, not clinical content", "Group": "lists of patients",
+    "Questionnaire": "a form definition; the answers are indexed", "Library": "knowledge artefact",
+    "ValueSet": "terminology", "CodeSystem": "terminology", "ConceptMap": "terminology",
+    "StructureDefinition": "conformance", "CapabilityStatement": "conformance", "OperationOutcome": "server message",
+    "SupplyDelivery": "logistics", "SupplyRequest": "logistics", "Schedule": "scheduling", "Slot": "scheduling",
+    "Appointment": "scheduling", "Task": "workflow", "Communication": "messaging", "Consent": "consent records",
+    "List": "a list of other records (each indexed on its own)", "Bundle": "a container (its entries are read)",
+}
+# Every other valid type is read, counted under "not indexed" with no reason: never dropped silently.
 
 _URI = re.compile(r"^(?:[a-zA-Z][a-zA-Z0-9+.-]*:)\S+$")
 _TYPE_NAME = re.compile(r"^[A-Z][A-Za-z]{1,63}$")
@@ -43,7 +62,7 @@ def _model_class(resource_type: str):
         raise InvalidResource(f"unknown resource type {resource_type!r}") from exc
 
 
-def check_resource(resource: dict) -> dict:
+def check_resource(resource: dict, warn=None) -> dict:
     """Validate one resource against the FHIR R4(B) model; return it or raise InvalidResource.
 
     Wrong JSON types anywhere (a list where a string belongs, a number for an id) make the resource
@@ -62,6 +81,12 @@ def check_resource(resource: dict) -> dict:
     try:
         cls.model_validate(resource)
     except ValidationError as exc:
+        if narrative_only(exc) and warn is not None:
+            # A broken narrative (`text` without its `div`) is a display aid the record can do
+            # without; the resource's structured content (a report's results, its conclusion) is not.
+            resource = {k: v for k, v in resource.items() if k != "text"}
+            warn(f"{resource_type}/{rid}: its narrative `text` is malformed and was left out")
+            return check_resource(resource)
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ()) if p != "__root__")
         raise InvalidResource(f"{resource_type}/{rid}: {where or 'resource'}: {first.get('msg')}") from None
@@ -69,6 +94,10 @@ def check_resource(resource: dict) -> dict:
         raise InvalidResource(f"{resource_type}/{rid}: cannot be read as FHIR ({type(exc).__name__})") from None
     _check_code_systems(resource, resource_type)
     return resource
+
+
+def narrative_only(exc: ValidationError) -> bool:
+    return all(str((error.get("loc") or ("",))[0]) == "text" for error in exc.errors())
 
 
 def _check_code_systems(node, resource_type: str, path: str = "") -> None:
@@ -166,3 +195,22 @@ def human_name(patient: dict) -> str:
         if text:
             return strip_synthea_suffix(text)
     return ""
+
+
+def contained(resource: dict, reference) -> dict | None:
+    """The resource a local '#id' reference points at among `resource.contained`."""
+    value = reference.get("reference") if isinstance(reference, dict) else reference
+    if not isinstance(value, str) or not value.startswith("#"):
+        return None
+    for item in resource.get("contained") or []:
+        if isinstance(item, dict) and item.get("id") == value[1:]:
+            return item
+    return None
+
+
+def binary_ref(url) -> str:
+    """`Binary/id` of an attachment URL (relative, absolute or versioned), or ''."""
+    if not isinstance(url, str) or "Binary/" not in url:
+        return ""
+    tail = url.split("Binary/", 1)[1].split("?")[0].split("#")[0]
+    return f"Binary/{tail.split('/')[0]}" if tail else ""

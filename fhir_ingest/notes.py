@@ -9,6 +9,7 @@ import base64
 import binascii
 import html
 import io
+import logging
 import re
 from dataclasses import dataclass
 from html.parser import HTMLParser
@@ -16,6 +17,11 @@ from html.parser import HTMLParser
 
 class NoteDecodeError(ValueError):
     pass
+
+
+HTML_TYPES = ("text/html", "application/xhtml+xml", "application/xhtml")
+# CDA documents (C-CDA discharge summaries, progress notes) arrive under any of these.
+XML_TYPES = ("application/xml", "text/xml", "application/hl7-v3+xml", "application/cda+xml", "application/hl7-cda+xml")
 
 
 def decode_attachment(attachment: dict) -> str:
@@ -43,8 +49,10 @@ def bytes_to_text(raw: bytes, content_type: str) -> str:
         text = raw.decode(charset, errors="replace")
     except LookupError:
         text = raw.decode("utf-8", errors="replace")
-    if mime in ("text/html", "application/xhtml+xml"):
+    if mime in HTML_TYPES:
         return html_to_text(text)
+    if mime in XML_TYPES:
+        return xml_to_text(text)
     if mime in ("text/rtf", "application/rtf"):
         return rtf_to_text(text)
     if mime.startswith("text/"):
@@ -53,7 +61,9 @@ def bytes_to_text(raw: bytes, content_type: str) -> str:
 
 
 class _HTMLText(HTMLParser):
-    BLOCK = {"p", "div", "br", "li", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "section", "table"}
+    # HTML's blocks and CDA narrative's (paragraph, list item, table row).
+    BLOCK = {"p", "div", "br", "li", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "section", "table", "paragraph",
+             "item", "list"}
     HEADINGS = {"h1", "h2", "h3", "h4", "h5", "h6"}
 
     def __init__(self):
@@ -88,6 +98,31 @@ def html_to_text(text: str) -> str:
     return re.sub(r"\n{3,}", "\n\n", out)
 
 
+def xml_to_text(text: str) -> str:
+    """A CDA document's readable part: each section's title as a heading and its narrative text.
+    Other XML: all of its text. (ElementTree resolves no external entities; expat caps expansion.)"""
+    import xml.etree.ElementTree as ET
+
+    try:
+        root = ET.fromstring(text)
+    except ET.ParseError as exc:
+        raise NoteDecodeError(f"unreadable XML: {exc}") from None
+    for element in root.iter():
+        if isinstance(element.tag, str):
+            element.tag = element.tag.rsplit("}", 1)[-1]
+    sections = [element for element in root.iter("section")]
+    if not sections:
+        return "\n".join(part.strip() for part in root.itertext() if part.strip())
+    out = []
+    for section in sections:
+        title, narrative = section.find("title"), section.find("text")
+        if title is not None and "".join(title.itertext()).strip():
+            out.append("# " + " ".join("".join(title.itertext()).split()))
+        if narrative is not None:
+            out.append(html_to_text(ET.tostring(narrative, encoding="unicode")))
+    return "\n".join(out)
+
+
 def rtf_to_text(text: str) -> str:
     from striprtf.striprtf import rtf_to_text as strip
 
@@ -99,6 +134,8 @@ def pdf_to_text(raw: bytes) -> str:
         from pypdf import PdfReader
     except ImportError as exc:  # pragma: no cover - pypdf is a declared dependency
         raise NoteDecodeError("PDF notes need the pypdf package") from exc
+    # pypdf logs every quirk of a damaged file at WARNING; the outcome is reported per note instead.
+    logging.getLogger("pypdf").setLevel(logging.ERROR)
     try:
         reader = PdfReader(io.BytesIO(raw))
         return "\n".join(page.extract_text() or "" for page in reader.pages)

@@ -11,7 +11,7 @@ from .backend import Backend
 def observation_values(resource: dict) -> tuple[list[float], str] | None:
     bp = blood_pressure(resource)
     if bp:
-        sys_q, dia_q = bp
+        sys_q, dia_q = (component.get("valueQuantity") or {} for component in bp)
         if sys_q.get("value") is not None and dia_q.get("value") is not None:
             return [float(sys_q["value"]), float(dia_q["value"])], sys_q.get("unit", "mm[Hg]")
     q = resource.get("valueQuantity") or {}

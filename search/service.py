@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import Callable
 
 from fhir_ingest.load import LoadReport, PatientRecord, assembled, merge_resources
+from fhir_ingest.normalize import INDEXED_TYPES
 from fhir_ingest.reader import read_path
 
-from .answer import compose
+from .answer import NEW_PATIENT, compose
 from .backend import Backend, BackendError
 from .charts import trend_chart
 from .crossrank import CrossEncoderRanker, load_reranker
@@ -140,6 +141,8 @@ class SearchService:
         if is_general_question(question, about_record, measurement):
             return self.general(question, tenant, patient_id, question_id, retrieval, use_llm)
         result = compose(retrieval, patient_id, question_id)
+        if retrieval.corpus_size == 0:
+            result["answer"] = self.empty_record_answer(tenant, patient_id)
         result.setdefault("generator", "extractive")
         result.setdefault("removed_statements", 0)
         if use_llm and self.llm is not None and not result["abstained"]:
@@ -152,6 +155,16 @@ class SearchService:
             if trend is not None:
                 result["chart"] = trend_chart(self.backend, trend)
         return result
+
+    def empty_record_answer(self, tenant: str, patient_id: str) -> str:
+        """"New patient" only when the record holds nothing clinical; records read but not indexed
+        are a different situation, and a clinician must not mistake one for the other."""
+        counts = (self.patient(tenant, patient_id) or {}).get("resource_counts") or {}
+        clinical = sum(n for rt, n in counts.items() if rt in INDEXED_TYPES)
+        if not clinical:
+            return NEW_PATIENT
+        return (f"{clinical} clinical records were read for this patient, but none could be indexed; "
+                f"the index report says why. I cannot answer from them.")
 
     def general(self, question: str, tenant: str, patient_id: str, question_id: str | None, retrieval,
                 use_llm: bool) -> dict:

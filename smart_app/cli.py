@@ -168,10 +168,9 @@ def cmd_index(args, settings: Settings) -> int:
 
 def format_index_summary(summary, elapsed: float) -> str:
     report, total = summary.load, summary.result
-    lines = [f"resources read: {report.resources_read}  ({', '.join(f'{k} {v}' for k, v in report.by_type.most_common())})"]
-    if report.not_indexed:
-        lines.append("read but not indexed (not clinical content): "
-                     + ", ".join(f"{k} {v}" for k, v in report.not_indexed.most_common()))
+    lines = [f"resources read: {report.resources_read}  ({', '.join(f'{k} {v}' for k, v in report.by_type.most_common())})",
+             f"  {'type':28} {'read':>7} {'skipped':>8}  what became of it"]
+    lines += [f"  {rt:28} {read:>7} {skipped:>8}  {fate}" for rt, read, skipped, _, fate in report.type_rows()]
     lines.append(f"patients: {total.patients}  chunks written: {total.embedded}  unchanged: {total.unchanged}  "
                  f"removed: {total.removed}  total chunks: {total.chunks}  in {elapsed:.1f}s")
     if report.added_to:
