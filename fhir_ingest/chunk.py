@@ -20,7 +20,7 @@ from .normalize import (
 )
 from .datatypes import choice_text, concept_words, dosage_text, period_text, reference_range_text, value_text
 from . import care_records
-from .notes import NoteDecodeError, decode_attachment, split_sections
+from .notes import NoteDecodeError, decode_attachment, html_to_text, split_sections
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,17 @@ class TextBudget:
 class ChunkProblem:
     ref: str
     reason: str
+
+
+def content_narrative(r: dict, structured: bool) -> str:
+    """A resource's narrative when it is content: marked `additional` (it says more than the
+    structured data, as US Core's CarePlan "Assessment and Plan" does), or the only content there
+    is. A `generated` narrative only repeats the structure, and is left out."""
+    text = r.get("text") if isinstance(r.get("text"), dict) else {}
+    div = text.get("div")
+    if not isinstance(div, str) or not div or (structured and text.get("status") != "additional"):
+        return ""
+    return " ".join(html_to_text(div).split())
 
 
 # The resource types rendered by the chunker's own methods; care_records.RENDERERS has the rest.
@@ -283,11 +294,9 @@ class PatientChunker:
         bp = blood_pressure(r)
         if bp:
             return blood_pressure_text(*bp)
-        value = value_text(r)
-        if value:
-            return value
-        parts = [f"{concept_text(c.get('code'))}: {value_text(c) or 'no value'}" for c in r.get("component") or []]
-        return "; ".join(parts)
+        parts = [f"{concept_text(c.get('code'))}: {value_text(c) or 'no value'}"
+                 for c in r.get("component") or [] if isinstance(c, dict)]
+        return "; ".join(filter(None, [value_text(r), *parts]))
 
     @staticmethod
     def observation_category(r) -> str:
@@ -422,10 +431,12 @@ class PatientChunker:
         activities = _join(concept_text((a.get("detail") or {}).get("code")) for a in r.get("activity") or [])
         addresses = _join(concept_text((self.by_ref.get(ref_id(x)) or {}).get("code")) for x in r.get("addresses") or [])
         title = r.get("title") or r.get("description") or ""
+        narrative = content_narrative(r, structured=bool(categories or title or activities or addresses))
         text = _sentence(f"Care plan ({r.get('status', '')})" + (f" from {when}:" if when else ":"),
                          f"{_join([categories, title], '. ')}." if categories or title else "",
                          f"Addresses: {addresses}." if addresses else "",
-                         f"Activities: {activities}." if activities else "")
+                         f"Activities: {activities}." if activities else "",
+                         f"Plan: {narrative}" if narrative and narrative not in (categories, title) else "")
         return [self.new_chunk(r, "0", text, make_label(when, "Care plan", _strip_tag(categories)), "careplan",
                                status=r.get("status", ""))]
 

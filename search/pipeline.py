@@ -94,6 +94,12 @@ class Analysis:
         return {c["display"] for c in self.concepts if c["semantic_type"] == "note"} - {"clinical note"}
 
     @property
+    def names_a_note(self) -> bool:
+        """The question says "note" (or "documented") itself, not only a section name such as
+        "insurance" that other kinds of record share."""
+        return any(c["semantic_type"] == "note" and c["display"] not in self.sections_asked for c in self.concepts)
+
+    @property
     def wants_note(self) -> bool:
         return "note" in self.semantic_types
 
@@ -175,6 +181,10 @@ RECORD_KIND_WORDS = {
     "medication": re.compile(r"\b(meds|medications?|drugs|prescriptions?|prescribed)\b", re.I),
     "lab": re.compile(r"\b(labs|lab results|bloodwork|blood work)\b", re.I),
     "vital": re.compile(r"\b(vitals|vital signs)\b", re.I),
+    "coverage": re.compile(r"\b(insurance|insurer|insured|payer|payor|health plan|coverage)\b", re.I),
+    "goal": re.compile(r"\b(goals?|targets?)\b", re.I),
+    "order": re.compile(r"\b(orders?|ordered|referrals?|referred|pending)\b", re.I),
+    "family-history": re.compile(r"\b(family (?:history|hx)|fhx|runs in the family)\b", re.I),
 }
 
 
@@ -248,7 +258,11 @@ def filter_scope(backend: Backend, scope: Scope, analysis: Analysis) -> tuple[Sc
         wide = replace(scope, date_from=_widen(analysis.date_from, -31) if analysis.date_from else "",
                        date_to=_widen(analysis.date_to, 31) if analysis.date_to else "")
         candidates += [(base, "dates"), (wide, "dates ±1 month")]
-    if analysis.wants_note_content:
+    # "Insurance per the social history?" asks a note, unless the record holds the kind of record
+    # the question names (a Coverage): then the structured record must stay in reach.
+    named_kind_held = (bool(analysis.kinds) and not analysis.names_a_note
+                       and backend.count(replace(scope, semantic_types=analysis.kinds)) > 0)
+    if analysis.wants_note_content and not named_kind_held:
         candidates = [(replace(s, semantic_types=NOTE_TYPES), f"notes, {why}") for s, why in candidates] + candidates
         candidates.append((replace(scope, semantic_types=NOTE_TYPES), "notes"))
     for narrowed, why in candidates:
