@@ -54,11 +54,17 @@ def record_terms_from_chunks(chunks: Iterable[Chunk]) -> list[RecordTerm]:
                 head = re.split(r"\s\d", clean, maxsplit=1)[0].strip()
                 if len(head) >= 4 and not head.startswith("nda"):
                     phrases.add(head)
-            for phrase in phrases:
+            for phrase in phrases - GENERIC_DISPLAYS:
                 if 3 <= len(phrase) <= 80:
                     terms[(phrase, key)] = RecordTerm(phrase, key, display, chunk.semantic_type)
     return sorted(terms.values(), key=lambda t: (t.phrase, t.key))
 
+
+# SNOMED CT's top-level displays ("Substance (substance)") name a hierarchy, not a thing: as a
+# record phrase they would match every table header and heading that uses the word.
+GENERIC_DISPLAYS = frozenset({"substance", "finding", "disorder", "procedure", "situation", "product", "organism",
+                              "observable entity", "event", "physical object", "body structure", "qualifier value",
+                              "clinical finding", "medication", "allergy", "observation", "unknown", "other"})
 
 NAMES_KEY = "chartcite.record_names"      # doc.user_data: token spans of the record's coded names
 

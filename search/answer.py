@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .annotate import RecordTerm, asserted_keys, default_annotator
-from .lexicon import tokens
+from .lexicon import default_lexicon, tokens
 from .pipeline import Analysis, Evidence, Retrieval, concept_overlap, in_window
 
 NO_EVIDENCE = "I don't have evidence for that in this patient's record."
@@ -42,6 +43,14 @@ def judge_support(retrieval: Retrieval) -> Support:
         return Support(False, 0.0, f"not in this record: {', '.join(sorted(retrieval.absent_terms))}")
     asserted = set().union(*(asserted_keys(e.chunk.concepts) for e in evidence))
     required = analysis.required_keys
+    if asked_class(analysis) == "allergy":
+        # An allergy to X is asserted by an allergy record naming X, not by X in a medication list
+        # beside an unrelated allergy: the allergen must be held by an allergy record itself.
+        allergy = set().union(*(asserted_keys(e.chunk.concepts) for e in evidence if e.chunk.semantic_type == "allergy"))
+        allergens = required - {ALLERGY_WORDS}
+        if allergens and not allergens & allergy:
+            return Support(False, 0.0, "no allergy record names what was asked")
+        asserted = allergy | ({ALLERGY_WORDS} & asserted)
     members = {c["key"] for c in analysis.concepts if c.get("role") == "member"}
     if required:
         hit = required & asserted
@@ -54,15 +63,102 @@ def judge_support(retrieval: Retrieval) -> Support:
     texts = " ".join(f"{e.chunk.label} {e.chunk.text}" for e in evidence)
     residual = analysis.residual
     if residual:
-        coverage = sum(1 for t in residual if term_in(t, texts)) / len(residual)
-        if coverage > 0:
-            return Support(True, coverage, "terms found")
+        found = {t for t in residual if term_in(t, texts)}
+        missing = missing_qualifier(analysis.question, residual, found)
+        if missing:
+            return Support(False, 0.0, f"the record has {missing[1]}, but not {missing[0]} {missing[1]}")
+        if found:
+            return Support(True, len(found) / len(residual), "terms found")
     if analysis.wants_note and retrieval.scope.semantic_types and (retrieval.scope.date_from or retrieval.scope.date_to):
         return Support(True, 1.0, "the note asked for")
     best_dense = max((e.dense for e in evidence if e.dense is not None), default=0.0)
     if best_dense >= 0.35:
         return Support(True, 0.5, "semantic match only")
     return Support(False, 0.0, "nothing in the record matches the question")
+
+
+def missing_qualifier(question: str, residual: list[str], found: set[str]) -> tuple[str, str] | None:
+    """(qualifier, head) when the question qualifies a word the record has with one it lacks:
+    asked about a *liver* transplant, a kidney transplant does not answer it."""
+    q = " ".join(re.findall(r"[a-z0-9+'-]+", question.lower()))
+    for qualifier, head in zip(residual, residual[1:]):
+        if qualifier not in found and head in found and qualifier in clinical_words() \
+                and re.search(rf"\b{re.escape(qualifier)} {re.escape(head)}\b", q):
+            return qualifier, head
+    return None
+
+
+@lru_cache(maxsize=1)
+def clinical_words() -> frozenset[str]:
+    """Words of the lexicon's canonical clinical names ("liver" of liver function tests): a
+    qualifier made of one of them changes what is asked; "broken" of "broken bones" does not."""
+    return frozenset(t for entry in default_lexicon().entries for t in tokens(entry.canonical) if len(t) > 3)
+
+
+# --- the clinical classes a "no evidence" must never hide ----------------------------------------
+
+# The lexicon's entry for the words "allergy", "allergic", "intolerance"...: every other concept of
+# an allergy question (latex, peanuts, a drug class) is the allergen asked about.
+ALLERGY_WORDS = "lex:allergy"
+CLASSES = {"allergy": "allergies", "problem": "problems and diagnoses", "medication": "medications",
+           "procedure": "procedures"}
+CLASS_LIST_LIMIT = 8
+
+
+def asked_class(analysis: Analysis) -> str:
+    """The clinical class a question asks within: an allergy question whatever the allergen; else
+    the class of the first thing asked about; else a kind of record the question names."""
+    kinds = [c["semantic_type"] for c in analysis.concepts if c.get("role") != "context"] + list(analysis.kinds)
+    if "allergy" in kinds:
+        return "allergy"
+    return next((kind for kind in kinds if kind in CLASSES), "")
+
+
+def class_entries_answer(result: dict, klass: str, entries: list, context=None) -> dict:
+    """An abstention that lists what the record holds of the asked class, each entry cited, and
+    says that none of it matches: a clinician must never read "no evidence" as "none recorded".
+    A fact the question mentioned on the way ("her potassium was low") comes first, as context."""
+    citations, statements = [], []
+    for ev in ([context] if context is not None else []) + entries[:CLASS_LIST_LIMIT]:
+        n = len(citations) + 1
+        citations.append(citation_of(ev, n))
+        words = f"For context: {ev.chunk.text}" if ev is context else entry_words(ev)
+        statements.append({"text": words, "citations": [n], "context": True})
+    listed = statements[1:] if context is not None else statements
+    more = f" (and {len(entries) - CLASS_LIST_LIMIT} more)" if len(entries) > CLASS_LIST_LIMIT else ""
+    lead = f"{NO_EVIDENCE} Recorded {CLASSES[klass]}{more}, none of which matches what was asked:" if klass else NO_EVIDENCE
+    answer = " ".join([NO_EVIDENCE] + [f"{s['text']} [{s['citations'][0]}]" for s in statements[:1] if context is not None])
+    if listed:
+        answer += lead.removeprefix(NO_EVIDENCE) + " " + "; ".join(f"{s['text']} [{s['citations'][0]}]" for s in listed) + "."
+    shown = ([context] if context is not None else []) + entries[:CLASS_LIST_LIMIT]
+    have = {e["chunk_id"] for e in result["evidence"]}
+    evidence = result["evidence"] + [evidence_of(ev, len(result["evidence"]) + i + 1)
+                                     for i, ev in enumerate(e for e in shown if e.chunk.chunk_id not in have)]
+    return result | {"answer": answer, "lead": lead, "statements": statements, "citations": citations,
+                     "evidence": evidence, "class_entries": len(listed)}
+
+
+def context_evidence(retrieval: Retrieval):
+    """The best candidate asserting what the question mentioned as context, if any."""
+    keys = retrieval.analysis.context_keys
+    ranked = sorted(retrieval.candidates, key=lambda e: -e.score)
+    return next((ev for ev in ranked if asserted_keys(ev.chunk.concepts) & keys), None) if keys else None
+
+
+def entry_words(ev) -> str:
+    """'Penicillin V (recorded 2015-03-02)': the entry's name from its chip, with its date."""
+    name = ev.chunk.label.split(" · ")[-1]
+    return f"{name} ({ev.chunk.date[:10]})" if ev.chunk.date else name
+
+
+def citation_of(ev, n: int) -> dict:
+    return {"n": n, "ref": ev.chunk.ref, "resource_type": ev.chunk.resource_type, "date": ev.chunk.date[:10],
+            "label": ev.chunk.label, "snippet": ev.chunk.text[:240]}
+
+
+def evidence_of(ev, rank: int) -> dict:
+    return {"rank": rank, "ref": ev.chunk.ref, "refs": ev.chunk.refs, "chunk_id": ev.chunk.chunk_id,
+            "score": round(ev.score, 4), "label": ev.chunk.label, "text": ev.chunk.text}
 
 
 WHOLE_SECTION_CHARS = 400
@@ -211,11 +307,7 @@ def note_conflict(retrieval: Retrieval, cited: list[Evidence]) -> tuple[Evidence
 
 def compose(retrieval: Retrieval, patient_id: str, question_id: str | None = None) -> dict:
     base = {"id": question_id, "patient_id": patient_id, "question": retrieval.question}
-    evidence_json = [
-        {"rank": i + 1, "ref": e.chunk.ref, "refs": e.chunk.refs, "chunk_id": e.chunk.chunk_id,
-         "score": round(e.score, 4), "label": e.chunk.label, "text": e.chunk.text}
-        for i, e in enumerate(retrieval.evidence)
-    ]
+    evidence_json = [evidence_of(e, i + 1) for i, e in enumerate(retrieval.evidence)]
     scope = retrieval.scope
     diagnostics = {"pipeline": retrieval.pipeline, "corpus_size": retrieval.corpus_size,
                    "stages": [s.to_dict() for s in retrieval.stages],
@@ -246,21 +338,17 @@ def compose(retrieval: Retrieval, patient_id: str, question_id: str | None = Non
         if _passage(ev, text) in passages:
             continue
         passages.add(_passage(ev, text))
-        citations.append({"n": n, "ref": ev.chunk.ref, "resource_type": ev.chunk.resource_type,
-                          "date": ev.chunk.date[:10], "label": ev.chunk.label, "snippet": ev.chunk.text[:240]})
+        citations.append(citation_of(ev, n))
         statements.append({"text": text, "citations": [n]})
     conflict = note_conflict(retrieval, relevant)
     if conflict is not None:
         ev, sentence = conflict
         n = len(citations) + 1
-        citations.append({"n": n, "ref": ev.chunk.ref, "resource_type": ev.chunk.resource_type,
-                          "date": ev.chunk.date[:10], "label": ev.chunk.label, "snippet": ev.chunk.text[:240]})
+        citations.append(citation_of(ev, n))
         statements.append({"text": f"Note: the note of {ev.chunk.date[:10]} says \"{sentence}\", which conflicts "
                                    f"with the structured record above.", "citations": [n], "conflict": True})
         if all(e["chunk_id"] != ev.chunk.chunk_id for e in evidence_json):   # found among the candidates
-            evidence_json.append({"rank": len(evidence_json) + 1, "ref": ev.chunk.ref, "refs": ev.chunk.refs,
-                                  "chunk_id": ev.chunk.chunk_id, "score": round(ev.score, 4), "label": ev.chunk.label,
-                                  "text": ev.chunk.text})
+            evidence_json.append(evidence_of(ev, len(evidence_json) + 1))
     answer = " ".join(f"{s['text']} [{s['citations'][0]}]" for s in statements)
     best_dense = max((e.dense for e in retrieval.evidence if e.dense is not None), default=0.0)
     if support.coverage >= 0.99 and best_dense >= 0.5:

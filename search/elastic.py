@@ -213,7 +213,7 @@ class ElasticsearchBackend(Backend):
                 "resource_type": chunk.resource_type, "ref": chunk.ref, "refs": chunk.refs,
                 "semantic_type": chunk.semantic_type, "category": chunk.category, "codes": chunk.codes,
                 "concepts": sorted(asserted_keys(chunk.concepts)), "date": chunk.date,
-                "text_hash": text_hash(chunk.text, lexical), "lexical": self._lexical(lexical),
+                "text_hash": text_hash(chunk, lexical), "lexical": self._lexical(lexical),
                 "data": chunk.to_dict(), "vector": [float(x) for x in vector]}
 
     def _bulk(self, actions) -> int:

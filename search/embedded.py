@@ -56,10 +56,13 @@ CREATE TABLE IF NOT EXISTS patients (
 """
 
 
-def text_hash(text: str, lexical: str) -> str:
+def text_hash(chunk: Chunk, lexical: str) -> str:
+    """What decides whether an indexed chunk is still current: its text, its BM25 text and its
+    annotations, so a vocabulary or annotator change reaches chunks whose text did not change."""
     import hashlib
 
-    return hashlib.sha256(f"{text}\x00{lexical}".encode()).hexdigest()[:24]
+    concepts = sorted(f"{c['key']}:{int(bool(c.get('negated')))}" for c in chunk.concepts)
+    return hashlib.sha256(f"{chunk.text}\x00{lexical}\x00{'|'.join(concepts)}".encode()).hexdigest()[:24]
 
 
 class EmbeddedBackend(Backend):
@@ -121,7 +124,7 @@ class EmbeddedBackend(Backend):
             chunk.embedding_model = self.embedding_model
             cid = chunk.chunk_id
             rows.append((cid, chunk.tenant, chunk.patient_id, chunk.ref, chunk.semantic_type, chunk.date,
-                         text_hash(chunk.text, lexical), json.dumps(chunk.to_dict()),
+                         text_hash(chunk, lexical), json.dumps(chunk.to_dict()),
                          np.asarray(vector, dtype=np.float32).tobytes()))
             fts.append((lexical, cid, chunk.tenant, chunk.patient_id))
             # Every resource a chunk draws on: deleting any of them removes the chunk (a trend, a panel).

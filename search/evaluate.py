@@ -43,6 +43,13 @@ def facts_stated(result: dict, facts: list[str]) -> float:
     return sum(1 for fact in facts if fact.lower() in text) / len(facts)
 
 
+def class_present_no_evidence(result: dict) -> bool:
+    """A bare "no evidence" although the record holds entries of the asked class (an allergy
+    question for a patient with allergies): the patient-safety failure the answer must never show."""
+    asked = result.get("diagnostics", {}).get("asked_class") or {}
+    return bool(result["abstained"] and asked.get("records") and not result["citations"])
+
+
 def reciprocal_rank(result: dict, gold: list[list[str]]) -> float:
     wanted = {ref for group in gold for ref in group}
     for ev in result["evidence"]:
@@ -95,7 +102,8 @@ def evaluate(service, tenant: str, questions_path: str, ks: list[int], pipelines
                          "recall": {k: recall_at(result, q["gold"], k) for k in ks},
                          "rr": reciprocal_rank(result, q["gold"]) if q["answerable"] else 0.0,
                          "abstained": result["abstained"], "corpus_ratio": ratio, "filter_recall": filter_recall,
-                         "facts": facts_stated(result, q.get("facts") or [])})
+                         "facts": facts_stated(result, q.get("facts") or []),
+                         "class_no_evidence": class_present_no_evidence(result)})
         report["pipelines"][label] = summarise(rows, ks, latencies)
     return report
 
@@ -115,6 +123,7 @@ def summarise(rows: list[dict], ks: list[int], latencies: list[float]) -> dict:
         "facts": mean([r["facts"] for r in answerable]),
         "abstention_accuracy": mean([1.0 if r["abstained"] else 0.0 for r in unanswerable]),
         "false_abstention": mean([1.0 if r["abstained"] else 0.0 for r in answerable]),
+        "class_present_no_evidence": sum(1 for r in rows if r.get("class_no_evidence")),
         "p50_ms": round(percentile(latencies, 0.5), 1),
         "p95_ms": round(percentile(latencies, 0.95), 1),
         "by_kind": {kind: {str(k): mean([r["recall"][k] for r in items]) for k in ks} for kind, items in sorted(by_kind.items())},
@@ -127,12 +136,13 @@ def summarise(rows: list[dict], ks: list[int], latencies: list[float]) -> dict:
 def format_table(report: dict, ks: list[int]) -> str:
     lines = [f"questions: {report['questions']}", ""]
     head = (f"{'pipeline':16} {'corpus':>7} {'filt-R':>7} " + " ".join(f"{'R@' + str(k):>6}" for k in ks)
-            + f" {'MRR':>6} {'facts':>6} {'abstain':>8} {'false-abst':>10} {'p50 ms':>8} {'p95 ms':>8}")
+            + f" {'MRR':>6} {'facts':>6} {'abstain':>8} {'false-abst':>10} {'class-NE':>8} {'p50 ms':>8} {'p95 ms':>8}")
     lines.append(head)
     for name, p in report["pipelines"].items():
         lines.append(f"{name:16} {p.get('corpus_ratio', 1.0):>7.3f} {p.get('filter_recall', 1.0):>7.3f} "
                      + " ".join(f"{p['recall'][str(k)]:>6.3f}" for k in ks)
                      + f" {p['mrr']:>6.3f} {p.get('facts', 0):>6.3f} {p['abstention_accuracy']:>8.2f} {p['false_abstention']:>10.2f}"
+                     + f" {p.get('class_present_no_evidence', 0):>8}"
                      + f" {p['p50_ms']:>8.1f} {p['p95_ms']:>8.1f}")
     names = list(report["pipelines"])
     if "dense" in report["pipelines"] and "full" in report["pipelines"]:

@@ -81,7 +81,7 @@ def index_record(backend: Backend, embedder: Embedder, tenant: str, record: Pati
     default_annotator().annotate_chunks(chunks, terms)
     lexicals = [lexical_text(c) for c in chunks]
     existing = backend.indexed_texts(tenant, pid)
-    changed = [(c, lx) for c, lx in zip(chunks, lexicals) if existing.get(c.chunk_id) != text_hash(c.text, lx)]
+    changed = [(c, lx) for c, lx in zip(chunks, lexicals) if existing.get(c.chunk_id) != text_hash(c, lx)]
     if progress:
         progress("embedding", 0, len(changed))
     vectors = embedder.encode([c.text for c, _ in changed],

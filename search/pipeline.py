@@ -17,6 +17,7 @@ from datetime import date, timedelta
 
 from fhir_ingest.contract import Chunk
 
+from .abbreviations import expansions
 from .annotate import RecordTerm, asserted_keys, default_annotator
 from .backend import Backend, Hit, Scope
 from .crossrank import CrossEncoderRanker
@@ -70,19 +71,26 @@ class Analysis:
     wants_list: bool = False
     wants_why: bool = False
     kinds: tuple[str, ...] = ()      # kinds of record the question names ("procedures", "labs")
+    expansions: list[str] = field(default_factory=list)   # long forms of the question's abbreviations
 
     @property
     def keys(self) -> set[str]:
         """Concepts the evidence must carry. Note-section words ("chief complaint", "assessment")
-        only steer the filter: a note never 'asserts' them."""
-        return {c["key"] for c in self.concepts if c["semantic_type"] != "note"}
+        only steer the filter: a note never 'asserts' them. Context ("her potassium was low") is
+        not what was asked."""
+        return {c["key"] for c in self.concepts if c["semantic_type"] != "note" and c.get("role") != "context"}
+
+    @property
+    def context_keys(self) -> set[str]:
+        """Concepts the question mentions on the way to what it asks."""
+        return {c["key"] for c in self.concepts if c.get("role") == "context"}
 
     @property
     def required_keys(self) -> set[str]:
         """What the answer must rest on: named things, not the classes they were recognised through.
         For a question about a note's content, visit words ("at her Sept physical") only say which note."""
         skip = {"note", "encounter"} if self.wants_note_content else {"note"}
-        return {c["key"] for c in self.concepts if c["semantic_type"] not in skip and c.get("role") != "class"}
+        return {c["key"] for c in self.concepts if c["semantic_type"] not in skip and c.get("role") not in ("class", "context")}
 
     @property
     def names(self) -> list[str]:
@@ -177,8 +185,9 @@ class Retrieval:
 # Words that name a kind of record rather than a concept: "What procedures were done at the
 # stroke visit?" asks for procedures, not for the visit's medications.
 RECORD_KIND_WORDS = {
-    "procedure": re.compile(r"\b(procedures?|surger(?:y|ies)|operations?)\b", re.I),
-    "medication": re.compile(r"\b(meds|medications?|drugs|prescriptions?|prescribed)\b", re.I),
+    "procedure": re.compile(r"\b(procedures?|surger(?:y|ies)|operations?|transplant(?:s|ed)?)\b", re.I),
+    "medication": re.compile(r"\b(meds|medications?|drugs|prescriptions?|prescribed|taking|takes)\b|"
+                             r"\b(?:is|was|are|were) (?:she|he|they|the patient|pt) (?:still |currently |now |ever )?on\b", re.I),
     "lab": re.compile(r"\b(labs|lab results|bloodwork|blood work)\b", re.I),
     "vital": re.compile(r"\b(vitals|vital signs)\b", re.I),
     "coverage": re.compile(r"\b(insurance|insurer|insured|payer|payor|health plan|coverage)\b", re.I),
@@ -188,15 +197,61 @@ RECORD_KIND_WORDS = {
 }
 
 
+# Where a clause ends and the next begins: a dash, a semicolon or colon, a full stop, or a comma
+# before a question word ("K+ was 3.1, is she on a diuretic?").
+_CLAUSE_BREAK = re.compile(r"\s[—–-]+\s|[;:.!]\s+|,\s+(?=(?:is|was|are|were|does|did|do|has|have|any|what|which|"
+                           r"when|why|how|should|could|can)\b)", re.I)
+_ASKING = re.compile(r"^\s*(?:is|was|are|were|does|did|do|has|have|had|any|what|which|when|why|how|should|could|can|"
+                     r"who|where|list|show|tell)\b|\?\s*$", re.I)
+
+
+def target_offset(question: str) -> int:
+    """Where the asked clause begins. "Her potassium was low — is she on a diuretic?" asks about a
+    diuretic; the potassium is context. A question of several questions is asked whole."""
+    for brk in reversed(list(_CLAUSE_BREAK.finditer(question))):
+        head, tail = question[:brk.start()], question[brk.end():]
+        if tail.strip() and _ASKING.search(tail) and not head.rstrip().endswith("?") and not _ASKING.match(head):
+            return brk.end()
+    return 0
+
+
 def analyse(question: str, terms: list[RecordTerm] | None = None) -> Analysis:
     concepts = default_annotator().annotate([question], terms or [], in_question=True)[0]
+    concepts, expanded = with_abbreviations(question, concepts, terms or [])
+    target = target_offset(question)
+    if target:
+        asked = {c["key"] for c in default_annotator().annotate([question[target:]], terms or [], in_question=True)[0]}
+        for concept in concepts:
+            # Named before the asked clause and not again in it: context ("K+ was low — on a diuretic?").
+            if concept.get("start", 0) < target and concept["key"] not in asked and concept["semantic_type"] != "note":
+                concept["role"] = "context"
     date_from, date_to = time_window(question)
     kinds = {kind for kind, words in RECORD_KIND_WORDS.items() if words.search(question)}
     return Analysis(
         question, concepts, content_tokens(question), sorted({c["semantic_type"] for c in concepts} | kinds),
         date_from, date_to, wants_latest=bool(LATEST.search(question)), wants_trend=bool(TREND.search(question)),
         wants_ever=bool(EVER.search(question)), wants_list=bool(LIST.search(question)),
-        wants_why=bool(WHY.search(question)), kinds=tuple(sorted(kinds)))
+        wants_why=bool(WHY.search(question)), kinds=tuple(sorted(kinds)), expansions=expanded)
+
+
+def with_abbreviations(question: str, concepts: list[dict], terms: list[RecordTerm]) -> tuple[list[dict], list[str]]:
+    """The question's concepts plus those its capitalised abbreviations' long forms name
+    ("DOAC" → direct oral anticoagulant), each placed where the abbreviation stands."""
+    covered = [(c.get("start", 0), c.get("start", 0) + len(c.get("text", ""))) for c in concepts]
+    found = expansions(question, covered)
+    if not found:
+        return concepts, []
+    keys = {c["key"] for c in concepts}
+    forms = [form for _, _, long_forms in found for form in long_forms]
+    annotated = default_annotator().annotate(forms, terms, in_question=True)
+    per_form = iter(annotated)
+    for start, token, long_forms in found:
+        for form in long_forms:
+            for concept in next(per_form):
+                if concept["key"] not in keys:
+                    keys.add(concept["key"])
+                    concepts.append(concept | {"start": start, "text": token, "via": form})
+    return concepts, forms
 
 
 def time_window(question: str) -> tuple[str, str]:
@@ -241,7 +296,7 @@ def _valid_date(year: int, month: int, day: int) -> str:
 
 def expanded_query(analysis: Analysis) -> str:
     """The question's content words plus canonical names of its concepts (an LLM-free expansion)."""
-    return " ".join(analysis.terms + analysis.names)
+    return " ".join(analysis.terms + analysis.names + analysis.expansions)
 
 
 # --- stage 3: filter ----------------------------------------------------------------------------
@@ -456,7 +511,7 @@ def retrieve(backend: Backend, embedder: Embedder, question: str, tenant: str, p
             st.done(backend.count(scope) if why != "none" else corpus, why)
 
     with _Stage(stages, "recall", stages[-1].n_out, corpus) as st:
-        dense_text = f"{question} {' '.join(analysis.names)}".strip() if full else question
+        dense_text = f"{question} {' '.join(analysis.names + analysis.expansions)}".strip() if full else question
         dense_hits = backend.search_vector(scope, embedder.encode_query(dense_text), RECALL_N)
         lexical_hits = [] if pipeline == "dense" else backend.search_text(
             scope, expanded_query(analysis) if full else " ".join(analysis.terms), RECALL_N)

@@ -10,8 +10,8 @@ from fhir_ingest.load import LoadReport, PatientRecord, assembled, merge_resourc
 from fhir_ingest.normalize import INDEXED_TYPES
 from fhir_ingest.reader import read_path
 
-from .answer import NEW_PATIENT, compose
-from .backend import Backend, BackendError
+from .answer import NEW_PATIENT, asked_class, class_entries_answer, compose, context_evidence
+from .backend import Backend, BackendError, Scope
 from .charts import trend_chart
 from .crossrank import CrossEncoderRanker, load_reranker
 from .embed import Embedder, load_embedder
@@ -20,7 +20,7 @@ from .grounded import GENERAL_BANNER, GENERAL_REFUSAL, grounded_answer
 from .lexicon import clean_text
 from .llm import ChatClient, LlmError, LlmSettings, general_answer, is_general_question
 from .phi import Identifiers
-from .pipeline import patient_terms, retrieve
+from .pipeline import Evidence, fact_key, patient_terms, retrieve
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +143,8 @@ class SearchService:
         result = compose(retrieval, patient_id, question_id)
         if retrieval.corpus_size == 0:
             result["answer"] = self.empty_record_answer(tenant, patient_id)
+        else:
+            result = self.never_hide_the_class(tenant, patient_id, retrieval, result)
         result.setdefault("generator", "extractive")
         result.setdefault("removed_statements", 0)
         if use_llm and self.llm is not None and not result["abstained"]:
@@ -155,6 +157,34 @@ class SearchService:
             if trend is not None:
                 result["chart"] = trend_chart(self.backend, trend)
         return result
+
+    def never_hide_the_class(self, tenant: str, patient_id: str, retrieval, result: dict) -> dict:
+        """An abstention never stands alone when the record holds what was asked about's class
+        (allergies, problems, medications, procedures): those entries are listed, cited, with the
+        word that none matches; a fact the question mentioned as context is shown as such."""
+        klass = asked_class(retrieval.analysis)
+        scope = Scope(tenant, patient_id, semantic_types=(klass,)) if klass else None
+        held = self.backend.count(scope) if scope else 0
+        result["diagnostics"]["asked_class"] = {"class": klass, "records": held}
+        if not result["abstained"]:
+            return result
+        context = context_evidence(retrieval)
+        if not held and context is None:
+            return result
+        return class_entries_answer(result, klass if held else "", self.class_entries(scope) if held else [], context)
+
+    def class_entries(self, scope: Scope) -> list[Evidence]:
+        """What the record holds of a class, newest first, one per fact; current entries (active
+        problems, allergies and orders) before the rest."""
+        chunks = self.backend.get_chunks(scope.tenant, [h.chunk_id for h in self.backend.latest(scope, 500)])
+        ordered = [c for c in chunks if c.status == "active"] + [c for c in chunks if c.status != "active"]
+        seen, entries = set(), []
+        for chunk in ordered:
+            if chunk.category == "trend" or fact_key(chunk) in seen:
+                continue
+            seen.add(fact_key(chunk))
+            entries.append(Evidence(chunk, 0.0))
+        return entries
 
     def empty_record_answer(self, tenant: str, patient_id: str) -> str:
         """"New patient" only when the record holds nothing clinical; records read but not indexed

@@ -157,7 +157,8 @@
       answer.appendChild(el("p", { class: "banner-general" }, result.banner));
       answer.appendChild(el("p", { class: "statement general" }, result.answer));
     } else if (result.abstained) {
-      answer.appendChild(el("p", { class: "abstain" }, result.answer));
+      // An abstention may list what the record holds of the asked class: the lead, then each entry cited.
+      answer.appendChild(el("p", { class: "abstain" }, result.lead || result.answer));
     }
     result.statements.forEach((s) => answer.appendChild(citedParagraph(s.text, s.citations)));
     const chips = $("chips");

@@ -1,0 +1,122 @@
+"""Questions nobody tuned for: shorthand from maintained vocabularies, the target of a question
+apart from its context, qualifiers, and the rule that "no evidence" never hides a clinical class
+the record holds. One hand-written record, a trap per mechanism."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from search.answer import NO_EVIDENCE
+from search.evaluate import class_present_no_evidence
+from search.pipeline import analyse, target_offset
+from search.service import SearchService
+
+PID = "shorthand-1"
+SNOMED, RXNORM, LOINC = "http://snomed.info/sct", "http://www.nlm.nih.gov/research/umls/rxnorm", "http://loinc.org"
+SUBJECT = {"reference": f"Patient/{PID}"}
+ACTIVE = {"coding": [{"code": "active"}]}
+
+
+def coded(system, code, display):
+    return {"coding": [{"system": system, "code": code, "display": display}]}
+
+
+def record() -> list[dict]:
+    return [
+        {"resourceType": "Patient", "id": PID, "gender": "female", "birthDate": "1950-01-01"},
+        {"resourceType": "AllergyIntolerance", "id": "pcn", "patient": SUBJECT, "clinicalStatus": ACTIVE,
+         "recordedDate": "2010-01-01", "code": coded(RXNORM, "7980", "Penicillin V"),
+         "reaction": [{"manifestation": [coded(SNOMED, "39579001", "Anaphylaxis")], "severity": "severe"}]},
+        {"resourceType": "AllergyIntolerance", "id": "smx", "patient": SUBJECT, "clinicalStatus": ACTIVE,
+         "recordedDate": "2012-01-01", "code": coded(RXNORM, "10180", "Sulfamethoxazole / Trimethoprim")},
+        {"resourceType": "MedicationRequest", "id": "apix", "status": "active", "intent": "order", "subject": SUBJECT,
+         "authoredOn": "2024-02-02", "medicationCodeableConcept": coded(RXNORM, "1364430", "apixaban 5 MG Oral Tablet")},
+        {"resourceType": "Condition", "id": "aki", "subject": SUBJECT, "clinicalStatus": ACTIVE,
+         "onsetDateTime": "2023-03-03", "code": coded(SNOMED, "14669001", "Acute kidney injury (disorder)")},
+        {"resourceType": "Condition", "id": "tx", "subject": SUBJECT, "clinicalStatus": ACTIVE,
+         "onsetDateTime": "2015-05-05", "code": coded(SNOMED, "161665007", "History of renal transplant (situation)")},
+        {"resourceType": "Procedure", "id": "pci", "status": "completed", "subject": SUBJECT,
+         "performedDateTime": "2020-06-06", "code": coded(SNOMED, "415070008", "Percutaneous coronary intervention (procedure)")},
+        {"resourceType": "Observation", "id": "k", "status": "final", "subject": SUBJECT,
+         "category": [{"coding": [{"code": "laboratory"}]}], "effectiveDateTime": "2025-01-01",
+         "code": coded(LOINC, "2823-3", "Potassium [Moles/volume] in Serum or Plasma"),
+         "valueQuantity": {"value": 3.1, "unit": "mmol/L"}},
+    ]
+
+
+@pytest.fixture(scope="module")
+def svc(tmp_path_factory, embedder):
+    folder = tmp_path_factory.mktemp("shorthand")
+    path = folder / "record.ndjson"
+    path.write_text("\n".join(json.dumps(r) for r in record()) + "\n")
+    service = SearchService("embedded", folder / "index.sqlite")
+    assert not service.index_paths("t", [path]).load.skipped
+    yield service
+    service.close()
+
+
+def cited(result) -> set[str]:
+    return {c["ref"] for c in result["citations"]}
+
+
+@pytest.mark.parametrize("question,ref", [
+    ("Any PCN allergy?", "AllergyIntolerance/pcn"),          # the usual abbreviation, a drug of the class
+    ("any sulfa allergy?", "AllergyIntolerance/smx"),         # a class word, the drug the record names
+    ("Is she on a DOAC?", "MedicationRequest/apix"),          # a class clinicians name by acronym
+    ("Any AKI?", "Condition/aki"),                            # an abbreviation only the maintained inventory knows
+    ("Has she had PCI?", "Procedure/pci"),                    # the acronym of the record's own procedure name
+])
+def test_shorthand_reaches_what_the_record_holds(svc, question, ref):
+    result = svc.ask("t", PID, question)
+    assert not result["abstained"], result["answer"]
+    assert ref in cited(result)
+
+
+def test_capitalised_abbreviations_are_read_through_the_inventory():
+    concepts = {c["display"] for c in analyse("hx of CVA or TAVR? on a DOAC?").concepts}
+    assert {"stroke", "aortic valve replacement", "direct oral anticoagulant"} <= concepts
+    # In lower case many entries are ordinary words ("cold", "arm"): those are never expanded.
+    assert analyse("did she have a cold?").expansions == []
+
+
+@pytest.mark.parametrize("question,klass,listed", [
+    ("Any latex allergy?", "allergies", {"AllergyIntolerance/pcn", "AllergyIntolerance/smx"}),
+    ("Is she on warfarin?", "medications", {"MedicationRequest/apix"}),
+    ("Any history of asthma?", "problems", {"Condition/aki", "Condition/tx"}),
+    ("Has she had a colonoscopy?", "procedures", {"Procedure/pci"}),
+])
+def test_no_evidence_never_hides_a_class_the_record_holds(svc, question, klass, listed):
+    result = svc.ask("t", PID, question)
+    assert result["abstained"] and result["answer"].startswith(NO_EVIDENCE)
+    assert f"Recorded {klass}" in result["answer"] and "none of which matches" in result["answer"]
+    assert listed <= cited(result)
+    assert not class_present_no_evidence(result)
+
+
+def test_the_target_is_judged_not_the_context(svc):
+    question = "Her potassium was low — is she on a diuretic?"
+    assert question[target_offset(question):] == "is she on a diuretic?"
+    result = svc.ask("t", PID, question)
+    assert result["abstained"], "the potassium must not answer a question about a diuretic"
+    assert result["statements"][0]["text"].startswith("For context:") and "Observation/k" in cited(result)
+    assert "MedicationRequest/apix" in cited(result)         # and what the record does hold of the class
+
+
+def test_a_qualifier_the_record_lacks_is_not_answered_by_its_head(svc):
+    result = svc.ask("t", PID, "Has she had a liver transplant?")
+    assert result["abstained"]
+    assert "Condition/tx" not in {s["citations"][0] for s in result["statements"] if not s.get("context")}
+
+
+def test_an_allergy_to_one_drug_is_not_an_allergy_to_another_of_its_class(svc):
+    result = svc.ask("t", PID, "Is she allergic to amoxicillin?")
+    assert result["abstained"] and "AllergyIntolerance/pcn" in cited(result)   # listed, said not to match
+
+
+def test_class_present_no_evidence_is_measured():
+    bare = {"abstained": True, "citations": [], "diagnostics": {"asked_class": {"class": "allergy", "records": 2}}}
+    listed = bare | {"citations": [{"ref": "AllergyIntolerance/pcn"}]}
+    empty = bare | {"diagnostics": {"asked_class": {"class": "allergy", "records": 0}}}
+    assert class_present_no_evidence(bare) and not class_present_no_evidence(listed)
+    assert not class_present_no_evidence(empty)
