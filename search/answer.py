@@ -139,9 +139,10 @@ def class_entries_answer(result: dict, klass: str, entries: list, context=None) 
 
 
 def context_evidence(retrieval: Retrieval):
-    """The best candidate asserting what the question mentioned as context, if any."""
+    """The newest candidate asserting what the question mentioned as context ("her potassium was
+    low" speaks of the latest potassium), if any."""
     keys = retrieval.analysis.context_keys
-    ranked = sorted(retrieval.candidates, key=lambda e: -e.score)
+    ranked = sorted(retrieval.candidates, key=lambda e: (e.chunk.category != "trend", e.chunk.date), reverse=True)
     return next((ev for ev in ranked if asserted_keys(ev.chunk.concepts) & keys), None) if keys else None
 
 
@@ -328,7 +329,7 @@ def compose(retrieval: Retrieval, patient_id: str, question_id: str | None = Non
     statements, citations, passages = [], [], set()
     relevant = relevant_evidence(retrieval)
     for ev in relevant:
-        if len(statements) == MAX_STATEMENTS:
+        if len(statements) == max(MAX_STATEMENTS, retrieval.analysis.last_n):
             break
         n = len(citations) + 1
         text = statement_for(ev, retrieval.analysis, first=not statements)

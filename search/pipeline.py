@@ -23,6 +23,7 @@ from .backend import Backend, Hit, Scope
 from .crossrank import CrossEncoderRanker
 from .embed import Embedder
 from .lexicon import content_tokens, tokens
+from .timeline import anchor, last_n
 
 PIPELINES = ("dense", "hybrid", "full")
 ABLATABLE = ("filter", "recovery", "rerank")
@@ -72,6 +73,7 @@ class Analysis:
     wants_why: bool = False
     kinds: tuple[str, ...] = ()      # kinds of record the question names ("procedures", "labs")
     expansions: list[str] = field(default_factory=list)   # long forms of the question's abbreviations
+    last_n: int = 0                  # "last 3 A1c values": how many of the newest results are asked for
 
     @property
     def keys(self) -> set[str]:
@@ -231,7 +233,8 @@ def analyse(question: str, terms: list[RecordTerm] | None = None) -> Analysis:
         question, concepts, content_tokens(question), sorted({c["semantic_type"] for c in concepts} | kinds),
         date_from, date_to, wants_latest=bool(LATEST.search(question)), wants_trend=bool(TREND.search(question)),
         wants_ever=bool(EVER.search(question)), wants_list=bool(LIST.search(question)),
-        wants_why=bool(WHY.search(question)), kinds=tuple(sorted(kinds)), expansions=expanded)
+        wants_why=bool(WHY.search(question)), kinds=tuple(sorted(kinds)), expansions=expanded,
+        last_n=last_n(question))
 
 
 def with_abbreviations(question: str, concepts: list[dict], terms: list[RecordTerm]) -> tuple[list[dict], list[str]]:
@@ -359,6 +362,21 @@ def negated_overlap(chunk: Chunk, analysis: Analysis) -> bool:
     return bool(mentioned) and not (mentioned & asserted_keys(chunk.concepts))
 
 
+def newest_results(evidence: list[Evidence], analysis: Analysis) -> set[str]:
+    """For "last 3 A1c values": the newest N single results asserting what was asked, one per day."""
+    if not analysis.last_n:
+        return set()
+    results = sorted((ev.chunk for ev in evidence if ev.chunk.resource_type == "Observation"
+                      and ev.chunk.category != "trend" and asserted_keys(ev.chunk.concepts) & analysis.keys),
+                     key=lambda c: c.date, reverse=True)
+    chosen, days = set(), set()
+    for chunk in results:
+        if chunk.date[:10] not in days and len(chosen) < analysis.last_n:
+            days.add(chunk.date[:10])
+            chosen.add(chunk.chunk_id)
+    return chosen
+
+
 def holds_asked_section(chunk: Chunk, analysis: Analysis) -> bool:
     """A note chunk that holds the section the question names ("presenting complaints" → Chief
     Complaint): of a note's pieces, that one answers."""
@@ -379,6 +397,7 @@ def rerank(evidence: list[Evidence], analysis: Analysis, reranker: CrossEncoderR
             if ev.chunk.date > newest.get(key, ""):
                 newest[key] = ev.chunk.date
     newest_any = max((ev.chunk.date for ev in evidence), default="")
+    asked_n = newest_results(evidence, analysis)
     top_fused = max(ev.score for ev in evidence) or 1.0
     for ev in evidence:
         chunk = ev.chunk
@@ -396,11 +415,12 @@ def rerank(evidence: list[Evidence], analysis: Analysis, reranker: CrossEncoderR
             "structured": 1.0 if overlap and chunk.semantic_type != "note" else 0.0,
             "kind": 1.0 if chunk.semantic_type in analysis.kinds else 0.0,
             "section": 1.0 if holds_asked_section(chunk, analysis) else 0.0,
+            "newest_n": 1.0 if chunk.chunk_id in asked_n else 0.0,
         }
         ev.features = f
         ev.score = (f["fused"] + 0.8 * f["concepts"] - 0.6 * f["negated"] + 0.6 * f["in_window"]
                     + 0.4 * f["latest"] + 0.2 * f["type"] + 0.4 * f["trend"] + 0.3 * f["structured"]
-                    + 1.0 * f["kind"] + 0.5 * f["section"])
+                    + 1.0 * f["kind"] + 0.5 * f["section"] + 1.0 * f["newest_n"])
     ranked = sorted(evidence, key=lambda e: (-e.score, e.chunk.chunk_id))
     if reranker is not None:
         ranked = cross_rerank(ranked, analysis.question, reranker)
@@ -504,6 +524,15 @@ def retrieve(backend: Backend, embedder: Embedder, question: str, tenant: str, p
         if analysis.required_keys:
             absent = analysis.modifiers(absent)   # with a concept asked about, only its qualifiers count
         st.done(corpus, ", ".join(analysis.names + analysis.intents() + [f"absent: {t}" for t in sorted(absent)]))
+
+    if full:
+        with _Stage(stages, "anchor", corpus, corpus) as st:
+            found = anchor(backend, scope, question, patient_terms(backend, tenant, patient_id),
+                           explicit=bool(analysis.date_from or analysis.date_to)) if corpus else None
+            if found:
+                analysis.date_from, analysis.date_to = found.date_from, found.date_to
+            st.done(corpus, found.note if found else "")
+        k = max(k, analysis.last_n)
 
     if full and "filter" not in ablate:
         with _Stage(stages, "filter", corpus, corpus) as st:

@@ -38,10 +38,14 @@ def record() -> list[dict]:
          "onsetDateTime": "2015-05-05", "code": coded(SNOMED, "161665007", "History of renal transplant (situation)")},
         {"resourceType": "Procedure", "id": "pci", "status": "completed", "subject": SUBJECT,
          "performedDateTime": "2020-06-06", "code": coded(SNOMED, "415070008", "Percutaneous coronary intervention (procedure)")},
-        {"resourceType": "Observation", "id": "k", "status": "final", "subject": SUBJECT,
-         "category": [{"coding": [{"code": "laboratory"}]}], "effectiveDateTime": "2025-01-01",
-         "code": coded(LOINC, "2823-3", "Potassium [Moles/volume] in Serum or Plasma"),
-         "valueQuantity": {"value": 3.1, "unit": "mmol/L"}},
+        *[{"resourceType": "Observation", "id": oid, "status": "final", "subject": SUBJECT,
+           "category": [{"coding": [{"code": "laboratory"}]}], "effectiveDateTime": day,
+           "code": coded(LOINC, "2823-3", "Potassium [Moles/volume] in Serum or Plasma"),
+           "valueQuantity": {"value": value, "unit": "mmol/L"}}
+          for oid, day, value in (("k", "2025-01-01", 3.1), ("k3", "2024-07-01", 4.0), ("k2", "2024-05-20", 5.0),
+                                  ("k1", "2024-03-01", 4.9))],
+        {"resourceType": "Procedure", "id": "appy", "status": "completed", "subject": SUBJECT,
+         "performedDateTime": "2024-06-01", "code": coded(SNOMED, "80146002", "Appendectomy (procedure)")},
     ]
 
 
@@ -120,3 +124,20 @@ def test_class_present_no_evidence_is_measured():
     empty = bare | {"diagnostics": {"asked_class": {"class": "allergy", "records": 0}}}
     assert class_present_no_evidence(bare) and not class_present_no_evidence(listed)
     assert not class_present_no_evidence(empty)
+
+
+def test_time_anchored_to_the_patients_own_events(svc):
+    before = svc.ask("t", PID, "K+ before the surgery?")
+    assert "before surgery (2024-06-01)" in [st.get("note", "") for st in before["diagnostics"]["stages"]]
+    assert before["citations"][0]["ref"] == "Observation/k2"          # the result just before it
+    after = svc.ask("t", PID, "potassium since the appendectomy?")
+    assert {c["ref"] for c in after["citations"]} & {"Observation/k", "Observation/k3"}
+    assert "Observation/k1" not in {c["ref"] for c in after["citations"]}
+
+
+def test_last_n_results_and_relative_windows(svc):
+    last = svc.ask("t", PID, "last 3 potassium values?")
+    assert {"Observation/k", "Observation/k3", "Observation/k2"} <= {c["ref"] for c in last["citations"]}
+    recent = svc.ask("t", PID, "potassium over the past 6 months?")
+    assert recent["diagnostics"]["analysis"]["date_from"] == "2024-07-01"      # 6 months back from 2025-01-01
+    assert "Observation/k1" not in {c["ref"] for c in recent["citations"]}

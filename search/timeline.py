@@ -1,0 +1,154 @@
+"""Time a question anchors to the patient's own events rather than to a date.
+
+"labs before the surgery", "since she started insulin", "at her first prenatal visit",
+"peri-op", "over the past 2 years": each becomes a date window found in this patient's record
+(the event's date from its chunks), so the filter stage narrows by it like an explicit date.
+Relative windows count back from the record's newest entry: records are read as they stand.
+"""
+from __future__ import annotations
+
+import calendar
+import re
+from dataclasses import dataclass, replace
+from datetime import date, timedelta
+
+from .annotate import RecordTerm, asserted_keys, default_annotator
+from .backend import Backend, Scope
+
+NUMBERS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9,
+           "ten": 10, "twelve": 12}
+_NUMBER = r"(\d{1,2}|" + "|".join(NUMBERS) + ")"
+UNIT_DAYS = {"day": 1, "week": 7}
+RELATIVE = re.compile(rf"\b(?:last|past|previous|prior)\s+{_NUMBER}\s+(day|week|month|year)s?\b", re.I)
+LAST_N = re.compile(rf"\b(?:last|past|previous|recent|latest|most recent)\s+{_NUMBER}\b(?!\s+(?:day|week|month|year)s?\b)",
+                    re.I)
+# Relation, optional ordinal, the event: "before the surgery", "since she started insulin",
+# "at her first prenatal visit", "after his MI".
+_RELATION = r"\b(before|prior to|pre-?op(?:erative(?:ly)?)?|after|following|since|post-?op(?:erative(?:ly)?)?|at|during|around|peri-?op(?:erative(?:ly)?)?)"
+ANCHOR = re.compile(
+    _RELATION + r"\s+(?:(?:the|her|his|their|that|this)\s+)?(?:(?:she|he|they|the patient)\s+(?:was\s+)?"
+    r"(?:started|began|went)\s+(?:on\s+)?|(?:starting|start of|initiation of)\s+)?"
+    r"(?:(first|initial|last|latest|most recent|recent)\s+)?([a-z0-9][a-z0-9' -]{1,40}?)\s*(?=[?,.;]|$|\b(?:was|were|did|is|and)\b)",
+    re.I)
+PERI_OP_ALONE = re.compile(r"\b(peri-?op(?:erative(?:ly)?)?|pre-?op(?:erative(?:ly)?)?|post-?op(?:erative(?:ly)?)?)\b", re.I)
+SURGERY_WORDS = re.compile(r"\b(surgery|surgeries|operation|op|procedure)\b", re.I)
+SURGICAL = re.compile(r"ectomy|otomy|ostomy|plasty|bypass|replacement|implantation|graft|repair|insertion|excision|"
+                      r"extraction|amputation|fixation|transplant|cesarean|ligation|surgical|thrombectomy", re.I)
+SEVERAL = re.compile(r"\b(few|several|couple|all|each|every|multiple|many|visits|physicals|appointments|surgeries|"
+                     r"operations|procedures|admissions|stays)\b", re.I)
+VISIT_WORDS = re.compile(r"\b(visit|appointment|admission|stay|hospitalization|encounter|check-?up|physical)\b", re.I)
+
+
+@dataclass
+class Anchor:
+    date_from: str
+    date_to: str
+    note: str
+
+
+def number(word: str) -> int:
+    return int(word) if word.isdigit() else NUMBERS[word.lower()]
+
+
+def last_n(question: str) -> int:
+    """'last 3 A1c values' → 3 (0 when the question asks for no count)."""
+    m = LAST_N.search(question)
+    return number(m.group(1)) if m else 0
+
+
+def relative_window(backend: Backend, scope: Scope, question: str) -> Anchor | None:
+    """'over the past 2 years' → from two years before the record's newest entry."""
+    m = RELATIVE.search(question)
+    if not m:
+        return None
+    newest = newest_day(backend, scope)
+    if newest is None:
+        return None
+    start = back_from(newest, number(m.group(1)), m.group(2).lower())
+    return Anchor(start.isoformat(), "", f"{m.group(0)} of the record (to {newest.isoformat()})")
+
+
+def back_from(day: date, count: int, unit: str) -> date:
+    """Calendar arithmetic: six months before 1 Jan 2025 is 1 Jul 2024 (the day clamped to the month)."""
+    if unit in ("day", "week"):
+        return day - timedelta(days=count * UNIT_DAYS[unit])
+    months = day.year * 12 + day.month - 1 - count * (12 if unit == "year" else 1)
+    year, month = divmod(months, 12)
+    return date(year, month + 1, min(day.day, calendar.monthrange(year, month + 1)[1]))
+
+
+def newest_day(backend: Backend, scope: Scope) -> date | None:
+    hits = backend.latest(scope, 1)
+    chunks = backend.get_chunks(scope.tenant, [h.chunk_id for h in hits])
+    return _day(chunks[0].date) if chunks else None
+
+
+def event_window(backend: Backend, scope: Scope, question: str, terms: list[RecordTerm]) -> Anchor | None:
+    """The window a relation to one of the patient's events describes, or None."""
+    m = ANCHOR.search(question)
+    relation, ordinal, event = (m.group(1), m.group(2) or "", m.group(3)) if m else ("", "", "")
+    if not m:
+        alone = PERI_OP_ALONE.search(question)
+        if not alone:
+            return None
+        relation, event = alone.group(1), "surgery"
+    if SEVERAL.search(event):
+        return None       # "at the last few physicals" spans several events: a trend, not a window
+    when = event_dates(backend, scope, event, terms)
+    if not when:
+        return None
+    first = ordinal.lower() in ("first", "initial") or re.search(r"start|began|went|since", m.group(0) if m else "", re.I)
+    day = when[0] if first else when[-1]
+    note = f"{relation} {ordinal + ' ' if ordinal else ''}{event} ({day.isoformat()})"
+    if relation.lower() == "during" and not ordinal and len(when) > 1:      # an episode: all of it
+        return Anchor(when[0].isoformat(), when[-1].isoformat(), f"during {event} ({when[0]} to {when[-1]})")
+    return window(relation.lower(), day, note)
+
+
+def event_dates(backend: Backend, scope: Scope, event: str, terms: list[RecordTerm]) -> list[date]:
+    """The dates of the record's entries for an event phrase, oldest first: by its concepts, or
+    for "the surgery" the surgical procedures."""
+    surgery = bool(SURGERY_WORDS.search(event))
+    keys = sorted(asserted_keys(default_annotator().annotate([event], terms, in_question=True)[0]))
+    kinds = ("encounter",) if VISIT_WORDS.search(event) else ("procedure",) if surgery else ()
+    if keys:
+        hits = backend.search_concepts(replace(scope, semantic_types=kinds), keys, 200)
+    elif surgery:
+        hits = backend.latest(replace(scope, semantic_types=("procedure",)), 500)
+    else:
+        return []
+    chunks = backend.get_chunks(scope.tenant, [h.chunk_id for h in hits])
+    if surgery and not keys:
+        chunks = [c for c in chunks if SURGICAL.search(c.text)]
+    return sorted({d for c in chunks if c.category != "trend" and (d := _day(c.date))})
+
+
+def window(relation: str, day: date, note: str) -> Anchor:
+    """Before: the half year leading to it; after / since: from it on; at / during: the day;
+    peri-operative: a month either side; pre- and post-operative: the month before or after."""
+    if relation.startswith(("peri", "around")):
+        return Anchor((day - timedelta(days=30)).isoformat(), (day + timedelta(days=30)).isoformat(), note)
+    if relation.startswith("pre"):
+        return Anchor((day - timedelta(days=30)).isoformat(), (day - timedelta(days=1)).isoformat(), note)
+    if relation.startswith("post"):
+        return Anchor(day.isoformat(), (day + timedelta(days=30)).isoformat(), note)
+    if relation in ("before", "prior to"):
+        return Anchor((day - timedelta(days=183)).isoformat(), (day - timedelta(days=1)).isoformat(), note)
+    if relation in ("after", "following", "since"):
+        return Anchor(day.isoformat(), "", note)
+    return Anchor(day.isoformat(), day.isoformat(), note)
+
+
+def _day(iso: str) -> date | None:
+    try:
+        return date.fromisoformat(iso[:10])
+    except (TypeError, ValueError):
+        return None
+
+
+def anchor(backend: Backend, scope: Scope, question: str, terms: list[RecordTerm],
+           explicit: bool) -> Anchor | None:
+    """The question's window from the patient's own timeline, unless it names dates itself."""
+    if explicit:
+        return None
+    return relative_window(backend, scope, question) or event_window(backend, scope, question, terms)
