@@ -66,7 +66,17 @@ GENERIC_DISPLAYS = frozenset({"substance", "finding", "disorder", "procedure", "
                               "observable entity", "event", "physical object", "body structure", "qualifier value",
                               "clinical finding", "medication", "allergy", "observation", "unknown", "other"})
 
-NAMES_KEY = "chartcite.record_names"      # doc.user_data: token spans of the record's coded names
+NAMES_KEY = "chartcite.record_names"
+SAME_SPAN = "chartcite.same_span"         # doc.user_data: (start, end) → every entry naming those words
+
+
+def same_span_ids(spans) -> dict[tuple[int, int], list[str]]:
+    ids: dict[tuple[int, int], list[str]] = {}
+    for span in spans:
+        ids.setdefault((span.start, span.end), [])
+        if span.kb_id_ not in ids[(span.start, span.end)]:
+            ids[(span.start, span.end)].append(span.kb_id_)
+    return ids      # doc.user_data: token spans of the record's coded names
 
 
 class Annotator:
@@ -110,7 +120,7 @@ class Annotator:
                 if entry.case_sensitive:
                     self.cased_matcher.add(label, [[{"ORTH": s}] for s in surfaces if " " not in s])
                     continue
-                patterns = list(nlp.tokenizer.pipe(surfaces))
+                patterns = list(nlp.tokenizer.pipe(with_plurals(surfaces)))
                 self.question_matcher.add(label, patterns)
                 if not entry.question_only:
                     self.record_matcher.add(label, patterns)
@@ -194,6 +204,9 @@ class Annotator:
             record = filter_spans(self._record_spans(doc, terms, matcher))
             doc.user_data[NAMES_KEY] = [(span.start, span.end) for span in record]
             for spans in (lexical, record):
+                # One phrase may name several entries ("Nexplanon": a contraceptive and an implant):
+                # a span is kept once for negation, and every entry it names is collected.
+                doc.user_data[SAME_SPAN] = same_span_ids(spans)
                 doc.ents = filter_spans(spans)
                 self.negex(doc)
                 self._collect(doc, terms, concepts)
@@ -209,10 +222,10 @@ class Annotator:
             elif not negated:
                 current["negated"] = False   # asserted once anywhere in the text: asserted
 
-        for ent in doc.ents:
+        for ent, kb_id in ((e, k) for e in doc.ents for k in doc.user_data.get(SAME_SPAN, {}).get((e.start, e.end), [e.kb_id_])):
             negated = bool(ent._.negex)
-            if ent.kb_id_.startswith("E"):
-                entry, member = self.entries[ent.kb_id_]
+            if kb_id.startswith("E"):
+                entry, member = self.entries[kb_id]
                 if member:
                     add(lexicon_key(member), member, entry.semantic_type, negated, ent.text, "member", ent.start_char)
                 # The class a named member belongs to helps ranking, but never stands in for it:
@@ -222,7 +235,7 @@ class Annotator:
                 for parent in self.classes_of(member or entry.canonical) - {entry.canonical}:
                     add(lexicon_key(parent), parent, entry.semantic_type, negated, ent.text, "class", ent.start_char)
             else:
-                term = terms[int(ent.kb_id_[1:])]
+                term = terms[int(kb_id[1:])]
                 add(term.key, term.display, term.semantic_type, negated, ent.text, "", ent.start_char)
 
     def classes_of(self, name: str, seen: frozenset = frozenset()) -> set[str]:
@@ -258,6 +271,17 @@ def without_headings(chunk: Chunk) -> str:
     for heading in filter(None, (h.strip() for h in chunk.section.split(","))):
         text = re.sub(rf"\b{re.escape(heading)}(?: \(continued\))?:", " ", text)
     return text
+
+
+def with_plurals(surfaces: list[str]) -> list[str]:
+    """Each surface and its plural ("ear infection" → "ear infections", "allergy" → "allergies"):
+    clinicians ask in both numbers and the matcher compares words exactly."""
+    out = list(surfaces)
+    for surface in surfaces:
+        if len(surface) < 4 or surface[-1] in "s0123456789+" or not surface[-1].isalpha():
+            continue
+        out.append(surface[:-1] + "ies" if surface.endswith("y") and surface[-2] not in "aeiou" else surface + "s")
+    return list(dict.fromkeys(out))
 
 
 @lru_cache(maxsize=1)

@@ -29,8 +29,13 @@ def _stem(word: str) -> str:
     return word[:6] if len(word) > 6 else word.rstrip("s")
 
 
+# Prefixes that build clinical words from a stem: "thyroid" is in "hypothyroidism", "lipid" in
+# "hyperlipidemia"; "liver" is not in "delivery", nor "renal" in "adrenal".
+MEDICAL_PREFIXES = "hypo|hyper|dys|an|a|peri|para|endo|epi|sub|supra|pre|post|intra|extra|inter|trans|poly|pan|hemi|micro|macro|neo|pseudo|non"
+
+
 def term_in(term: str, text: str) -> bool:
-    return re.search(rf"\b{re.escape(_stem(term))}", text, re.I) is not None
+    return re.search(rf"\b(?:{MEDICAL_PREFIXES})?{re.escape(_stem(term))}", text, re.I) is not None
 
 
 def judge_support(retrieval: Retrieval) -> Support:
@@ -72,6 +77,12 @@ def judge_support(retrieval: Retrieval) -> Support:
     if analysis.wants_note and retrieval.scope.semantic_types and (retrieval.scope.date_from or retrieval.scope.date_to):
         return Support(True, 1.0, "the note asked for")
     best_dense = max((e.dense for e in evidence if e.dense is not None), default=0.0)
+    unsaid = [t for t in residual if t in clinical_words()]
+    if unsaid and not analysis.wants_note:
+        # The question names a clinical thing ("transplant") that no evidence says: a passage that
+        # merely resembles the question is not an answer to it. Other wording ("iron pill" for
+        # ferrous sulfate) may still be answered by a close semantic match below.
+        return Support(False, 0.0, f"nothing in the record says {', '.join(unsaid[:3])}")
     if best_dense >= 0.35:
         return Support(True, 0.5, "semantic match only")
     return Support(False, 0.0, "nothing in the record matches the question")
@@ -320,8 +331,9 @@ def compose(retrieval: Retrieval, patient_id: str, question_id: str | None = Non
         return {**base, "answer": NEW_PATIENT, "statements": [], "citations": [], "evidence": [],
                 "confidence": "low", "abstained": True, "diagnostics": diagnostics}
     support = judge_support(retrieval)
+    best_dense = max((e.dense for e in retrieval.evidence if e.dense is not None), default=0.0)
     diagnostics["support"] = {"supported": support.supported, "coverage": round(support.coverage, 3),
-                              "reason": support.reason}
+                              "reason": support.reason, "best_dense": round(best_dense, 4)}
     if not support.supported:
         return {**base, "answer": NO_EVIDENCE, "statements": [], "citations": [], "evidence": evidence_json,
                 "confidence": "low", "abstained": True, "diagnostics": diagnostics}

@@ -24,6 +24,7 @@ this those through to too under until up very was we were what whats when where 
 with would you your yours yes ok okay any anything did does current currently value values level levels result
 results most recent time times date dates give given get got see seen check checked record records chart history
 hx ever still know known taking take takes has had any on did visit note
+what's whats how's hows where's who's whos she's he's it's that's there's isn't wasn't doesn't didn't hasn't
 """.split())
 
 _WORD = re.compile(r"[a-z0-9]+(?:[+'-][a-z0-9]+)*\+?")

@@ -207,6 +207,25 @@ _ASKING = re.compile(r"^\s*(?:is|was|are|were|does|did|do|has|have|had|any|what|
                      r"who|where|list|show|tell)\b|\?\s*$", re.I)
 
 
+_PURPOSE = re.compile(r"\bfor (?:the |her |his |their |a |an |my )?", re.I)
+
+
+def purpose_as_context(question: str, target: int, concepts: list[dict]) -> None:
+    """"Is he on a triptan for the migraines?" asks about a triptan; the migraines are why. What
+    follows "for" is context when the asked clause names something else before it ("What is she
+    taking for her BP?" names nothing else: there the BP is what is asked about)."""
+    m = _PURPOSE.search(question, target)
+    if not m:
+        return
+    named = {c["key"] for c in concepts if target <= c.get("start", 0) < m.start()
+             and c.get("role") not in ("class", "context") and c["semantic_type"] != "note"}
+    if not named:
+        return
+    for concept in concepts:
+        if concept.get("start", 0) >= m.end() and concept["key"] not in named and concept["semantic_type"] != "note":
+            concept["role"] = "context"
+
+
 def target_offset(question: str) -> int:
     """Where the asked clause begins. "Her potassium was low — is she on a diuretic?" asks about a
     diuretic; the potassium is context. A question of several questions is asked whole."""
@@ -221,6 +240,7 @@ def analyse(question: str, terms: list[RecordTerm] | None = None) -> Analysis:
     concepts = default_annotator().annotate([question], terms or [], in_question=True)[0]
     concepts, expanded = with_abbreviations(question, concepts, terms or [])
     target = target_offset(question)
+    purpose_as_context(question, target, concepts)
     if target:
         asked = {c["key"] for c in default_annotator().annotate([question[target:]], terms or [], in_question=True)[0]}
         for concept in concepts:

@@ -41,8 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     cx.add_argument("--tenant")
     cx.add_argument("--json", action="store_true")
 
-    ev = sub.add_parser("eval", help="recall@k, MRR and abstention over a questions file")
-    ev.add_argument("questions")
+    ev = sub.add_parser("eval", help="recall@k, MRR, facts and abstention per question set (one or more files)")
+    ev.add_argument("questions", nargs="+")
     ev.add_argument("--k", default="3,5,10")
     ev.add_argument("--pipeline", default="dense,hybrid,full")
     ev.add_argument("--ablate", default="", help="also run full without these stages: filter,recovery,rerank")
@@ -313,8 +313,12 @@ def cmd_eval(args, settings: Settings) -> int:
     ablate = [a for a in args.ablate.split(",") if a]
     if args.backend:
         settings.backend = args.backend
-    report = evaluate(service(settings), args.tenant or settings.tenant, args.questions, ks, pipelines, ablate)
-    print(json.dumps(report, indent=2) if args.json else format_table(report, ks))
+    svc = service(settings)
+    reports = {path: evaluate(svc, args.tenant or settings.tenant, path, ks, pipelines, ablate) for path in args.questions}
+    if args.json:
+        print(json.dumps(reports[args.questions[0]] if len(reports) == 1 else reports, indent=2))
+        return 0
+    print("\n\n".join(f"== {path}\n{format_table(report, ks)}" for path, report in reports.items()))
     return 0
 
 
