@@ -74,6 +74,7 @@ class Analysis:
     kinds: tuple[str, ...] = ()      # kinds of record the question names ("procedures", "labs")
     expansions: list[str] = field(default_factory=list)   # long forms of the question's abbreviations
     last_n: int = 0                  # "last 3 A1c values": how many of the newest results are asked for
+    visit_refs: set[str] = field(default_factory=set)   # encounters of the kind a note question names
 
     @property
     def keys(self) -> set[str]:
@@ -382,6 +383,16 @@ def negated_overlap(chunk: Chunk, analysis: Analysis) -> bool:
     return bool(mentioned) and not (mentioned & asserted_keys(chunk.concepts))
 
 
+def visits_named(backend: Backend, scope: Scope, analysis: Analysis) -> set[str]:
+    """"The chief complaint at the Jan 2025 ER visit": the encounters in scope of the kind the
+    question names, so that of several notes near the date, the one written at that visit ranks."""
+    kinds = sorted(c["key"] for c in analysis.concepts if c["semantic_type"] == "encounter")
+    if not (analysis.wants_note and kinds):
+        return set()
+    hits = backend.search_concepts(replace(scope, semantic_types=("encounter",)), kinds, 200)
+    return {chunk.ref for chunk in backend.get_chunks(scope.tenant, [h.chunk_id for h in hits])}
+
+
 def newest_results(evidence: list[Evidence], analysis: Analysis) -> set[str]:
     """For "last 3 A1c values": the newest N single results asserting what was asked, one per day."""
     if not analysis.last_n:
@@ -436,11 +447,12 @@ def rerank(evidence: list[Evidence], analysis: Analysis, reranker: CrossEncoderR
             "kind": 1.0 if chunk.semantic_type in analysis.kinds else 0.0,
             "section": 1.0 if holds_asked_section(chunk, analysis) else 0.0,
             "newest_n": 1.0 if chunk.chunk_id in asked_n else 0.0,
+            "visit": 1.0 if chunk.semantic_type == "note" and set(chunk.refs[1:]) & analysis.visit_refs else 0.0,
         }
         ev.features = f
         ev.score = (f["fused"] + 0.8 * f["concepts"] - 0.6 * f["negated"] + 0.6 * f["in_window"]
                     + 0.4 * f["latest"] + 0.2 * f["type"] + 0.4 * f["trend"] + 0.3 * f["structured"]
-                    + 1.0 * f["kind"] + 0.5 * f["section"] + 1.0 * f["newest_n"])
+                    + 1.0 * f["kind"] + 0.5 * f["section"] + 1.0 * f["newest_n"] + 0.5 * f["visit"])
     ranked = sorted(evidence, key=lambda e: (-e.score, e.chunk.chunk_id))
     if reranker is not None:
         ranked = cross_rerank(ranked, analysis.question, reranker)
@@ -589,6 +601,8 @@ def retrieve(backend: Backend, embedder: Embedder, question: str, tenant: str, p
             st.done(len(evidence), f"+{len(missed)}")
 
     candidates = list(evidence)
+    if full:
+        analysis.visit_refs = visits_named(backend, scope, analysis)
     if full and "rerank" not in ablate:
         with _Stage(stages, "rerank", len(evidence), corpus) as st:
             evidence = rerank(evidence, analysis, reranker)

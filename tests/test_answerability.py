@@ -170,3 +170,34 @@ def test_the_new_question_set_meets_the_targets(new_set_service):
     assert report["abstention_accuracy"] >= 0.95
     assert report["false_abstention"] <= 0.05
     assert report["class_present_no_evidence"] == 0
+
+
+def test_the_note_of_the_named_visit_among_notes_near_its_date(tmp_path, embedder):
+    """Two notes three days apart in January: asked for the ER visit's complaint, the ER note answers."""
+    import base64
+
+    def visit(eid, day, code, display, klass):
+        return {"resourceType": "Encounter", "id": eid, "status": "finished", "class": {"code": klass},
+                "subject": SUBJECT, "period": {"start": f"{day}T09:00:00Z", "end": f"{day}T10:00:00Z"},
+                "type": [coded(SNOMED, code, display)]}
+
+    def note(nid, day, eid, complaint):
+        text = f"# Chief Complaint\\n- {complaint}\\n\\n# Assessment and Plan\\nFollow up as needed.\\n"
+        return {"resourceType": "DocumentReference", "id": nid, "status": "current", "subject": SUBJECT,
+                "type": coded(LOINC, "34117-2", "History and physical note"), "date": f"{day}T10:00:00Z",
+                "context": {"encounter": [{"reference": f"Encounter/{eid}"}]},
+                "content": [{"attachment": {"contentType": "text/plain",
+                                            "data": base64.b64encode(text.encode()).decode()}}]}
+
+    resources = [record()[0], visit("er", "2025-01-10", "50849002", "Emergency room admission (procedure)", "EMER"),
+                 visit("phys", "2025-01-13", "162673000", "General examination of patient (procedure)", "AMB"),
+                 note("n-er", "2025-01-10", "er", "Chest pain"), note("n-phys", "2025-01-13", "phys", "No complaints")]
+    path = tmp_path / "visits.ndjson"
+    path.write_text("\n".join(json.dumps(r) for r in resources) + "\n")
+    service = SearchService("embedded", tmp_path / "index.sqlite")
+    service.index_paths("t", [path])
+    er = service.ask("t", PID, "What was the chief complaint at the Jan 2025 ER visit?")
+    physical = service.ask("t", PID, "What was the chief complaint at the Jan 2025 physical?")
+    service.close()
+    assert er["citations"][0]["ref"] == "DocumentReference/n-er" and "Chest pain" in er["answer"]
+    assert physical["citations"][0]["ref"] == "DocumentReference/n-phys"

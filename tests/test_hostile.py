@@ -236,3 +236,22 @@ def test_the_data_directory_is_private_whatever_the_umask(tmp_path, synthea_dir)
     files = [p for p in data.rglob("*") if p.is_file()]
     assert any(p.name == "index.sqlite" for p in files)
     assert {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in files} == {p.name: "0o600" for p in files}
+
+
+def test_a_10_mb_note_is_capped_reported_and_cut_within_the_window(embedder):
+    """Cut in one pass (the old word-by-word cut re-tokenised half the note per word: minutes at
+    2 GB for 10 MB); what is left out is in the report. Time and memory: bench/hostile_size.py."""
+    import base64
+
+    from fhir_ingest.chunk import MAX_NOTE_CHARS, PatientChunker
+
+    text = "Patient seen today feeling well " * 320_000            # about 10 MB, one endless sentence
+    note = {"resourceType": "DocumentReference", "id": "huge", "status": "current", "type": {"text": "Progress note"},
+            "subject": {"reference": f"Patient/{A}"}, "date": "2024-05-01",
+            "content": [{"attachment": {"contentType": "text/plain", "data": base64.b64encode(text.encode()).decode()}}]}
+    budget = embedder.budget()
+    chunker = PatientChunker("t", A, [{"resourceType": "Patient", "id": A}, note], budget)
+    chunks = chunker.chunks()
+    assert 0 < len(chunks) <= MAX_NOTE_CHARS // 400 and all(budget.fits(c.text) for c in chunks)
+    assert [p.reason for p in chunker.problems] == [f"a note of {len(text):,} characters: the first 200,000 are "
+                                                    f"indexed, the rest is not"]
