@@ -61,28 +61,24 @@ def absent_reason(element: dict) -> str:
     return f"no value ({words.replace('-', ' ')})" if words else "no value"
 
 
+def yes_no(value) -> str:
+    return "yes" if value is True else "no" if value is False else ""
+
+
+# One renderer per FHIR datatype; a type not listed here (string, integer, time, dateTime, uri)
+# reads as written.
+DATATYPE_WORDS = {
+    "Quantity": comparator_quantity, "CodeableConcept": concept_text, "Boolean": yes_no, "Range": range_text,
+    "Ratio": ratio_text, "Period": period_text, "SampledData": lambda _: "sampled data (waveform)",
+    "Timing": lambda v: timing_text(v),
+}
+
+
 def value_text(element: dict) -> str:
     """The `value[x]` of an Observation or component in words; a missing value with a reason says so."""
     for kind in VALUE_TYPES:
-        key = f"value{kind}"
-        if key not in element:
-            continue
-        value = element[key]
-        if kind == "Quantity":
-            return comparator_quantity(value)
-        if kind == "CodeableConcept":
-            return concept_text(value)
-        if kind == "Boolean":
-            return "yes" if value is True else "no" if value is False else ""
-        if kind == "Range":
-            return range_text(value)
-        if kind == "Ratio":
-            return ratio_text(value)
-        if kind == "Period":
-            return period_text(value)
-        if kind == "SampledData":
-            return "sampled data (waveform)"
-        return str(value)
+        if f"value{kind}" in element:
+            return DATATYPE_WORDS.get(kind, str)(element[f"value{kind}"])
     return absent_reason(element)
 
 
@@ -119,28 +115,21 @@ def concept_words(concept: dict | None) -> str:
     return f"{text} ({'; '.join(others)})" if others else text
 
 
+# onset[x] / abatement[x]: an Age or an age Range, and dates read as the day.
+CHOICE_WORDS = DATATYPE_WORDS | {
+    "Age": lambda v: f"at age {quantity_text(v)}",
+    "Range": lambda v: f"at age {range_text(v)}" if range_text(v) else "",
+    "DateTime": lambda v: str(v)[:10], "Date": lambda v: str(v)[:10],
+}
+CHOICE_TYPES = ("DateTime", "Date", "String", "Age", "Period", "Range", "Boolean", "Quantity", "Timing")
+
+
 def choice_text(element: dict, name: str) -> str:
     """Any `name[x]` of the specification (onset, abatement, occurrence, performed, effective) in words."""
-    for kind in ("DateTime", "Date", "String", "Age", "Period", "Range", "Boolean", "Quantity", "Timing"):
+    for kind in CHOICE_TYPES:
         value = element.get(f"{name}{kind}")
-        if value is None:
-            continue
-        if kind in ("DateTime", "Date"):
-            return str(value)[:10]
-        if kind == "Age":
-            return f"at age {quantity_text(value)}"
-        if kind == "Period":
-            return period_text(value)
-        if kind == "Range":
-            ages = range_text(value)
-            return f"at age {ages}" if ages else ""
-        if kind == "Boolean":
-            return "yes" if value is True else "no" if value is False else ""
-        if kind == "Quantity":
-            return comparator_quantity(value)
-        if kind == "Timing":
-            return timing_text(value)
-        return str(value)
+        if value is not None:
+            return (CHOICE_WORDS.get(kind) or DATATYPE_WORDS.get(kind, str))(value)
     return ""
 
 
