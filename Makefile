@@ -40,7 +40,7 @@ system-test-deps:
 
 demo: install
 	@echo "chartcite demo: open http://$(HOST):$(PORT)/ and pick a patient"
-	$(VENV)/bin/chartcite serve --host $(HOST) --port $(PORT)
+	CHARTCITE_DEMO_LAUNCH=true $(VENV)/bin/chartcite serve --host $(HOST) --port $(PORT)
 
 index: install
 	$(VENV)/bin/chartcite index examples/synthea

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -41,14 +42,27 @@ class SearchService:
         self.model_path = model_path or None
         self.es_options = es or {}
         self._embedder: Embedder | None = None
+        self._loading = threading.Lock()
         self._backend: Backend | None = None
         self._catalog: Backend | None = None
 
     @property
     def embedder(self) -> Embedder:
-        if self._embedder is None:
-            self._embedder = load_embedder(self.model_path)
+        with self._loading:      # the warm-up thread and a first question must not load it twice
+            if self._embedder is None:
+                self._embedder = load_embedder(self.model_path)
         return self._embedder
+
+    @property
+    def model_loaded(self) -> bool:
+        return self._embedder is not None
+
+    def warm_up(self) -> None:
+        """The model and the annotation pipeline, loaded now rather than on the first question."""
+        from .annotate import default_annotator
+
+        self.embedder
+        default_annotator()
 
     @property
     def reranker(self) -> CrossEncoderRanker | None:

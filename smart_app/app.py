@@ -45,6 +45,10 @@ def create_app(settings: Settings | None = None, runner=None) -> Flask:
     app.register_blueprint(frame_bp)
     app.register_blueprint(launch_bp)
     app.register_blueprint(admin_bp)
+    from .health import bp as health_bp, warm_up
+
+    app.register_blueprint(health_bp)
+    warm_up(app)
 
     from .limits import apply_rate_limits
 

@@ -126,8 +126,9 @@ def demo_launch():
     if patient_id not in BundleDirectorySource(settings().demo_source).patient_ids():
         return render_template("error.html", message="That demo patient does not exist."), 400
     context, handle = sessions().create(settings().tenant, patient_id, clinician="demo-clinician", mode="demo")
-    if search().patient(context.tenant, patient_id) is None:
-        runner().enqueue_sync(context.tenant, patient_id)
+    job = runner().jobs.get(context.tenant, patient_id)
+    if search().patient(context.tenant, patient_id) is None or (job is not None and job.state == "failed"):
+        runner().enqueue_sync(context.tenant, patient_id)     # a failed sync is retried by the next launch
     # The page is rendered straight from the launch so the session handle never appears in a URL.
     return render_patient(context, handle)
 
@@ -161,9 +162,11 @@ def status():
     context, _ = launched_body()
     job = runner().jobs.get(context.tenant, context.patient_id)
     indexed = search().patient(context.tenant, context.patient_id)
+    # The banner of a first-time patient fills in as soon as the record's Patient is indexed.
+    banner = {k: (indexed or {}).get(k) for k in ("name", "gender", "birth_date", "age")}
     return jsonify(patient_id=context.patient_id, indexed=indexed is not None,
                    chunks=sum((indexed or {}).get("chunk_counts", {}).values()),
-                   job=job.to_dict() if job else None)
+                   job=job.to_dict() if job else None, banner=banner)
 
 
 @bp.post("/api/sync")

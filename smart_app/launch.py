@@ -37,7 +37,8 @@ def redirect_uri() -> str:
 
 
 def launch_error(message: str, status: int = 400):
-    return render_template("error.html", message=message), status
+    # At /callback the address holds the one-time code: the page's script replaces it (error.js).
+    return render_template("error.html", message=message, clean_address=request.path == "/callback"), status
 
 
 @bp.route("/launch", methods=["GET", "POST"])
@@ -63,6 +64,12 @@ def launch():
     response.set_cookie(BINDING_COOKIE, auth.binding, max_age=600, httponly=True, secure=True, samesite="None",
                         path="/callback")
     return response
+
+
+@bp.get("/launch/error")
+def launch_error_page():
+    """Where a failed callback's address is moved to (the code must not stay in the address bar)."""
+    return launch_error("The launch did not complete. Open chartcite from the EHR again.")
 
 
 @bp.get("/callback")
@@ -92,7 +99,9 @@ def callback():
 
 
 def needs_sync(tenant: str, patient_id: str) -> bool:
-    if search().patient(tenant, patient_id) is None:
+    """A patient never indexed, last synced too long ago, or whose last sync failed: a failure
+    belongs to the launch it happened in, and the next launch retries it."""
+    if search().patient(tenant, patient_id) is None or last_sync_failed(tenant, patient_id):
         return True
     synced = registry().patient_synced(tenant, patient_id)
     stale_after = settings().number("patient_stale_minutes") * 60
@@ -119,3 +128,8 @@ def jwks():
     response = jsonify(keys=registry().published_keys())
     response.headers["Cache-Control"] = "public, max-age=300"
     return response
+
+
+def last_sync_failed(tenant: str, patient_id: str) -> bool:
+    job = runner().jobs.get(tenant, patient_id)
+    return job is not None and job.state == "failed"

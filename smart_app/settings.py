@@ -36,7 +36,7 @@ class Settings:
     backend: str = "embedded"             # embedded | elasticsearch
     tenant: str = "default"
     demo_source: Path = field(default_factory=lambda: REPO_ROOT / "examples" / "synthea")
-    demo_launch: bool = True              # the demo patient picker (no EHR needed)
+    demo_launch: bool = False             # the demo patient picker (no EHR needed); `make demo` turns it on
     secret_key: str = ""                  # signs session handles; generated per data dir when empty
     frame_ancestors: str = ""             # extra origins allowed to frame the app, space separated
     tasks_eager: bool = True              # run indexing tasks in-process (embedded default)

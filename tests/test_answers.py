@@ -84,7 +84,7 @@ def app_and_data(tmp_path_factory, synthea_dir, embedder):
     for pid in (PID, NEW):
         shutil.copy(synthea_dir / f"{pid}.json.gz", source)
     data = tmp_path_factory.mktemp("data")
-    settings = Settings.load({"CHARTCITE_DATA_DIR": str(data), "CHARTCITE_DEMO_SOURCE": str(source),
+    settings = Settings.load({"CHARTCITE_DATA_DIR": str(data), "CHARTCITE_DEMO_SOURCE": str(source), "CHARTCITE_DEMO_LAUNCH": "true",
                               "CHARTCITE_RATE_LIMIT_CLINICIAN": "1000/minute"})
     app = create_app(settings, runner=InlineRunner(settings))
     return app, data, source
@@ -121,7 +121,7 @@ def test_context_on_the_command_line(app_and_data, handle):
     import sys
 
     _, data, source = app_and_data
-    env = clean_env(data_dir=data, demo_source=source)
+    env = clean_env(data_dir=data, demo_source=source, demo_launch="true")
     out = subprocess.run([sys.executable, "-m", "smart_app.cli", "context", "--patient", PID, "--json"], env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -206,7 +206,7 @@ def test_asking_is_rate_limited_per_clinician_with_a_clear_message(tmp_path, syn
     source = tmp_path / "source"
     source.mkdir()
     shutil.copy(synthea_dir / f"{NEW}.json.gz", source)
-    settings = Settings.load({"CHARTCITE_DATA_DIR": str(tmp_path / "data"), "CHARTCITE_DEMO_SOURCE": str(source),
+    settings = Settings.load({"CHARTCITE_DATA_DIR": str(tmp_path / "data"), "CHARTCITE_DEMO_SOURCE": str(source), "CHARTCITE_DEMO_LAUNCH": "true",
                               "CHARTCITE_RATE_LIMIT_CLINICIAN": "2/minute"})
     client = create_app(settings, runner=InlineRunner(settings)).test_client()
     page = client.post("/demo/launch", data={"patient_id": NEW})
@@ -232,7 +232,7 @@ def test_rate_limits_are_shared_through_redis_across_app_processes(tmp_path, syn
     tenant = f"limits-{uuid.uuid4().hex[:8]}"          # fresh counters for this run
     clients = []
     for name in ("a", "b"):
-        settings = Settings.load({"CHARTCITE_DATA_DIR": str(tmp_path / "data"), "CHARTCITE_DEMO_SOURCE": str(source),
+        settings = Settings.load({"CHARTCITE_DATA_DIR": str(tmp_path / "data"), "CHARTCITE_DEMO_SOURCE": str(source), "CHARTCITE_DEMO_LAUNCH": "true",
                                   "CHARTCITE_RATE_LIMIT_CLINICIAN": "2/minute", "CHARTCITE_REDIS_URL": redis_url,
                                   "CHARTCITE_TASKS_EAGER": "true", "CHARTCITE_TENANT": tenant})
         clients.append(create_app(settings, runner=InlineRunner(settings)).test_client())

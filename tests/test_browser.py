@@ -31,7 +31,7 @@ def servers(tmp_path_factory, synthea_dir):
     app_port, ehr_port = free_port(), free_port()
     source = tmp_path_factory.mktemp("source")
     shutil.copy(synthea_dir / f"{PID}.json.gz", source)
-    env = clean_env(data_dir=tmp_path_factory.mktemp("data"), demo_source=source,
+    env = clean_env(data_dir=tmp_path_factory.mktemp("data"), demo_source=source, demo_launch="true",
                     frame_ancestors=f"http://localhost:{ehr_port}")
     log_path = tmp_path_factory.mktemp("logs") / "serve.log"
     log = open(log_path, "w")

@@ -26,7 +26,7 @@ def app(tmp_path_factory, synthea_dir, embedder):
     for pid in (PID, OTHER):
         shutil.copy(synthea_dir / f"{pid}.json.gz", source)
     settings = Settings.load({"CHARTCITE_DATA_DIR": str(tmp_path_factory.mktemp("data")),
-                              "CHARTCITE_DEMO_SOURCE": str(source), "CHARTCITE_RATE_LIMIT_CLINICIAN": "100000/minute",
+                              "CHARTCITE_DEMO_SOURCE": str(source), "CHARTCITE_DEMO_LAUNCH": "true", "CHARTCITE_RATE_LIMIT_CLINICIAN": "100000/minute",
                               "CHARTCITE_RATE_LIMIT_TENANT": "100000/minute"})
     return create_app(settings, runner=InlineRunner(settings))
 

@@ -82,7 +82,7 @@ def client(captured, tmp_path_factory, synthea_dir, embedder):
     source = tmp_path_factory.mktemp("source")
     shutil.copy(synthea_dir / f"{PID}.json.gz", source)
     settings = Settings.load({"CHARTCITE_DATA_DIR": str(tmp_path_factory.mktemp("data")),
-                              "CHARTCITE_DEMO_SOURCE": str(source), "CHARTCITE_LLM_URL": url,
+                              "CHARTCITE_DEMO_SOURCE": str(source), "CHARTCITE_DEMO_LAUNCH": "true", "CHARTCITE_LLM_URL": url,
                               "CHARTCITE_LLM_MODEL": "gemma3-270m", "CHARTCITE_LLM_TIMEOUT_SECONDS": "300"})
     app = create_app(settings, runner=InlineRunner(settings))
     return app.test_client()

@@ -22,7 +22,7 @@ def client(tmp_path_factory, synthea_dir, embedder):
     for pid in (PID, OTHER, TRENDS):
         shutil.copy(synthea_dir / f"{pid}.json.gz", source)
     settings = Settings.load({"CHARTCITE_DATA_DIR": str(tmp_path_factory.mktemp("data")),
-                              "CHARTCITE_DEMO_SOURCE": str(source),
+                              "CHARTCITE_DEMO_SOURCE": str(source), "CHARTCITE_DEMO_LAUNCH": "true",
                               "CHARTCITE_FRAME_ANCESTORS": "https://ehr.example.org"})
     app = create_app(settings, runner=InlineRunner(settings))
     return app.test_client()

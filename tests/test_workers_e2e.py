@@ -37,7 +37,7 @@ def env(tmp_path, synthea_dir):
     for pid in (SMALL, LARGE):
         shutil.copy(synthea_dir / f"{pid}.json.gz", source)
     tenant = f"e2e{uuid.uuid4().hex[:8]}"
-    settings_env = clean_env(data_dir=tmp_path / "data", demo_source=source, backend="elasticsearch", es_url=es_url(),
+    settings_env = clean_env(data_dir=tmp_path / "data", demo_source=source, demo_launch="true", backend="elasticsearch", es_url=es_url(),
                              redis_url=redis_url(), tasks_eager="false", tenant=tenant)
     import redis
 

@@ -33,7 +33,12 @@ class TaskRunner:
 
     @staticmethod
     def _run_eagerly(task, tenant, patient_id, session_id):
+        from fhir_ingest.client import AuthExpired
+
         try:
             task.apply(args=(tenant, patient_id, session_id), throw=True)
+        except AuthExpired:
+            # Expected: tokens expire. The job says what to do; the log needs one line, no traceback.
+            log.warning("indexing stopped: the EHR sign-in expired; the clinician is asked to reopen chartcite")
         except Exception:
             log.exception("indexing task failed")

@@ -98,6 +98,7 @@ def sync_patient(tenant: str, patient_id: str, session_id: str | None = None) ->
         raise
     except AuthExpired:
         jobs.set(tenant, patient_id, "failed", "done", message="the EHR sign-in expired: open chartcite from the EHR again")
+        log.warning("patient sync stopped: the EHR sign-in expired")
         raise
     except TRANSIENT as exc:
         jobs.set(tenant, patient_id, "queued", "retrying", message=type(exc).__name__)

@@ -42,6 +42,7 @@
   function pollStatus() {
     api("/api/status").then(({ ok, status, body }) => {
       if (!ok) { if (status === 0 || status >= 500) setTimeout(pollStatus, 2000); return; }
+      fillBanner(body.banner || {});
       const job = body.job;
       const active = job && (job.state === "queued" || job.state === "running");
       ready = body.indexed && !active;
@@ -61,6 +62,14 @@
       $("ask-form").dataset.ready = ready ? "yes" : "no";
       if (!ready) setTimeout(pollStatus, 1000);
     }).catch(() => setTimeout(pollStatus, 2000));
+  }
+
+  // A first launch renders before the record is indexed: the banner fills in from the status.
+  function fillBanner(b) {
+    if (b.name) $("banner-name").textContent = b.name;
+    if (b.age !== null && b.age !== undefined) $("banner-age").textContent = b.age + " y";
+    if (b.gender) $("banner-gender").textContent = b.gender;
+    if (b.birth_date) $("banner-dob").textContent = "DOB " + b.birth_date;
   }
 
   $("resync").addEventListener("click", () => {

@@ -1,0 +1,75 @@
+"""Liveness and readiness for orchestrators (Docker, Kubernetes).
+
+`/healthz`: the process answers. `/readyz`: it can do its work — the index backend answers, the
+registry database answers, the task broker accepts a connection and the embedding model is loaded
+— each check named, 503 until all pass. Neither carries patient data.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+from flask import Blueprint, current_app, jsonify
+
+bp = Blueprint("health", __name__)
+log = logging.getLogger(__name__)
+
+
+@bp.get("/healthz")
+def healthz():
+    return jsonify(status="ok")
+
+
+@bp.get("/readyz")
+def readyz():
+    checks = {name: run_check(check) for name, check in CHECKS.items()}
+    ready = all(result == "ok" for result in checks.values())
+    return jsonify(ready=ready, checks=checks), 200 if ready else 503
+
+
+def run_check(check) -> str:
+    try:
+        return check() or "ok"
+    except Exception as exc:  # a readiness probe reports any failure as a reason, never raises
+        return f"failed: {type(exc).__name__}"
+
+
+def index_backend() -> str:
+    current_app.extensions["chartcite.search"].catalog.list_patients("__readiness__")
+    return "ok"
+
+
+def registry_database() -> str:
+    current_app.extensions["chartcite.registry"].ehrs()
+    return "ok"
+
+
+def task_broker() -> str:
+    runner = current_app.extensions["chartcite.runner"]
+    celery = getattr(runner, "celery", None)
+    if celery is None or current_app.config["CHARTCITE"].tasks_eager:
+        return "ok"          # tasks run in-process: there is no broker to reach
+    with celery.connection_for_write() as conn:
+        conn.ensure_connection(max_retries=1, timeout=3)
+    return "ok"
+
+
+def embedding_model() -> str:
+    return "ok" if current_app.extensions["chartcite.search"].model_loaded else "loading"
+
+
+CHECKS = {"index": index_backend, "registry": registry_database, "broker": task_broker, "model": embedding_model}
+
+
+def warm_up(app) -> None:
+    """Load the model and the NLP pipeline when the process starts, not on the first launch: a
+    clinician's first question should not wait for them. /readyz says when they are in."""
+    service = app.extensions["chartcite.search"]
+
+    def load():
+        try:
+            service.warm_up()
+        except Exception:
+            log.exception("the embedding model could not be loaded; /readyz reports it")
+
+    threading.Thread(target=load, name="chartcite-warm-up", daemon=True).start()

@@ -1,0 +1,91 @@
+"""What hospital IT and on-call engineers rely on: liveness and readiness, a failed sync that the
+next launch retries, an expired sign-in logged as one line, and no code left in the address bar."""
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+
+import pytest
+
+from smart_app.app import create_app
+from smart_app.settings import Settings
+
+from .conftest import InlineRunner
+from .test_web import launch
+
+PID = "936988e9-d587-ef42-ebdf-541238540ff3"
+
+
+@pytest.fixture()
+def app(tmp_path, synthea_dir, embedder):
+    source = tmp_path / "source"
+    source.mkdir()
+    shutil.copy(synthea_dir / f"{PID}.json.gz", source)
+    settings = Settings.load({"CHARTCITE_DATA_DIR": str(tmp_path / "data"), "CHARTCITE_DEMO_SOURCE": str(source), "CHARTCITE_DEMO_LAUNCH": "true"})
+    return create_app(settings, runner=InlineRunner(settings))
+
+
+def ready(client, seconds: float = 60) -> dict:
+    deadline = time.time() + seconds
+    while True:
+        body = client.get("/readyz").get_json()
+        if body["ready"] or time.time() > deadline:
+            return body
+        time.sleep(0.2)
+
+
+def test_liveness_and_readiness(app):
+    client = app.test_client()
+    assert client.get("/healthz").get_json() == {"status": "ok"}
+    body = ready(client)
+    assert body == {"ready": True, "checks": {"index": "ok", "registry": "ok", "broker": "ok", "model": "ok"}}
+
+
+def test_readiness_names_what_is_down(tmp_path, embedder):
+    settings = Settings.load({"CHARTCITE_DATA_DIR": str(tmp_path / "data"), "CHARTCITE_BACKEND": "elasticsearch",
+                              "CHARTCITE_ES_URL": "http://127.0.0.1:1"})
+    client = create_app(settings, runner=InlineRunner(settings)).test_client()
+    response = client.get("/readyz")
+    assert response.status_code == 503
+    assert response.get_json()["checks"]["index"].startswith("failed")
+    assert client.get("/healthz").status_code == 200          # alive, not ready
+
+
+def test_a_failed_sync_is_retried_by_the_next_launch(app):
+    client = app.test_client()
+    handle = launch(client, PID)
+    headers = {"X-Chartcite-Session": handle}
+    runner = app.extensions["chartcite.runner"]
+    runner.jobs.set("default", PID, "failed", "done", message="the EHR sign-in expired")
+    assert client.get("/api/status", headers=headers).get_json()["job"]["state"] == "failed"
+    again = {"X-Chartcite-Session": launch(client, PID)}
+    assert client.get("/api/status", headers=again).get_json()["job"]["state"] == "done"
+
+
+def test_an_expired_sign_in_is_one_warning_line(caplog):
+    from fhir_ingest.client import AuthExpired
+    from workers.runner import TaskRunner
+
+    class ExpiringTask:
+        """A task whose run ends in an expired sign-in, as the real one does when tokens lapse."""
+        def apply(self, args, throw):
+            raise AuthExpired("the EHR sign-in expired")
+
+    with caplog.at_level(logging.INFO):
+        TaskRunner._run_eagerly(ExpiringTask(), "t", "p", "s")
+    assert [(r.levelname, r.exc_info) for r in caplog.records] == [("WARNING", None)]
+
+
+def test_a_failed_callback_leaves_no_code_in_the_address(app):
+    client = app.test_client()
+    page = client.get("/callback?code=secret-one-time-code&state=forged").get_data(as_text=True)
+    assert "error.js" in page and "secret-one-time-code" not in page
+    assert client.get("/launch/error").status_code == 400
+
+
+def test_the_status_carries_the_banner_a_first_launch_could_not_show(app):
+    client = app.test_client()
+    headers = {"X-Chartcite-Session": launch(client, PID)}
+    banner = client.get("/api/status", headers=headers).get_json()["banner"]
+    assert banner["gender"] == "male" and banner["birth_date"] and banner["age"] is not None and banner["name"]
