@@ -174,8 +174,13 @@ class FhirClient:
             page = self.get_json(next_url)
 
     def binary(self, url: str, content_type: str) -> bytes:
-        """An attachment's bytes, asking for its own content type (not the Binary resource as JSON)."""
-        response = self.request("GET", url, accept=content_type or "application/octet-stream")
+        """An attachment's bytes. Asks for its own content type and accepts the Binary resource as
+        `application/fhir+json` (base64 data) instead; a server that answers 406 to that is asked
+        for the resource alone. Some servers serve a Binary only as FHIR JSON."""
+        own = content_type or "application/octet-stream"
+        response = self.request("GET", url, accept=f"{own}, application/fhir+json;q=0.9")
+        if response.status_code == 406:
+            response = self.request("GET", url, accept="application/fhir+json")
         if response.status_code >= 400:
             raise FhirError(f"GET {_path(response.url)} answered {response.status_code}", response.status_code)
         if response.headers.get("Content-Type", "").startswith("application/fhir+json"):

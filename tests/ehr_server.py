@@ -89,6 +89,11 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
         state["refresh"].clear()
         return jsonify(ok=True)
 
+    @app.post("/_test/binary-exact")
+    def binary_exact():
+        state["binary_exact"] = bool(request.get_json(force=True)["on"])
+        return jsonify(ok=True)
+
     @app.post("/_test/token-lifetime")
     def set_lifetime():
         state["token_lifetime"] = int(request.get_json(force=True)["seconds"])
@@ -356,19 +361,20 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
             return forward()
         if path.startswith("bulk-status/"):
             return bulk_status(path)
-        if path.startswith("Binary/") and not request.headers.get("Accept", "").startswith("application/fhir+json"):
+        if path.startswith("Binary/"):
             return binary(path)
         return forward()
 
     def binary(path: str) -> Response:
-        resource = requests.get(f"{upstream}/{path}", headers={"Accept": "application/fhir+json"}, timeout=30)
-        if resource.status_code != 200:
-            return Response(resource.content, resource.status_code, content_type="application/fhir+json")
-        data = resource.json()
-        wanted = request.headers.get("Accept", "*/*")
-        if wanted not in ("*/*", data.get("contentType")):
+        """Strict, like the reference SMART server: a Binary is served only as FHIR JSON; an Accept
+        that does not allow application/fhir+json (or */*) gets 406 Not Acceptable."""
+        accepted = [part.split(";")[0].strip() for part in request.headers.get("Accept", "*/*").split(",")]
+        if not {"application/fhir+json", "application/json", "*/*"} & set(accepted):
             return Response("", 406)
-        return Response(base64.b64decode(data.get("data", "")), 200, content_type=data.get("contentType"))
+        if state.get("binary_exact") and request.headers.get("Accept") != "application/fhir+json":
+            return Response("", 406)      # servers that compare Accept literally
+        resource = requests.get(f"{upstream}/{path}", headers={"Accept": "application/fhir+json"}, timeout=30)
+        return Response(resource.content, resource.status_code, content_type="application/fhir+json")
 
     def bulk_status(path: str) -> Response:
         response = forward()

@@ -457,12 +457,45 @@ def test_binary_attachments_use_their_content_type_and_conditional_references_re
     stack.test_api("clear-log")
     api(stack, handle, "POST", "/api/sync")
     wait_synced(stack, handle)
-    [fetch] = [e for e in stack.ehr_log() if e["path"] == "/fhir/Binary/cc-note-1"]
-    assert fetch["accept"] == "text/html" and fetch["auth"]
+    fetches = [e for e in stack.ehr_log() if e["path"] == "/fhir/Binary/cc-note-1"]
+    # Its own type first, FHIR JSON accepted instead: the strict server answers with the resource.
+    assert fetches[0]["accept"].startswith("text/html") and "application/fhir+json" in fetches[0]["accept"]
+    assert all(f["auth"] for f in fetches)
     answer = api(stack, handle, "POST", "/api/ask", json={"question": "Any tinnitus?"}).json()
     assert "DocumentReference/cc-doc-1" in {c["ref"] for c in answer["citations"]}
     stored = api(stack, handle, "GET", "/api/record", params={"ref": "DocumentReference/cc-doc-1"}).json()["resource"]
     assert stored["author"][0]["reference"] == f"Practitioner/{practitioner['id']}"
+
+
+def test_binary_negotiation_with_strict_servers_and_unreadable_notes_are_said(stack):
+    """A server that answers 406 unless Accept is exactly application/fhir+json is asked again and
+    the note is read; a note whose Binary the EHR does not have is indexed as unreadable and the
+    frame's status says how many notes could not be read."""
+    note = "<html><body><h2>Plan</h2><p>Start vestibular rehabilitation exercises.</p></body></html>"
+    binary = {"resourceType": "Binary", "id": "strict-note", "contentType": "text/html",
+              "data": base64.b64encode(note.encode()).decode()}
+    def document(did, binary_id):
+        return {"resourceType": "DocumentReference", "id": did, "status": "current",
+                "subject": {"reference": f"Patient/{PID}"}, "date": "2024-11-01T09:00:00Z",
+                "type": {"coding": [{"system": "http://loinc.org", "code": "11506-3", "display": "Progress note"}]},
+                "content": [{"attachment": {"contentType": "text/html", "url": f"{stack.fhir}/Binary/{binary_id}"}}]}
+    for resource in (binary, document("strict-doc", "strict-note"), document("lost-doc", "never-stored")):
+        requests.put(f"{stack.upstream}/{resource['resourceType']}/{resource['id']}", json=resource, timeout=10,
+                     headers={"Content-Type": "application/fhir+json"}).raise_for_status()
+    stack.test_api("binary-exact", {"on": True})
+    try:
+        handle = handle_of(launch(stack, stack.test_api("launch", {"patient": PID})["launch"])[0].text)
+        stack.test_api("clear-log")
+        api(stack, handle, "POST", "/api/sync")
+        wait_synced(stack, handle)
+    finally:
+        stack.test_api("binary-exact", {"on": False})
+    accepts = [e["accept"] for e in stack.ehr_log() if e["path"] == "/fhir/Binary/strict-note"]
+    assert accepts[0].startswith("text/html") and accepts[-1] == "application/fhir+json"
+    answer = api(stack, handle, "POST", "/api/ask", json={"question": "Any vestibular rehabilitation planned?"}).json()
+    assert "DocumentReference/strict-doc" in {c["ref"] for c in answer["citations"]}
+    status = api(stack, handle, "GET", "/api/status").json()
+    assert status["job"]["message"] == "1 note could not be read from the EHR"
 
 
 def test_a_saved_draft_is_written_back_as_a_preliminary_note_when_the_ehr_allows(stack):

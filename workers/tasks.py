@@ -108,11 +108,20 @@ def sync_patient(tenant: str, patient_id: str, session_id: str | None = None) ->
         raise
     if ehr is not None:
         registry.mark_patient_synced(tenant, patient_id, server_time)
-    jobs.set(tenant, patient_id, "done", "done", result.chunks, result.chunks)
+    unread = unreadable_notes(report, result)
+    jobs.set(tenant, patient_id, "done", "done", result.chunks, result.chunks,
+             message=f"{unread} note{'s' if unread > 1 else ''} could not be read from the EHR" if unread else "")
     log.info("patient synced: %s resources fetched, %s chunks (%s new, %s removed), %s skipped", fetched,
              result.chunks, result.embedded, result.removed, len(report.skipped) + len(result.problems))
     return {"fetched": fetched, "chunks": result.chunks, "embedded": result.embedded, "removed": result.removed,
             "skipped": len(report.skipped) + len(result.problems)}
+
+
+def unreadable_notes(report, result) -> int:
+    """Notes whose text could not be fetched or read: the frame says how many, never silent."""
+    refs = {s.origin for s in report.skipped if "attachment could not be fetched" in s.reason}
+    refs |= {p.ref for p in result.problems if "text could not be read" in p.reason}
+    return len(refs)
 
 
 @shared_task(name="chartcite.index_patient", **RETRY)

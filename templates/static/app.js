@@ -46,7 +46,10 @@
       const job = body.job;
       const active = job && (job.state === "queued" || job.state === "running");
       ready = body.indexed && !active;
-      $("sync").hidden = ready && !(job && job.state === "failed");
+      // A finished sync may still have something to say ("2 notes could not be read from the EHR").
+      const notice = job && job.state === "done" && job.message;
+      $("sync").hidden = ready && !(job && job.state === "failed") && !notice;
+      if (notice) { $("sync-text").textContent = job.message; $("sync-bar").style.width = "100%"; }
       if (job && job.state === "failed") {
         $("sync-text").textContent = "Indexing failed (" + (job.message || "error") + "). Reopen the patient to retry.";
       } else if (active) {
