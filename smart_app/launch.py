@@ -75,9 +75,13 @@ def launch_error_page():
 @bp.get("/callback")
 def callback():
     if request.args.get("error"):
-        # The EHR's error code is shown; its description is free text from outside and is not.
-        return launch_error(f"The EHR did not authorize chartcite ({request.args['error'][:60]}). "
-                            "Open chartcite from the EHR again.", 400)
+        # The EHR's error and its description say what to fix ("Scopes openid and fhirUser could not
+        # be granted"): shown (escaped, bounded) and logged for IT. They carry no patient data.
+        error, description = request.args["error"][:60], request.args.get("error_description", "")[:300]
+        log.warning("the EHR refused authorization: %s: %s", error, description or "(no description)")
+        return launch_error(f"The EHR did not authorize chartcite ({error}"
+                            + (f": {description}" if description else "") + "). Open chartcite from the EHR again; "
+                            "if this repeats, hospital IT can check the registration's scopes.", 400)
     code, state = request.args.get("code", ""), request.args.get("state", "")
     if not code:
         return launch_error("The EHR sent no authorization code. Open chartcite from the EHR again.")

@@ -89,3 +89,14 @@ def test_the_status_carries_the_banner_a_first_launch_could_not_show(app):
     headers = {"X-Chartcite-Session": launch(client, PID)}
     banner = client.get("/api/status", headers=headers).get_json()["banner"]
     assert banner["gender"] == "male" and banner["birth_date"] and banner["age"] is not None and banner["name"]
+
+
+def test_the_ehrs_refusal_is_shown_and_logged_for_it(app, caplog):
+    client = app.test_client()
+    with caplog.at_level(logging.WARNING):
+        page = client.get("/callback", query_string={
+            "error": "invalid_scope", "error_description": "Scopes openid and fhirUser could not be granted <b>x</b>"})
+    text = page.get_data(as_text=True)
+    assert page.status_code == 400 and "invalid_scope" in text
+    assert "Scopes openid and fhirUser could not be granted &lt;b&gt;" in text        # escaped, never markup
+    assert any("invalid_scope" in r.getMessage() and "could not be granted" in r.getMessage() for r in caplog.records)
