@@ -100,6 +100,9 @@ def test_a_real_celery_worker_indexes_a_patient(env, synthea_dir, tmp_path):
     worker = subprocess.Popen([sys.executable, "-m", "smart_app.cli", "worker"], cwd=REPO, env=worker_env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
+        # As deployed: the worker is up (its SQLite broker tables created) before anything is queued;
+        # enqueuing during its start-up raced table creation and kombu's retry met a closed channel.
+        wait_until_ready(worker)
         code = ("from smart_app.settings import Settings; from workers.runner import TaskRunner; "
                 "r = TaskRunner(Settings.load()); print(r.enqueue_sync('default', "
                 "'936988e9-d587-ef42-ebdf-541238540ff3'))")
@@ -120,6 +123,17 @@ def test_a_real_celery_worker_indexes_a_patient(env, synthea_dir, tmp_path):
     finally:
         worker.terminate()
         worker.wait(timeout=30)
+
+
+def wait_until_ready(worker: subprocess.Popen, seconds: float = 120) -> None:
+    import threading
+
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(worker.stdout), daemon=True).start()
+    deadline = time.time() + seconds
+    while not any(" ready." in line for line in lines):
+        assert worker.poll() is None and time.time() < deadline, "".join(lines)
+        time.sleep(0.3)
 
 
 def self_signed(folder: Path) -> tuple[Path, Path]:
