@@ -10,13 +10,13 @@ import logging
 import re
 from collections import defaultdict
 from dataclasses import dataclass, replace
-from datetime import date, timedelta
-from typing import Callable, Iterable
+from datetime import timedelta
+from typing import Callable
 
 from .contract import Chunk, make_label
 from .words import _join, _sentence, _strip_tag, _to_date, clinical_date, day  # noqa: F401  (context.py reads some here)
 from .normalize import (
-    binary_ref, code_keys, codings, concept_text, contained, patient_of, quantity_text, ref_id, status_code,
+    binary_ref, code_keys, codings, concept_text, contained, quantity_text, ref_id, status_code,
 )
 from .datatypes import choice_text, concept_words, dosage_text, period_text, reference_range_text, value_text
 from . import care_records

@@ -156,12 +156,13 @@ def document_items(document: object, origin: str) -> Iterator[ReadItem]:
         yield from checked_shape(document, origin, origin)
 
 
-def checked_shape(resource: dict, origin: str, document: str) -> Iterator[ReadItem]:
-    depth = nesting_depth(resource, MAX_RESOURCE_DEPTH)
-    if depth > MAX_RESOURCE_DEPTH:
+def checked_shape(resource: dict, origin: str, document: str, local_refs: dict | None = None) -> Iterator[ReadItem]:
+    """The resource, with its bundle's local references resolved, unless it nests too deep to read
+    safely (resolving and validating walk it recursively)."""
+    if nesting_depth(resource, MAX_RESOURCE_DEPTH) > MAX_RESOURCE_DEPTH:
         yield ReadProblem(origin, f"{resource['resourceType']} nested more than {MAX_RESOURCE_DEPTH} levels deep")
     else:
-        yield RawResource(resource, origin, document)
+        yield RawResource(resolve_references(resource, local_refs) if local_refs else resource, origin, document)
 
 
 def nesting_depth(node: object, limit: int) -> int:
@@ -205,10 +206,7 @@ def bundle_entries(bundle: dict, origin: str, document: str, nesting: int = 1) -
         if resource["resourceType"] == "Bundle":
             yield from bundle_entries(resource, position, document, nesting + 1)
             continue
-        if nesting_depth(resource, MAX_RESOURCE_DEPTH) > MAX_RESOURCE_DEPTH:
-            yield ReadProblem(position, f"{resource['resourceType']} nested more than {MAX_RESOURCE_DEPTH} levels deep")
-            continue
-        yield RawResource(resolve_references(resource, local_refs), position, document)
+        yield from checked_shape(resource, position, document, local_refs)
 
 
 def _is_delete(entry: object) -> bool:

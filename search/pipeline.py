@@ -547,8 +547,9 @@ def retrieve(backend: Backend, embedder: Embedder, question: str, tenant: str, p
     corpus = backend.count(scope)
     stages.append(StageReport("scope", corpus, corpus, (time.perf_counter() - t0) * 1000, 1.0 if corpus else 0.0))
 
+    terms = patient_terms(backend, tenant, patient_id) if full else []   # read once: analyse and anchor use them
     with _Stage(stages, "analyse", corpus, corpus) as st:
-        analysis = analyse(question, patient_terms(backend, tenant, patient_id) if full else [])
+        analysis = analyse(question, terms)
         # A clinical word (one the tenant's records use somewhere) that this patient's record never
         # uses is something the record cannot answer: "breast" for a patient with prostate cancer.
         clinical = backend.has_terms(tenant, None, analysis.residual) if corpus else set()
@@ -559,7 +560,7 @@ def retrieve(backend: Backend, embedder: Embedder, question: str, tenant: str, p
 
     if full:
         with _Stage(stages, "anchor", corpus, corpus) as st:
-            found = anchor(backend, scope, question, patient_terms(backend, tenant, patient_id),
+            found = anchor(backend, scope, question, terms,
                            explicit=bool(analysis.date_from or analysis.date_to)) if corpus else None
             if found:
                 analysis.date_from, analysis.date_to = found.date_from, found.date_to

@@ -177,11 +177,12 @@ class SearchService:
         (allergies, problems, medications, procedures): those entries are listed, cited, with the
         word that none matches; a fact the question mentioned as context is shown as such."""
         klass = asked_class(retrieval.analysis)
+        result["diagnostics"]["asked_class"] = {"class": klass}
+        if not result["abstained"]:
+            return result          # an answer lists nothing more: no count on the common path
         scope = Scope(tenant, patient_id, semantic_types=(klass,)) if klass else None
         held = self.backend.count(scope) if scope else 0
-        result["diagnostics"]["asked_class"] = {"class": klass, "records": held}
-        if not result["abstained"]:
-            return result
+        result["diagnostics"]["asked_class"]["records"] = held
         context = context_evidence(retrieval)
         if not held and context is None:
             return result

@@ -126,11 +126,16 @@ def demo_launch():
     if patient_id not in BundleDirectorySource(settings().demo_source).patient_ids():
         return render_template("error.html", message="That demo patient does not exist."), 400
     context, handle = sessions().create(settings().tenant, patient_id, clinician="demo-clinician", mode="demo")
-    job = runner().jobs.get(context.tenant, patient_id)
-    if search().patient(context.tenant, patient_id) is None or (job is not None and job.state == "failed"):
-        runner().enqueue_sync(context.tenant, patient_id)     # a failed sync is retried by the next launch
+    if search().patient(context.tenant, patient_id) is None or last_sync_failed(context.tenant, patient_id):
+        runner().enqueue_sync(context.tenant, patient_id)
     # The page is rendered straight from the launch so the session handle never appears in a URL.
     return render_patient(context, handle)
+
+
+def last_sync_failed(tenant: str, patient_id: str) -> bool:
+    """A failure belongs to the launch it happened in: the next launch retries the sync."""
+    job = runner().jobs.get(tenant, patient_id)
+    return job is not None and job.state == "failed"
 
 
 @bp.get("/app")

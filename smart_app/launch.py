@@ -13,7 +13,7 @@ import requests
 from flask import Blueprint, current_app, jsonify, make_response, redirect, render_template, request
 from urllib.parse import urlencode, urlsplit
 
-from .frame import render_patient, runner, search, sessions, settings
+from .frame import last_sync_failed, render_patient, runner, search, sessions, settings
 from .registry import Registry
 from .smart import LaunchError, SessionTokens, finish_authorization, start_authorization
 
@@ -133,7 +133,3 @@ def jwks():
     response.headers["Cache-Control"] = "public, max-age=300"
     return response
 
-
-def last_sync_failed(tenant: str, patient_id: str) -> bool:
-    job = runner().jobs.get(tenant, patient_id)
-    return job is not None and job.state == "failed"

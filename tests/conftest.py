@@ -118,6 +118,29 @@ def drop_tenants(service, tenants) -> None:
         es.indices.delete(index=f"chartcite-{tenant}-*", ignore_unavailable=True, allow_no_indices=True)
 
 
+def indexed_record(folder: Path, resources: list[dict], tenant: str = "t"):
+    """A hand-written record written as NDJSON and indexed on the embedded backend (nothing skipped)."""
+    from search.service import SearchService
+
+    path = folder / "record.ndjson"
+    path.write_text("\n".join(json.dumps(r) for r in resources) + "\n")
+    service = SearchService("embedded", folder / "index.sqlite")
+    assert not service.index_paths(tenant, [path]).load.skipped
+    return service
+
+
+def question_set_report(service, tenant: str, path, label: str) -> dict:
+    """`full` on one question set, its figures printed for the test log."""
+    from search.evaluate import evaluate
+
+    report = evaluate(service, tenant, str(path), [5], ["full"])["pipelines"]["full"]
+    print(f"\n{label}: recall@5 {report['recall']['5']:.3f}, facts {report['facts']:.3f}, abstention "
+          f"{report['abstention_accuracy']:.2f}, false abstention {report['false_abstention']:.3f}, class-present "
+          f"no evidence {report['class_present_no_evidence']}; missed {report['misses_at_5']}, "
+          f"facts missed {report['facts_missed']}, wrong {report['wrong_abstentions']}")
+    return report
+
+
 @pytest.fixture()
 def small_bundle(synthea_dir) -> Path:
     """The smallest shared record (46 resources)."""

@@ -12,6 +12,8 @@ from search.evaluate import class_present_no_evidence
 from search.pipeline import analyse, target_offset
 from search.service import SearchService
 
+from .conftest import indexed_record, question_set_report
+
 PID = "shorthand-1"
 SNOMED, RXNORM, LOINC = "http://snomed.info/sct", "http://www.nlm.nih.gov/research/umls/rxnorm", "http://loinc.org"
 SUBJECT = {"reference": f"Patient/{PID}"}
@@ -51,11 +53,7 @@ def record() -> list[dict]:
 
 @pytest.fixture(scope="module")
 def svc(tmp_path_factory, embedder):
-    folder = tmp_path_factory.mktemp("shorthand")
-    path = folder / "record.ndjson"
-    path.write_text("\n".join(json.dumps(r) for r in record()) + "\n")
-    service = SearchService("embedded", folder / "index.sqlite")
-    assert not service.index_paths("t", [path]).load.skipped
+    service = indexed_record(tmp_path_factory.mktemp("shorthand"), record())
     yield service
     service.close()
 
@@ -159,12 +157,7 @@ def new_set_service(tmp_path_factory, embedder, synthea_dir):
 def test_the_new_question_set_meets_the_targets(new_set_service):
     """126 questions about the 20 patients kept for new questions (tests/data/README.md): the
     targets the issue sets for questions nobody tuned for."""
-    from search.evaluate import evaluate
-
-    report = evaluate(new_set_service, "default", str(NEW_QUESTIONS), [5], ["full"])["pipelines"]["full"]
-    print(f"\nnew questions: recall@5 {report['recall']['5']:.3f}, facts {report['facts']:.3f}, abstention "
-          f"{report['abstention_accuracy']:.2f}, false abstention {report['false_abstention']:.3f}, class-present "
-          f"no evidence {report['class_present_no_evidence']}")
+    report = question_set_report(new_set_service, "default", NEW_QUESTIONS, "new questions")
     assert report["recall"]["5"] >= 0.90
     assert report["facts"] >= 0.85
     assert report["abstention_accuracy"] >= 0.95
@@ -192,10 +185,7 @@ def test_the_note_of_the_named_visit_among_notes_near_its_date(tmp_path, embedde
     resources = [record()[0], visit("er", "2025-01-10", "50849002", "Emergency room admission (procedure)", "EMER"),
                  visit("phys", "2025-01-13", "162673000", "General examination of patient (procedure)", "AMB"),
                  note("n-er", "2025-01-10", "er", "Chest pain"), note("n-phys", "2025-01-13", "phys", "No complaints")]
-    path = tmp_path / "visits.ndjson"
-    path.write_text("\n".join(json.dumps(r) for r in resources) + "\n")
-    service = SearchService("embedded", tmp_path / "index.sqlite")
-    service.index_paths("t", [path])
+    service = indexed_record(tmp_path, resources)
     er = service.ask("t", PID, "What was the chief complaint at the Jan 2025 ER visit?")
     physical = service.ask("t", PID, "What was the chief complaint at the Jan 2025 physical?")
     service.close()

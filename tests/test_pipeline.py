@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 import base64
-import json
 
 import pytest
 
 from search.annotate import default_annotator
 from search.answer import NO_EVIDENCE
 from search.pipeline import analyse, time_window
-from search.service import SearchService
+
+from .conftest import indexed_record
 
 PID = "trap-1"
 
@@ -48,12 +48,7 @@ def resource_lines() -> list[dict]:
 
 @pytest.fixture(scope="module")
 def svc(tmp_path_factory, embedder):
-    folder = tmp_path_factory.mktemp("trap")
-    path = folder / "record.ndjson"
-    path.write_text("\n".join(json.dumps(r) for r in resource_lines()) + "\n")
-    service = SearchService("embedded", folder / "index.sqlite")
-    summary = service.index_paths("t", [path])
-    assert not summary.load.skipped
+    service = indexed_record(tmp_path_factory.mktemp("trap"), resource_lines())
     yield service
     service.close()
 

@@ -5,7 +5,6 @@ carries clinical content (a value, a range, a dose, a note, a reason, a status r
 conclusion, a coded name) appears nowhere in that resource's chunks."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from fhir_ingest.chunk import PatientChunker, TextBudget
 from fhir_ingest.load import load_resources
 from fhir_ingest.normalize import INDEXED_TYPES, quantity_text
 
-from .conftest import SHARED, require_shared
+from .conftest import SHARED, question_set_report, require_shared
 
 USCORE = SHARED / "data" / "uscore"
 BUDGET = TextBudget(254, lambda t: len(t.split()))
@@ -185,12 +184,7 @@ def uscore_service(tmp_path_factory, embedder):
 
 
 def test_questions_over_uscore_are_answered_and_cited(uscore_service):
-    from search.evaluate import evaluate
-
-    report = evaluate(uscore_service, "uscore", str(USCORE_QUESTIONS), [5], ["full"])["pipelines"]["full"]
-    print(f"\nUS Core questions: recall@5 {report['recall']['5']:.3f}, facts {report['facts']:.3f}, "
-          f"abstention {report['abstention_accuracy']:.2f}, false abstention {report['false_abstention']:.2f}; "
-          f"missed {report['misses_at_5']}, facts missed {report['facts_missed']}, wrong {report['wrong_abstentions']}")
+    report = question_set_report(uscore_service, "uscore", USCORE_QUESTIONS, "US Core questions")
     assert report["recall"]["5"] >= 0.85
     assert report["facts"] >= 0.80
     assert report["abstention_accuracy"] >= 0.8
