@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -74,6 +75,15 @@ def build_parser() -> argparse.ArgumentParser:
     ea.add_argument("--group-id", default="", help="Bulk Data Group for background sync")
     ea.add_argument("--write-back", action="store_true",
                     help="also ask for DocumentReference create, so saved drafts can be written back as preliminary notes")
+    add_client_options(ea, defaults=True)
+    eu = ehr_sub.add_parser("update", help="change a registration (client type, secret, scopes, frames, group)")
+    eu.add_argument("name")
+    eu.add_argument("--client-id")
+    eu.add_argument("--scopes", choices=("v1", "v2"))
+    eu.add_argument("--frame-origin", action="append", default=None, help="replaces the frame origins (repeatable)")
+    eu.add_argument("--group-id")
+    eu.add_argument("--write-back", action=argparse.BooleanOptionalAction, default=None)
+    add_client_options(eu, defaults=False)
     el = ehr_sub.add_parser("list", help="registered EHRs and their last sync")
     el.add_argument("--json", action="store_true")
     er = ehr_sub.add_parser("remove", help="unregister an EHR (its index is kept)")
@@ -360,6 +370,31 @@ def cmd_keys(args, settings: Settings) -> int:
     return 0
 
 
+def add_client_options(parser, defaults: bool) -> None:
+    from .registry import CLIENT_AUTH_METHODS, DEFAULT_REQUEST_SCOPES
+
+    parser.add_argument("--client-auth", choices=CLIENT_AUTH_METHODS, default="private_key_jwt" if defaults else None,
+                        help="how chartcite signs in at the token endpoint: private_key_jwt (confidential asymmetric, "
+                             "the default), client_secret_basic (confidential symmetric) or none (public client)")
+    parser.add_argument("--client-secret-env", metavar="VARIABLE",
+                        help="name of the environment variable holding the client secret (client_secret_basic); "
+                             "a secret on the command line would show in the process list")
+    parser.add_argument("--request-scopes", default=DEFAULT_REQUEST_SCOPES if defaults else None,
+                        help=f"identity and refresh scopes to ask for (default {DEFAULT_REQUEST_SCOPES!r}); the "
+                             "resource scopes follow from --scopes")
+
+
+def client_secret_from(args) -> str:
+    from .registry import RegistryError
+
+    if not args.client_secret_env:
+        return ""
+    secret = os.environ.get(args.client_secret_env, "")
+    if not secret:
+        raise RegistryError(f"the variable {args.client_secret_env} named by --client-secret-env is empty or unset")
+    return secret
+
+
 def cmd_ehr(args, settings: Settings) -> int:
     from .registry import RegistryError
 
@@ -367,10 +402,20 @@ def cmd_ehr(args, settings: Settings) -> int:
     try:
         if args.ehr_command == "add":
             ehr = registry.add_ehr(args.name, args.iss, args.client_id, args.scopes, args.frame_origin, args.group_id,
-                                   args.write_back)
-            print(f"registered {ehr.name}: launches from {ehr.iss} are accepted; tenant {ehr.name}")
+                                   args.write_back, args.client_auth, client_secret_from(args), args.request_scopes)
+            print(f"registered {ehr.name}: launches from {ehr.iss} are accepted; tenant {ehr.name}; "
+                  f"client {ehr.auth_method}; asks for {ehr.request_scopes}")
             if not registry.current_key():
-                print("no signing key yet: run `chartcite keys generate` before Backend Services sync")
+                print("no signing key yet: run `chartcite keys generate` (private_key_jwt sign-in and Backend Services "
+                      "sync need it)")
+            return 0
+        if args.ehr_command == "update":
+            ehr = registry.update_ehr(args.name, client_id=args.client_id, scopes=args.scopes,
+                                      frame_origins=args.frame_origin, group_id=args.group_id,
+                                      write_back=args.write_back, client_auth=args.client_auth,
+                                      client_secret=client_secret_from(args) or None,
+                                      request_scopes=args.request_scopes)
+            print(f"updated {ehr.name}: client {ehr.auth_method}; asks for {ehr.request_scopes}")
             return 0
         if args.ehr_command == "remove":
             if not registry.remove_ehr(args.name):
@@ -387,7 +432,8 @@ def cmd_ehr(args, settings: Settings) -> int:
         return 0
     for e in rows:
         last = time.strftime("%Y-%m-%d %H:%M", time.gmtime(e["last_sync_at"])) if e["last_sync_at"] else "never"
-        print(f"{e['name']}  iss={e['iss']}  client={e['client_id']}  scopes={e['scopes']}  "
+        print(f"{e['name']}  iss={e['iss']}  client={e['client_id']} ({e['client_auth']})  scopes={e['scopes']} "
+              f"+ {' '.join(e['request_scopes']) or '-'}  "
               f"frames={' '.join(e['frame_origins']) or '-'}  group={e['group_id'] or '-'}  last sync {last}: "
               f"{e['last_sync_status']}")
     if not rows:

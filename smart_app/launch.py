@@ -88,7 +88,8 @@ def callback():
     try:
         result = finish_authorization(registry(), code, state, request.cookies.get(BINDING_COOKIE))
     except LaunchError as exc:
-        log.warning("launch failed at the callback: %s", type(exc).__name__)
+        # The reasons are chartcite's or the EHR's words about the sign-in, never patient data.
+        log.warning("launch failed at the callback: %s", exc)
         return launch_error(str(exc))
     details = dict(result.context)
     details["style"] = fetch_style(details.pop("smart_style_url", ""))

@@ -4,7 +4,8 @@ from __future__ import annotations
 from .smart import launch_scopes, system_scopes, write_scope
 
 CAPABILITIES = [
-    "launch-ehr", "launch-standalone", "client-confidential-asymmetric", "client-public",
+    "launch-ehr", "launch-standalone", "client-confidential-asymmetric", "client-confidential-symmetric",
+    "client-public",
     "context-ehr-patient", "context-standalone-patient", "context-banner", "context-style",
     "sso-openid-connect", "permission-offline", "permission-patient", "permission-v1", "permission-v2",
     "authorize-post",
@@ -17,7 +18,8 @@ def registration_info(public_url: str, registry) -> dict:
         "launch_url": f"{base}/launch",
         "redirect_uris": [f"{base}/callback"],
         "jwks_url": f"{base}/.well-known/jwks.json",
-        "token_endpoint_auth": "private_key_jwt (RS384 or ES384) when keys exist; public client otherwise",
+        "token_endpoint_auth": "per registration (`ehr add --client-auth`): private_key_jwt (RS384 or ES384, "
+                               "JWKS URL below), client_secret_basic (the console's client secret) or none (public)",
         "scopes": {
             "ehr_launch_v2": launch_scopes("v2", standalone=False),
             "ehr_launch_v1": launch_scopes("v1", standalone=False),

@@ -18,6 +18,15 @@ from sqlalchemy import Float, String, Text, create_engine, delete, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")   # becomes the tenant (and an index name)
+# How chartcite authenticates at the EHR's token endpoint: a JWT signed with its own key (SMART's
+# confidential asymmetric client), a client secret in HTTP Basic (confidential symmetric; Epic and
+# Oracle Health both offer it), or nothing (a public client: PKCE only). "" is a registration made
+# before client types existed: private_key_jwt when chartcite holds a key, public otherwise.
+CLIENT_AUTH_METHODS = ("private_key_jwt", "client_secret_basic", "none")
+# The scopes besides resource access that a registration may ask for; which ones an EHR grants is
+# its app registration's business, so the set is part of chartcite's registration too.
+REQUESTABLE_SCOPES = ("openid", "fhirUser", "profile", "offline_access", "online_access")
+DEFAULT_REQUEST_SCOPES = "openid fhirUser offline_access"
 
 
 class RegistryError(ValueError):
@@ -41,12 +50,20 @@ class Ehr(Base):
     last_sync_at: Mapped[float] = mapped_column(Float, default=0.0)
     last_sync_status: Mapped[str] = mapped_column(Text, default="never")
     bulk_since: Mapped[str] = mapped_column(String(40), default="")      # transactionTime of the last export
+    client_auth: Mapped[str] = mapped_column(String(30), default="")     # one of CLIENT_AUTH_METHODS ("" = legacy)
+    client_secret: Mapped[str] = mapped_column(Text, default="")         # encrypted; client_secret_basic only
+    request_scopes: Mapped[str] = mapped_column(Text, default=DEFAULT_REQUEST_SCOPES)
+
+    @property
+    def auth_method(self) -> str:
+        return self.client_auth or "private_key_jwt or none (registered before client types)"
 
     def to_dict(self) -> dict:
         return {"name": self.name, "iss": self.iss, "client_id": self.client_id, "scopes": self.scopes,
                 "frame_origins": self.frame_origins.split(), "group_id": self.group_id, "write_back": self.write_back,
                 "last_sync_at": self.last_sync_at, "last_sync_status": self.last_sync_status,
-                "bulk_since": self.bulk_since}
+                "bulk_since": self.bulk_since, "client_auth": self.auth_method,
+                "request_scopes": self.request_scopes.split()}
 
 
 class SigningKey(Base):
@@ -95,6 +112,15 @@ def check_origin(origin: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
+def check_request_scopes(text: str) -> str:
+    scopes = text.split()
+    unknown = [s for s in scopes if s not in REQUESTABLE_SCOPES]
+    if unknown:
+        raise RegistryError(f"--request-scopes may hold {', '.join(REQUESTABLE_SCOPES)}; not {', '.join(unknown)} "
+                            "(resource scopes follow from --scopes v1/v2)")
+    return " ".join(dict.fromkeys(scopes))
+
+
 def add_missing_columns(engine, metadata) -> list[str]:
     """Columns a newer chartcite added to an existing table, added in place (nullable, with their
     default), so an upgrade keeps the registrations. Returns what was added."""
@@ -128,28 +154,71 @@ class Registry:
 
     # --- EHRs -------------------------------------------------------------------------------------
     def add_ehr(self, name: str, iss: str, client_id: str, scopes: str = "v2", frame_origins: list[str] = (),
-                group_id: str = "", write_back: bool = False) -> Ehr:
+                group_id: str = "", write_back: bool = False, client_auth: str = "private_key_jwt",
+                client_secret: str = "", request_scopes: str = DEFAULT_REQUEST_SCOPES) -> Ehr:
         if not NAME_PATTERN.match(name):
             raise RegistryError("EHR name: lower-case letters, digits and dashes, up to 40 (it names the tenant)")
         parts = urlsplit(iss)
         if parts.scheme not in ("https", "http") or not parts.netloc:
             raise RegistryError(f"--iss must be the EHR's FHIR base URL, not {iss!r}")
-        if scopes not in ("v1", "v2"):
-            raise RegistryError("--scopes must be v1 or v2")
         if not client_id.strip():
             raise RegistryError("--client-id is required")
-        origins = " ".join(check_origin(o) for o in frame_origins)
+        ehr = Ehr(name=name, iss=normalise_iss(iss), client_id=client_id.strip(), group_id=group_id,
+                  write_back=write_back, created_at=time.time(), last_sync_at=0.0, last_sync_status="never",
+                  bulk_since="")
+        self._apply(ehr, scopes=scopes, frame_origins=frame_origins, client_auth=client_auth,
+                    client_secret=client_secret, request_scopes=request_scopes)
         with Session(self.engine) as s:
             if s.get(Ehr, name) or s.scalar(select(Ehr).where(Ehr.iss == normalise_iss(iss))):
                 raise RegistryError(f"an EHR named {name!r} or with that iss is already registered")
-            ehr = Ehr(name=name, iss=normalise_iss(iss), client_id=client_id.strip(), scopes=scopes,
-                      frame_origins=origins, group_id=group_id, write_back=write_back, created_at=time.time())
             s.add(ehr)
             s.commit()
             s.refresh(ehr)
             s.expunge(ehr)
         self._frame_origins = None
         return ehr
+
+    def update_ehr(self, name: str, **changes) -> Ehr:
+        """Change a registration in place (client type, secret, scopes, frames, group, write-back):
+        the EHR's console changes, the tenant and its index stay."""
+        with Session(self.engine, expire_on_commit=False) as s:
+            ehr = s.get(Ehr, name)
+            if ehr is None:
+                raise RegistryError(f"no EHR named {name!r} (chartcite ehr list)")
+            for plain in ("client_id", "group_id", "write_back"):
+                if changes.get(plain) is not None:
+                    setattr(ehr, plain, changes.pop(plain))
+            self._apply(ehr, **{k: v for k, v in changes.items() if v is not None})
+            s.commit()
+        self._frame_origins = None
+        return ehr
+
+    def _apply(self, ehr: Ehr, scopes: str | None = None, frame_origins: list[str] | None = None,
+               client_auth: str | None = None, client_secret: str | None = None,
+               request_scopes: str | None = None) -> None:
+        """The checked settings of a registration, shared by add and update."""
+        if scopes is not None:
+            if scopes not in ("v1", "v2"):
+                raise RegistryError("--scopes must be v1 or v2")
+            ehr.scopes = scopes
+        if frame_origins is not None:
+            ehr.frame_origins = " ".join(check_origin(o) for o in frame_origins)
+        if request_scopes is not None:
+            ehr.request_scopes = check_request_scopes(request_scopes)
+        if client_secret:
+            ehr.client_secret = self.encrypt({"secret": client_secret})
+        if client_auth is not None:
+            if client_auth not in CLIENT_AUTH_METHODS:
+                raise RegistryError(f"--client-auth must be one of {', '.join(CLIENT_AUTH_METHODS)}")
+            ehr.client_auth = client_auth
+            if client_auth != "client_secret_basic":
+                ehr.client_secret = ""
+        if ehr.client_auth == "client_secret_basic" and not ehr.client_secret:
+            raise RegistryError("client_secret_basic needs the client secret the EHR issued "
+                                "(--client-secret-env NAME_OF_A_VARIABLE_HOLDING_IT)")
+
+    def client_secret(self, ehr: Ehr) -> str:
+        return self.decrypt(ehr.client_secret)["secret"] if ehr.client_secret else ""
 
     def remove_ehr(self, name: str) -> bool:
         with Session(self.engine) as s:

@@ -6,11 +6,13 @@ tokens of a session are kept encrypted in the registry, keyed by the opaque `sta
 """
 from __future__ import annotations
 
+import base64
 import logging
 import secrets
 import threading
 import time
 from dataclasses import dataclass, field
+from urllib.parse import quote_plus
 
 import requests
 from authlib.integrations.requests_client import OAuth2Session
@@ -23,7 +25,7 @@ from fhir_ingest.client import AuthExpired
 from fhir_ingest.fhir_source import PATIENT_SEARCHES, REFERENCED_TYPES
 
 from .keys import client_assertion
-from .registry import Ehr, Registry
+from .registry import DEFAULT_REQUEST_SCOPES, Ehr, Registry
 
 log = logging.getLogger(__name__)
 
@@ -84,9 +86,16 @@ def write_scope(syntax: str) -> str:
     return "patient/DocumentReference." + ("write" if syntax == "v1" else "c")
 
 
-def launch_scopes(syntax: str, standalone: bool, write_back: bool = False) -> str:
-    return " ".join(["launch/patient" if standalone else "launch", "openid", "fhirUser", "offline_access",
+def launch_scopes(syntax: str, standalone: bool, write_back: bool = False,
+                  request_scopes: str = DEFAULT_REQUEST_SCOPES) -> str:
+    """What a launch asks for: the launch context, the registration's identity and refresh scopes,
+    and read access to each type chartcite indexes."""
+    return " ".join(["launch/patient" if standalone else "launch", *request_scopes.split(),
                      *resource_scopes("patient", syntax), *([write_scope(syntax)] if write_back else [])])
+
+
+def scopes_for(ehr: Ehr, standalone: bool) -> str:
+    return launch_scopes(ehr.scopes, standalone, ehr.write_back, ehr.request_scopes or DEFAULT_REQUEST_SCOPES)
 
 
 def can_write_documents(granted: str) -> bool:
@@ -124,7 +133,7 @@ def start_authorization(registry: Registry, ehr: Ehr, redirect_uri: str, launch:
                                        secrets.token_urlsafe(64), secrets.token_urlsafe(16))
     standalone = not launch
     params = {"response_type": "code", "client_id": ehr.client_id, "redirect_uri": redirect_uri,
-              "scope": launch_scopes(ehr.scopes, standalone, ehr.write_back), "state": state, "aud": ehr.iss, "nonce": nonce,
+              "scope": scopes_for(ehr, standalone), "state": state, "aud": ehr.iss, "nonce": nonce,
               "code_challenge": create_s256_code_challenge(verifier), "code_challenge_method": "S256"}
     if launch:
         params["launch"] = launch
@@ -157,10 +166,10 @@ def finish_authorization(registry: Registry, code: str, state: str, binding: str
     if ehr is None:
         raise LaunchError("this EHR is no longer registered with chartcite")
     config = discover(ehr.iss)
-    session = _oauth_session(ehr, pending["redirect_uri"])
+    session, authentication = _oauth_session(registry, ehr, pending["redirect_uri"]), _client_auth(registry, ehr, config)
     try:
         tokens = session.fetch_token(config["token_endpoint"], grant_type="authorization_code", code=code,
-                                     code_verifier=pending["verifier"], **_client_auth(registry, ehr, config))
+                                     code_verifier=pending["verifier"], **authentication)
     except Exception as exc:   # authlib raises OAuthError; requests its own
         raise LaunchError(f"the EHR refused the sign-in ({_oauth_reason(exc)})") from exc
     patient = tokens.get("patient")
@@ -178,16 +187,34 @@ def finish_authorization(registry: Registry, code: str, state: str, binding: str
     return LaunchResult(ehr, pending["mode"], patient, clinician, _kept_tokens(tokens, config), context)
 
 
-def _oauth_session(ehr: Ehr, redirect_uri: str | None = None) -> OAuth2Session:
-    # authlib sends client_id in the body ("none"); _client_auth adds a private_key_jwt assertion
-    # when chartcite has a signing key (a confidential asymmetric client), else it is public.
+def _oauth_session(registry: Registry, ehr: Ehr, redirect_uri: str | None = None) -> OAuth2Session:
+    """A symmetric client authenticates with HTTP Basic; otherwise authlib sends the client_id in the body and _client_auth adds a JWT assertion
+    for an asymmetric client."""
+    if ehr.client_auth == "client_secret_basic":
+        return OAuth2Session(client_id=ehr.client_id, client_secret=registry.client_secret(ehr),
+                             redirect_uri=redirect_uri, token_endpoint_auth_method=_basic_credentials,
+                             default_timeout=DISCOVERY_TIMEOUT * 4)
     return OAuth2Session(client_id=ehr.client_id, redirect_uri=redirect_uri, token_endpoint_auth_method="none",
                          default_timeout=DISCOVERY_TIMEOUT * 4)
 
 
+def _basic_credentials(client, method, uri, headers, body):
+    """HTTP Basic as RFC 6749 section 2.3.1 asks: id and secret form-urlencoded before base64
+    (authlib joins them raw, which changes the meaning of a secret holding '+', '%' or ':'). For
+    the letters, digits and '-._~' secrets usually hold, both encodings are the same."""
+    pair = f"{quote_plus(client.client_id, safe='')}:{quote_plus(client.client_secret, safe='')}"
+    headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
+    return uri, headers, body
+
+
 def _client_auth(registry: Registry, ehr: Ehr, config: dict) -> dict:
+    if ehr.client_auth in ("client_secret_basic", "none"):
+        return {}
     pair = registry.current_key()
     if pair is None:
+        if ehr.client_auth == "private_key_jwt":
+            raise LaunchError("chartcite has no signing key for its private_key_jwt registration; "
+                              "hospital IT runs `chartcite keys generate`")
         return {}
     return {"client_assertion_type": ASSERTION_TYPE,
             "client_assertion": client_assertion(pair, ehr.client_id, config["token_endpoint"])}
@@ -201,7 +228,12 @@ def _kept_tokens(tokens: dict, config: dict) -> dict:
 
 
 def _oauth_reason(exc: Exception) -> str:
-    return getattr(exc, "error", None) or type(exc).__name__
+    """The token endpoint's error and description (they carry no patient data), else the type."""
+    error = getattr(exc, "error", None)
+    if not error:
+        return type(exc).__name__
+    description = str(getattr(exc, "description", "") or "")[:300]
+    return f"{error}: {description}" if description else error
 
 
 def validate_id_token(id_token: str, ehr: Ehr, config: dict, nonce: str) -> dict:
@@ -260,7 +292,7 @@ class SessionTokens:
                 raise AuthExpired("the EHR sign-in expired and cannot be renewed; open chartcite from the EHR again", 401)
             config = discover(self.ehr.iss)
             try:
-                fresh = _oauth_session(self.ehr).refresh_token(
+                fresh = _oauth_session(self.registry, self.ehr).refresh_token(
                     config["token_endpoint"], refresh_token=tokens["refresh_token"],
                     **_client_auth(self.registry, self.ehr, config))
             except Exception as exc:

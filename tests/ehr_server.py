@@ -31,7 +31,7 @@ import secrets
 import threading
 import time
 from datetime import datetime
-from urllib.parse import parse_qs, urlencode, urlsplit
+from urllib.parse import parse_qs, unquote_plus, urlencode, urlsplit
 
 import requests
 from flask import Flask, Response, abort, jsonify, redirect, request
@@ -51,7 +51,8 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
     signing.ensure_kid()
     lock = threading.Lock()
     state = {"launches": {}, "codes": {}, "access": {}, "refresh": {}, "jtis": set(), "faults": [],
-             "log": [], "deleted": [], "token_lifetime": token_lifetime}
+             "log": [], "deleted": [], "token_lifetime": token_lifetime,
+             "client": {"auth": "any", "secret": "", "grantable": None}}
 
     def root() -> str:
         return request.host_url.rstrip("/")
@@ -94,6 +95,16 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
         state["binary_exact"] = bool(request.get_json(force=True)["on"])
         return jsonify(ok=True)
 
+    @app.post("/_test/client")
+    def configure_client():
+        """The app registration as an EHR console holds it: how the client authenticates
+        ("private_key_jwt", "client_secret_basic" with its secret, or "any" as before) and which
+        scopes it may be granted (None = all)."""
+        body = request.get_json(force=True)
+        state["client"] = {"auth": body.get("auth", "any"), "secret": body.get("secret", ""),
+                           "grantable": body.get("grantable")}
+        return jsonify(ok=True)
+
     @app.post("/_test/token-lifetime")
     def set_lifetime():
         state["token_lifetime"] = int(request.get_json(force=True)["seconds"])
@@ -133,7 +144,7 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
             issuer=base(), jwks_uri=root() + "/jwks",
             authorization_endpoint=root() + "/auth/authorize", token_endpoint=root() + "/auth/token",
             grant_types_supported=["authorization_code", "client_credentials", "refresh_token"],
-            token_endpoint_auth_methods_supported=["private_key_jwt", "none"],
+            token_endpoint_auth_methods_supported=["private_key_jwt", "client_secret_basic", "none"],
             token_endpoint_auth_signing_alg_values_supported=["RS384", "ES384"],
             scopes_supported=["openid", "fhirUser", "launch", "launch/patient", "offline_access", "online_access",
                               "patient/*.rs", "patient/*.read", "system/*.rs", "system/*.read"],
@@ -171,6 +182,12 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
         if p.get("code_challenge_method") != "S256" or not p.get("code_challenge"):
             return back(error="invalid_request", error_description="PKCE with S256 is required")
         scopes = p.get("scope", "").split()
+        grantable = state["client"]["grantable"]
+        refused = [s for s in scopes if grantable is not None and s not in grantable]
+        if refused:
+            # As Epic answers a registration that lacks them: the whole request fails.
+            return back(error="invalid_scope",
+                        error_description=f"Scopes {' and '.join(refused)} could not be granted to this client")
         if "launch" in scopes:
             context = state["launches"].pop(p.get("launch", ""), None)
             if context is None:
@@ -192,12 +209,13 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
             return fault
         form = request.form
         grant = form.get("grant_type")
-        if form.get("client_assertion") or client_jwks_url:
-            problem = check_assertion(form)
-            if problem:
-                return fail("invalid_client", problem, 401)
-        elif form.get("client_id") != client_id:
-            return fail("invalid_client", "unknown client", 401)
+        presented = "basic" if request.headers.get("Authorization", "").startswith("Basic ") else \
+            "assertion" if form.get("client_assertion") else "none"
+        state["log"].append({"method": "POST", "path": request.path, "grant": grant, "client_auth": presented,
+                             "args": {}, "accept": "", "auth": presented != "none"})
+        problem = authenticate_client(form)
+        if problem:
+            return fail("invalid_client", problem, 401)
         if grant == "authorization_code":
             return code_grant(form)
         if grant == "refresh_token":
@@ -207,6 +225,26 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
                 return fail("invalid_client", "client_credentials needs a JWT client assertion", 401)
             return issue({"kind": "system", "scope": form.get("scope", "")}, refresh=False)
         return fail("unsupported_grant_type", f"{grant!r}")
+
+    def authenticate_client(form) -> str:
+        """RFC 6749 2.3 / SMART client authentication, as the registration says: a symmetric client
+        must send HTTP Basic (id and secret form-urlencoded first) and nothing else."""
+        method = state["client"]["auth"]
+        if method == "client_secret_basic":
+            header = request.headers.get("Authorization", "")
+            if form.get("client_assertion") or form.get("client_secret"):
+                return "this client authenticates with client_secret_basic only"
+            try:
+                user, _, password = base64.b64decode(header[6:]).decode().partition(":")
+            except ValueError:
+                return "malformed HTTP Basic credentials"
+            if not header.startswith("Basic ") or unquote_plus(user) != client_id or \
+                    unquote_plus(password) != state["client"]["secret"]:
+                return "client_secret_basic credentials do not match"
+            return ""
+        if form.get("client_assertion") or client_jwks_url or method == "private_key_jwt":
+            return check_assertion(form)
+        return "" if form.get("client_id") == client_id else "unknown client"
 
     def check_assertion(form) -> str:
         if form.get("client_assertion_type") != "urn:ietf:params:oauth:client-assertion-type:jwt-bearer":

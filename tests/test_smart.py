@@ -19,6 +19,8 @@ import pytest
 import requests
 from cryptography.fernet import Fernet
 
+from smart_app.smart import resource_scopes
+
 from .conftest import clean_env
 from .fhir_servers import REPO, free_port, load_synthea, start_ehr_server, start_sekmet, stop, wait_for
 
@@ -39,8 +41,8 @@ class Stack:
     app_log: Path
     upstream: str
 
-    def cli(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "smart_app.cli", *args], cwd=REPO, env=self.env,
+    def cli(self, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "smart_app.cli", *args], cwd=REPO, env=self.env | (env or {}),
                               capture_output=True, text=True, timeout=600)
 
     def test_api(self, path: str, body: dict | None = None):
@@ -359,6 +361,64 @@ def test_an_expired_token_is_refreshed_and_a_failed_refresh_asks_for_relaunch(st
     api(stack, handle, "POST", "/api/sync")
     status = wait_synced(stack, handle)
     assert status["job"]["state"] == "failed" and "open chartcite from the EHR again" in status["job"]["message"]
+
+
+def test_a_symmetric_client_signs_in_with_its_secret_and_asks_only_for_its_registered_scopes(stack):
+    """Finding 4: Epic and Oracle Health register confidential symmetric clients, and a registration
+    that may not be granted openid and fhirUser fails with invalid_scope and a description."""
+    secret = "s3cret/with:odd&chars+"
+    grantable = ["launch", "launch/patient", "offline_access", *resource_scopes("patient", "v2"),
+                 "patient/DocumentReference.c"]
+    stack.test_api("client", {"auth": "client_secret_basic", "secret": secret, "grantable": grantable})
+    try:
+        updated = stack.cli("ehr", "update", TENANT, "--client-auth", "client_secret_basic",
+                            "--client-secret-env", "TEST_EHR_SECRET", env={"TEST_EHR_SECRET": secret})
+        assert updated.returncode == 0, updated.stderr
+        refused, _ = launch(stack, stack.test_api("launch", {"patient": PID})["launch"])
+        assert refused.status_code == 400
+        assert "invalid_scope" in refused.text and "Scopes openid and fhirUser could not be granted" in refused.text
+        assert "Scopes openid and fhirUser could not be granted" in stack.app_log.read_text()
+
+        assert stack.cli("ehr", "update", TENANT, "--request-scopes", "offline_access").returncode == 0
+        stack.test_api("clear-log")
+        final, fields = launch(stack, stack.test_api("launch", {"patient": PID})["launch"])
+        assert final.status_code == 200, final.text
+        assert "openid" not in fields["scope"].split() and "offline_access" in fields["scope"].split()
+        handle = handle_of(final.text)
+        stack.test_api("expire-tokens")
+        api(stack, handle, "POST", "/api/sync")
+        assert wait_synced(stack, handle)["job"]["state"] == "done"
+        token_requests = [e for e in stack.ehr_log() if e["path"] == "/auth/token"]
+        assert {e["grant"] for e in token_requests} == {"authorization_code", "refresh_token"}
+        assert {e["client_auth"] for e in token_requests} == {"basic"}
+
+        wrong = stack.cli("ehr", "update", TENANT, "--client-secret-env", "TEST_EHR_SECRET",
+                          env={"TEST_EHR_SECRET": "not-the-secret"})
+        assert wrong.returncode == 0
+        denied, _ = launch(stack, stack.test_api("launch", {"patient": PID})["launch"])
+        assert denied.status_code == 400 and "invalid_client" in denied.text and "do not match" in denied.text
+        listed = json.loads(stack.cli("ehr", "list", "--json").stdout)[0]
+        assert listed["client_auth"] == "client_secret_basic" and secret not in json.dumps(listed)
+    finally:
+        stack.test_api("client", {})
+        restored = stack.cli("ehr", "update", TENANT, "--client-auth", "private_key_jwt",
+                             "--request-scopes", "openid fhirUser offline_access")
+        assert restored.returncode == 0, restored.stderr
+
+
+def test_a_registration_needs_the_secret_of_its_client_type(tmp_path):
+    from smart_app.registry import Registry, RegistryError
+
+    registry = Registry(f"sqlite:///{tmp_path / 'r.sqlite'}", Fernet.generate_key().decode())
+    with pytest.raises(RegistryError, match="client secret"):
+        registry.add_ehr("epic", "https://fhir.example.org/R4", "cid", client_auth="client_secret_basic")
+    with pytest.raises(RegistryError, match="request-scopes"):
+        registry.add_ehr("epic", "https://fhir.example.org/R4", "cid", request_scopes="openid patient/*.read")
+    ehr = registry.add_ehr("epic", "https://fhir.example.org/R4", "cid", client_auth="client_secret_basic",
+                           client_secret="the-secret")
+    assert registry.client_secret(ehr) == "the-secret" and b"the-secret" not in (tmp_path / "r.sqlite").read_bytes()
+    public = registry.update_ehr("epic", client_auth="none")
+    assert public.client_secret == "" and public.auth_method == "none"
 
 
 # --- Backend Services + Bulk Data ----------------------------------------------------------------------
