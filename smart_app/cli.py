@@ -51,11 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--tenant")
     ev.add_argument("--json", action="store_true")
 
-    sv = sub.add_parser("serve", help="serve the web app")
+    sv = sub.add_parser("serve", help="serve the web app (gunicorn; --dev for Flask's development server)")
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=5000)
     sv.add_argument("--cert", help="TLS certificate (PEM) for a local HTTPS test; production sits behind a TLS proxy")
     sv.add_argument("--key", help="TLS private key (PEM) matching --cert")
+    sv.add_argument("--dev", action="store_true",
+                    help="Flask's development server (one process, for local work) instead of gunicorn")
 
     keys = sub.add_parser("keys", help="chartcite's signing keys (the JWKS EHRs verify its assertions with)")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)
@@ -337,11 +339,15 @@ def cmd_serve(args, settings: Settings) -> int:
 
     if bool(args.cert) != bool(args.key):
         raise SettingsError("--cert and --key go together")
-    app = create_app(settings)
     scheme = "https" if args.cert else "http"
     print(f"chartcite is serving on {scheme}://{args.host}:{args.port}/  (Ctrl-C to stop)", flush=True)
-    app.run(host=args.host, port=args.port, threaded=True, use_reloader=False,
-            ssl_context=(args.cert, args.key) if args.cert else None)
+    if args.dev:
+        create_app(settings).run(host=args.host, port=args.port, threaded=True, use_reloader=False,
+                                 ssl_context=(args.cert, args.key) if args.cert else None)
+        return 0
+    from .server import serve
+
+    serve(settings, args.host, args.port, args.cert, args.key)
     return 0
 
 

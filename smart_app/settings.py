@@ -57,6 +57,10 @@ class Settings:
     admin_token: str = ""                 # bearer token for /admin; "" = loopback only
     audit_url: str = ""                   # SQLAlchemy URL of the audit trail; "" = SQLite in the data dir
     registry_url: str = ""                # SQLAlchemy URL of the registration database; "" = SQLite in the data dir
+    web_workers: str = "1"                # gunicorn worker processes (each loads the model)
+    web_threads: str = "8"                # threads per worker: concurrent requests one worker serves
+    web_timeout_seconds: str = "120"      # a worker silent this long is restarted
+    web_graceful_seconds: str = "30"      # on SIGTERM, requests in flight get this long to finish
     fhir_timeout_seconds: str = "20"
     fhir_max_concurrency: str = "2"       # requests in flight to one EHR from one process
     patient_stale_minutes: str = "60"     # a launch re-syncs a patient last synced longer ago than this

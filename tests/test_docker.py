@@ -41,5 +41,6 @@ def test_container_commands_are_real_cli_commands():
     dockerfile = (DOCKER / "Dockerfile").read_text()
     cmd = re.search(r'^CMD \["chartcite", "(\w+)"', dockerfile, re.M)
     assert cmd and cmd.group(1) in commands
+    assert "--dev" not in dockerfile                                 # the image serves with gunicorn
     assert "pip install --no-cache-dir -e ." in dockerfile          # the README's install, in the image
     assert "USER chartcite" in dockerfile

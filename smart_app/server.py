@@ -1,0 +1,72 @@
+"""`chartcite serve`: the app under gunicorn (threads per worker, worker count, timeouts and
+graceful shutdown from settings); `--dev` keeps Flask's development server for local work.
+
+What is safe to do once happens in the master before the workers fork: the settings are checked,
+the data directory, the signing and token keys and the registry's tables are created (two workers
+doing it at once would race, and two generated keys would disagree). The embedding model is not
+loaded there: torch's thread pools do not survive a fork, so each worker loads it after forking
+(threads within a worker share it; one worker with many threads is the default).
+"""
+from __future__ import annotations
+
+import logging
+
+from gunicorn.app.base import BaseApplication
+
+from .settings import Settings, SettingsError
+
+log = logging.getLogger(__name__)
+
+# The path without its query: a callback's query holds the one-time authorization code.
+ACCESS_LOG_FORMAT = '%(h)s "%(m)s %(U)s" %(s)s %(B)s %(M)sms'
+
+
+class ChartciteServer(BaseApplication):
+    def __init__(self, settings: Settings, options: dict):
+        self.settings, self.options = settings, options
+        super().__init__()
+
+    def load_config(self) -> None:
+        for key, value in self.options.items():
+            if key in self.cfg.settings:          # options newer than the installed gunicorn are left out
+                self.cfg.set(key, value)
+
+    def load(self):
+        from .app import create_app
+
+        return create_app(self.settings)
+
+
+def gunicorn_options(settings: Settings, host: str, port: int, cert: str | None, key: str | None) -> dict:
+    workers, threads = int(settings.number("web_workers")), int(settings.number("web_threads"))
+    if workers < 1 or threads < 1:
+        raise SettingsError("CHARTCITE_WEB_WORKERS and CHARTCITE_WEB_THREADS must be at least 1")
+    options = {"bind": f"{host}:{port}", "workers": workers, "threads": threads, "worker_class": "gthread",
+               "timeout": int(settings.number("web_timeout_seconds")),
+               "graceful_timeout": int(settings.number("web_graceful_seconds")),
+               "accesslog": "-", "access_log_format": ACCESS_LOG_FORMAT, "errorlog": "-",
+               "loglevel": settings.log_level.lower(), "preload_app": False, "proc_name": "chartcite",
+               # gunicorn 27's control socket would be a file in $HOME; nothing here uses it.
+               "control_socket_disable": True}
+    if cert:
+        options |= {"certfile": cert, "keyfile": key}
+    return options
+
+
+def prepare_before_fork(settings: Settings) -> None:
+    """Everything the workers would otherwise race to create."""
+    from .registry import Registry
+
+    settings.prepare_data_dir()
+    settings.ensure_secret()
+    # Tables created (and upgraded) once; the engine is closed so no connection crosses the fork.
+    Registry(settings.registry_db, settings.ensure_token_key()).engine.dispose()
+    if int(settings.number("web_workers")) > 1 and settings.backend == "embedded":
+        log.warning("CHARTCITE_WEB_WORKERS > 1 with the embedded index: each worker loads the model and indexes "
+                    "in-process; for more than one worker use Elasticsearch and Celery workers")
+
+
+def serve(settings: Settings, host: str, port: int, cert: str | None = None, key: str | None = None) -> None:
+    options = gunicorn_options(settings, host, port, cert, key)
+    prepare_before_fork(settings)
+    ChartciteServer(settings, options).run()

@@ -1,0 +1,91 @@
+"""`chartcite serve` as production runs it: gunicorn with threads, an access log without query
+strings, a graceful shutdown that lets a question in flight finish, and Prometheus metrics."""
+from __future__ import annotations
+
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import requests
+
+from .conftest import clean_env
+from .fhir_servers import REPO, free_port, stop, wait_for
+
+PID = "936988e9-d587-ef42-ebdf-541238540ff3"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, synthea_dir):
+    folder = tmp_path_factory.mktemp("serve")
+    source = folder / "source"
+    source.mkdir()
+    shutil.copy(synthea_dir / f"{PID}.json.gz", source)
+    port = free_port()
+    log = folder / "serve.log"
+    env = clean_env(data_dir=folder / "data", demo_source=source, demo_launch="true", web_threads=4)
+    process = subprocess.Popen([sys.executable, "-m", "smart_app.cli", "serve", "--port", str(port)], cwd=REPO,
+                               env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(f"{base}/healthz", process, log, seconds=120)
+        yield {"url": base, "process": process, "log": log}
+    finally:
+        stop(process)
+
+
+def demo_session(base: str) -> str:
+    page = requests.post(f"{base}/demo/launch", data={"patient_id": PID}, timeout=60)
+    assert page.status_code == 200, page.text
+    return re.search(r'name="chartcite-session" content="([^"]+)"', page.text).group(1)
+
+
+def wait_indexed(base: str, handle: str, seconds: float = 300) -> None:
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        job = requests.get(f"{base}/api/status", headers={"X-Chartcite-Session": handle}, timeout=30).json().get("job")
+        if job and job["state"] in ("done", "failed"):
+            assert job["state"] == "done", job
+            return
+        time.sleep(0.5)
+    raise AssertionError("the patient was not indexed in time")
+
+
+def ask(base: str, handle: str, question: str) -> requests.Response:
+    return requests.post(f"{base}/api/ask", json={"question": question}, timeout=120,
+                         headers={"X-Chartcite-Session": handle})
+
+
+def test_gunicorn_serves_and_the_access_log_holds_no_query_strings(server):
+    response = requests.get(f"{server['url']}/healthz", timeout=10)
+    assert response.status_code == 200 and response.headers["Server"].startswith("gunicorn")
+    requests.get(f"{server['url']}/callback", params={"code": "one-time-code-xyz", "state": "s"}, timeout=10)
+    deadline = time.time() + 10
+    while '"GET /callback"' not in server["log"].read_text() and time.time() < deadline:
+        time.sleep(0.2)
+    text = server["log"].read_text()
+    assert '"GET /callback" 400' in text and "one-time-code-xyz" not in text
+    assert "Booting worker" in text
+
+
+def test_a_question_in_flight_finishes_when_the_server_is_stopped(server):
+    handle = demo_session(server["url"])
+    wait_indexed(server["url"], handle)
+    assert ask(server["url"], handle, "What is the patient allergic to?").status_code == 200
+    result = {}
+
+    def in_flight():
+        result["response"] = ask(server["url"], handle, "What medications is the patient taking?")
+
+    asking = threading.Thread(target=in_flight)
+    asking.start()
+    time.sleep(0.15)
+    server["process"].send_signal(signal.SIGTERM)
+    asking.join(60)
+    assert result["response"].status_code == 200 and result["response"].json()["citations"]
+    assert server["process"].wait(60) == 0
+    assert "Shutting down: Master" in server["log"].read_text()
