@@ -1,8 +1,8 @@
 """A FHIR R4 REST client for one EHR: bearer token, paged searches, Binary attachments, and
 polite retries.
 
-Polite means: at most `max_concurrency` requests in flight to one EHR from this process, a
-429/503 waits for the server's Retry-After (else exponential backoff), and a 401 refreshes the
+Polite means: every request draws on the EHR's request budget (requests in flight and per
+second, for the whole deployment when Redis holds it: fhir_ingest/budget.py), a 429/503 waits for the server's Retry-After (else exponential backoff), and a 401 refreshes the
 token once before giving up, so chartcite never becomes "excessive or unexpected load".
 """
 from __future__ import annotations
@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 import logging
 import random
-import threading
 import time
 from email.utils import parsedate_to_datetime
-from typing import Iterator, Protocol
+from typing import Callable, Iterator, Protocol
 from urllib.parse import urljoin, urlsplit
 
 import requests
+
+from .budget import RequestBudget, budget_for
 
 log = logging.getLogger(__name__)
 
@@ -56,18 +57,6 @@ class StaticToken:
         raise AuthExpired("the access token was refused and there is no way to refresh it", 401)
 
 
-_limits: dict[str, threading.BoundedSemaphore] = {}
-_limits_lock = threading.Lock()
-
-
-def _limit_for(base_url: str, size: int) -> threading.BoundedSemaphore:
-    origin = urlsplit(base_url).netloc
-    with _limits_lock:
-        if origin not in _limits:
-            _limits[origin] = threading.BoundedSemaphore(max(1, size))
-        return _limits[origin]
-
-
 def retry_after_seconds(value: str | None, default: float) -> float:
     """Retry-After is seconds or an HTTP date; anything else means the default."""
     if not value:
@@ -84,14 +73,16 @@ def retry_after_seconds(value: str | None, default: float) -> float:
 
 class FhirClient:
     def __init__(self, base_url: str, auth: TokenProvider | None = None, timeout: float = 20.0,
-                 max_concurrency: int = 2, retries: int = 5, backoff: float = 0.5, max_wait: float = 60.0):
+                 max_concurrency: int = 2, retries: int = 5, backoff: float = 0.5, max_wait: float = 60.0,
+                 budget: RequestBudget | None = None, on_status: Callable[[str], None] | None = None):
         self.base_url = base_url.rstrip("/") + "/"
         self.auth = auth or StaticToken()
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
         self.max_wait = max_wait
-        self.limit = _limit_for(self.base_url, max_concurrency)
+        self.budget = budget or budget_for(urlsplit(self.base_url).netloc, max_concurrency)
+        self.on_status = on_status or (lambda status: None)   # each answer's status, for the metrics
         self.http = requests.Session()
         self.requests_made = 0
 
@@ -113,11 +104,13 @@ class FhirClient:
                 if token:
                     sent["Authorization"] = f"Bearer {token}"
             try:
-                with self.limit:
+                with self.budget.slot():
                     self.requests_made += 1
                     response = self.http.request(method, url, params=params, headers=sent, timeout=self.timeout,
                                                  json=json_body, stream=stream)
+                self.on_status(str(response.status_code))
             except (requests.ConnectionError, requests.Timeout) as exc:
+                self.on_status("unreachable")
                 if attempt == self.retries:
                     raise FhirUnavailable(f"{method} {_path(url)}: {type(exc).__name__}") from exc
                 self._sleep(attempt, None)

@@ -49,6 +49,10 @@ def create_app(settings: Settings | None = None, runner=None) -> Flask:
 
     app.register_blueprint(health_bp)
     warm_up(app)
+    from .metrics import Metrics, bp as metrics_bp
+
+    app.extensions["chartcite.metrics"] = Metrics(app)
+    app.register_blueprint(metrics_bp)
 
     from .limits import apply_rate_limits
 

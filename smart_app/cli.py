@@ -481,6 +481,7 @@ def cmd_sync(args, settings: Settings) -> int:
     from tqdm import tqdm
 
     from fhir_ingest.client import FhirError
+    from workers.progress import job_store
 
     from .sources import run_bulk_sync
 
@@ -496,14 +497,17 @@ def cmd_sync(args, settings: Settings) -> int:
         bar.total, bar.n = total or None, done
         bar.refresh()
 
+    tally = job_store(settings)
     try:
         summary = run_bulk_sync(settings, registry, ehr, service(settings), args.group, progress)
     except FhirError as exc:
         bar.close()
         registry.record_sync(ehr.name, f"failed: {type(exc).__name__}")
+        tally.add("bulk_syncs", "failed")
         print(f"chartcite: sync failed: {exc}", file=sys.stderr)
         return 1
     bar.close()
+    tally.add("bulk_syncs", "done")
     print(f"synced {summary['patients']} patients ({summary['resources']} resources, {summary['embedded']} chunks "
           f"embedded of {summary['chunks']}); {summary['deleted']} deleted; {summary['skipped']} skipped; "
           f"{summary['export_errors']} export errors; next sync from {summary['transaction_time']}")
@@ -521,15 +525,13 @@ def cmd_beat(args, settings: Settings) -> int:
 
 
 def cmd_status(args, settings: Settings) -> int:
-    from workers.celery_app import make_celery
-    from workers.progress import job_store
+    from dataclasses import replace
 
-    app = make_celery(settings)
-    with app.connection_for_read() as conn:
-        try:
-            depth = conn.default_channel.queue_declare(queue="celery", passive=True).message_count
-        except Exception as exc:  # an empty SQLite broker has no queue yet; a down Redis is worth saying
-            depth = 0 if "sqla" in settings.celery_broker else f"unavailable ({type(exc).__name__})"
+    from workers.progress import job_store
+    from workers.runner import TaskRunner
+
+    depth = TaskRunner(replace(settings, tasks_eager=False)).queue_depth()
+    depth = "unavailable" if depth is None else depth
     jobs = job_store(settings).jobs()
     last = {}
     for job in jobs:

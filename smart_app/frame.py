@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from datetime import date
 from functools import lru_cache
 
@@ -189,7 +190,13 @@ def ask():
     question = body.question.strip()
     if not question:
         return jsonify(error="type a question about this patient"), 400
-    result = search().ask(context.tenant, context.patient_id, question, k=body.k, pipeline=body.pipeline)
+    metrics, started = current_app.extensions["chartcite.metrics"], time.perf_counter()
+    try:
+        result = search().ask(context.tenant, context.patient_id, question, k=body.k, pipeline=body.pipeline)
+    except Exception:
+        metrics.observe_failure()
+        raise
+    metrics.observe_answer(result, time.perf_counter() - started)
     result["audit_id"] = audit().record(
         "ask", context.tenant, context.clinician, context.patient_id, question, pipeline=body.pipeline,
         answer=result["answer"], abstained=result["abstained"], confidence=result.get("confidence"),

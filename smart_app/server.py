@@ -10,6 +10,8 @@ loaded there: torch's thread pools do not survive a fork, so each worker loads i
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 
 from gunicorn.app.base import BaseApplication
 
@@ -66,7 +68,26 @@ def prepare_before_fork(settings: Settings) -> None:
                     "in-process; for more than one worker use Elasticsearch and Celery workers")
 
 
+def share_metrics_between_workers(settings: Settings, options: dict) -> None:
+    """Several workers: each writes its metric values to files in one directory (emptied at start)
+    and /metrics, whichever worker answers it, sums them; a worker that exits is marked dead."""
+    if options["workers"] == 1:
+        return
+    folder = settings.data_dir / "prometheus"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(mode=0o700)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(folder)
+
+    def child_exit(server, worker):
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(worker.pid)
+
+    options["child_exit"] = child_exit
+
+
 def serve(settings: Settings, host: str, port: int, cert: str | None = None, key: str | None = None) -> None:
     options = gunicorn_options(settings, host, port, cert, key)
     prepare_before_fork(settings)
+    share_metrics_between_workers(settings, options)
     ChartciteServer(settings, options).run()

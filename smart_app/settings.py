@@ -62,7 +62,8 @@ class Settings:
     web_timeout_seconds: str = "120"      # a worker silent this long is restarted
     web_graceful_seconds: str = "30"      # on SIGTERM, requests in flight get this long to finish
     fhir_timeout_seconds: str = "20"
-    fhir_max_concurrency: str = "2"       # requests in flight to one EHR from one process
+    fhir_max_concurrency: str = "2"       # requests in flight to one EHR (whole deployment with Redis, else per process)
+    fhir_max_requests_per_second: str = "20"  # requests started per second to one EHR (same scope); 0 = no limit
     patient_stale_minutes: str = "60"     # a launch re-syncs a patient last synced longer ago than this
     key_overlap_days: str = "7"           # a rotated-out key stays in the JWKS this long
 

@@ -3,7 +3,9 @@ with a launched session's token (patient sync) or chartcite's Backend Services t
 from __future__ import annotations
 
 from functools import lru_cache
+from urllib.parse import urlsplit
 
+from fhir_ingest.budget import budget_for
 from fhir_ingest.client import FhirClient
 
 from .registry import Ehr, Registry
@@ -22,10 +24,16 @@ def open_registry(settings: Settings) -> Registry:
 
 
 def ehr_client(settings: Settings, registry: Registry, ehr: Ehr, session_id: str | None = None) -> FhirClient:
-    """A FHIR client on the session's user token, or on a Backend Services token without one."""
+    """A FHIR client on the session's user token, or on a Backend Services token without one,
+    drawing on the deployment's request budget for that EHR and counting its answers by status."""
+    from workers.progress import job_store
+
     auth = SessionTokens(registry, session_id, ehr) if session_id else BackendServicesToken(registry, ehr)
-    return FhirClient(ehr.iss, auth, timeout=settings.number("fhir_timeout_seconds"),
-                      max_concurrency=int(settings.number("fhir_max_concurrency")))
+    budget = budget_for(urlsplit(ehr.iss).netloc, int(settings.number("fhir_max_concurrency")),
+                        settings.number("fhir_max_requests_per_second"), settings.redis_url)
+    tally = job_store(settings)
+    return FhirClient(ehr.iss, auth, timeout=settings.number("fhir_timeout_seconds"), budget=budget,
+                      on_status=lambda status: tally.add("ehr_requests", status))
 
 
 def read_ehr_patient(settings: Settings, registry: Registry, ehr: Ehr, patient_id: str, held: list[dict],

@@ -79,6 +79,9 @@ class InlineRunner:
         sync_patient.apply(args=(tenant, patient_id, session_id), throw=True)
         return True
 
+    def queue_depth(self):
+        return self.inner.queue_depth()
+
 
 BACKENDS = ("embedded", "elasticsearch")
 
@@ -96,6 +99,14 @@ def es_url() -> str:
     url = os.environ.get("CHARTCITE_ES_URL", "")
     if not url:
         pytest.fail("Elasticsearch is not configured: run the suite with `make test` (it starts a test node), "
+                    "or `eval $(scripts/services.sh up)` first")
+    return url
+
+
+def redis_url() -> str:
+    url = os.environ.get("CHARTCITE_REDIS_URL", "")
+    if not url:
+        pytest.fail("Redis is not configured: run the suite with `make test` (it starts a test server), "
                     "or `eval $(scripts/services.sh up)` first")
     return url
 

@@ -220,12 +220,11 @@ def test_asking_is_rate_limited_per_clinician_with_a_clear_message(tmp_path, syn
 def test_rate_limits_are_shared_through_redis_across_app_processes(tmp_path, synthea_dir, embedder):
     """Production: every app process counts against the same Redis, so a clinician cannot get
     around the limit by landing on another worker."""
-    import os
     import uuid
 
-    redis_url = os.environ.get("CHARTCITE_REDIS_URL", "")
-    if not redis_url:
-        pytest.fail("Redis is not configured: run the suite with `make test`, or `eval $(scripts/services.sh up)` first")
+    from .conftest import redis_url as configured_redis
+
+    redis_url = configured_redis()
     source = tmp_path / "source"
     source.mkdir()
     shutil.copy(synthea_dir / f"{NEW}.json.gz", source)

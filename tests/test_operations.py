@@ -100,3 +100,39 @@ def test_the_ehrs_refusal_is_shown_and_logged_for_it(app, caplog):
     assert page.status_code == 400 and "invalid_scope" in text
     assert "Scopes openid and fhirUser could not be granted &lt;b&gt;" in text        # escaped, never markup
     assert any("invalid_scope" in r.getMessage() and "could not be granted" in r.getMessage() for r in caplog.records)
+
+
+def metric(text: str, name: str, **labels) -> float:
+    """The value of one sample in Prometheus' text format (0 when absent)."""
+    wanted = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    for line in text.splitlines():
+        sample, _, value = line.rpartition(" ")
+        if sample == (f"{name}{{{wanted}}}" if labels else name):
+            return float(value)
+    return 0.0
+
+
+def test_metrics_count_questions_stages_and_syncs_without_patient_data(app):
+    client = app.test_client()
+    headers = {"X-Chartcite-Session": launch(client, PID)}
+    question = "What is the patient allergic to?"
+    answered = client.post("/api/ask", json={"question": question}, headers=headers).get_json()
+    client.post("/api/ask", json={"question": "Has the patient had a liver transplant?"}, headers=headers)
+    text = client.get("/metrics").get_data(as_text=True)
+    assert metric(text, "chartcite_questions_total", outcome="answered") + \
+        metric(text, "chartcite_questions_total", outcome="refused") == 2
+    assert metric(text, "chartcite_question_seconds_count", stage="total") == 2
+    assert metric(text, "chartcite_question_seconds_count", stage="recall") == 2
+    assert metric(text, "chartcite_syncs_total", kind="patient", outcome="done") >= 1
+    assert metric(text, "chartcite_queue_depth") == 0
+    banner = client.get("/api/status", headers=headers).get_json()["banner"]
+    for private in (PID, question, banner["name"], banner["birth_date"], answered["answer"][:40]):
+        assert private not in text
+
+
+def test_metrics_need_the_admin_token_outside_the_demo(tmp_path, embedder):
+    settings = Settings.load({"CHARTCITE_DATA_DIR": str(tmp_path / "data"), "CHARTCITE_ADMIN_TOKEN": "t0ken"})
+    client = create_app(settings, runner=InlineRunner(settings)).test_client()
+    assert client.get("/metrics").status_code == 403
+    scraped = client.get("/metrics", headers={"Authorization": "Bearer t0ken"})
+    assert scraped.status_code == 200 and scraped.content_type.startswith("text/plain")

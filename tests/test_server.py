@@ -27,7 +27,8 @@ def server(tmp_path_factory, synthea_dir):
     shutil.copy(synthea_dir / f"{PID}.json.gz", source)
     port = free_port()
     log = folder / "serve.log"
-    env = clean_env(data_dir=folder / "data", demo_source=source, demo_launch="true", web_threads=4)
+    # Two workers, as a hospital scales one host: metrics must sum them.
+    env = clean_env(data_dir=folder / "data", demo_source=source, demo_launch="true", web_workers=2, web_threads=4)
     process = subprocess.Popen([sys.executable, "-m", "smart_app.cli", "serve", "--port", str(port)], cwd=REPO,
                                env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
@@ -70,6 +71,24 @@ def test_gunicorn_serves_and_the_access_log_holds_no_query_strings(server):
     text = server["log"].read_text()
     assert '"GET /callback" 400' in text and "one-time-code-xyz" not in text
     assert "Booting worker" in text
+
+
+def test_metrics_sum_every_worker(server):
+    from .test_operations import metric
+
+    handle = demo_session(server["url"])
+    wait_indexed(server["url"], handle)
+    before = requests.get(f"{server['url']}/metrics", timeout=30).text
+    asked = 6
+    for _ in range(asked):
+        assert ask(server["url"], handle, "What is the patient allergic to?").status_code == 200
+    for _ in range(6):       # whichever worker answers the scrape, it reports both workers' questions
+        scraped = requests.get(f"{server['url']}/metrics", timeout=30).text
+        total = sum(metric(scraped, "chartcite_questions_total", outcome=o) - metric(before, "chartcite_questions_total",
+                                                                                    outcome=o)
+                    for o in ("answered", "refused", "failed"))
+        assert total == asked
+    assert "Booting worker" in server["log"].read_text()
 
 
 def test_a_question_in_flight_finishes_when_the_server_is_stopped(server):

@@ -296,6 +296,16 @@ def test_a_bad_id_token_ends_the_launch(stack, mode, reason):
     assert 'name="chartcite-session"' not in final.text
 
 
+def test_metrics_count_ehr_requests_by_status_and_hold_no_patient_data(stack, launched):
+    from .test_operations import metric
+
+    assert requests.get(f"{stack.app}/metrics", timeout=30).status_code == 403
+    text = requests.get(f"{stack.app}/metrics", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=30).text
+    assert metric(text, "chartcite_ehr_requests_total", status="200") > 10
+    assert metric(text, "chartcite_syncs_total", kind="patient", outcome="done") >= 1
+    assert PID not in text and OTHER not in text and "ehr-clinician" not in text
+
+
 def test_another_patients_id_is_refused_and_audited(stack, launched):
     handle, _, _ = launched
     response = api(stack, handle, "POST", "/api/ask", json={"question": "any allergies?", "patient_id": OTHER})

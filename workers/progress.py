@@ -1,4 +1,6 @@
-"""Job progress (fetched / indexed of total) that tasks write and the frame and `chartcite status` read.
+"""Job progress (fetched / indexed of total) that tasks write and the frame and `chartcite status` read,
+and the deployment's running totals (syncs by outcome, EHR requests by status) that /metrics reads:
+every process (web workers, Celery workers, `chartcite sync`) adds to the same totals.
 
 Embedded default: a small SQLite file in the data directory, shared by the web app and a worker
 on the same machine. Production: Redis, shared by every app and worker host.
@@ -38,11 +40,24 @@ class SqliteJobStore:
         done INTEGER NOT NULL, total INTEGER NOT NULL, message TEXT NOT NULL, updated_at REAL NOT NULL,
         PRIMARY KEY (tenant, patient_id))"""
 
+    TALLY_SCHEMA = """CREATE TABLE IF NOT EXISTS tallies (
+        name TEXT NOT NULL, label TEXT NOT NULL, value INTEGER NOT NULL, PRIMARY KEY (name, label))"""
+
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._connect() as db:
             db.execute(self.SCHEMA)
+            db.execute(self.TALLY_SCHEMA)
+
+    def add(self, name: str, label: str, by: int = 1) -> None:
+        with self._connect() as db:
+            db.execute("INSERT INTO tallies VALUES (?,?,?) ON CONFLICT (name, label) DO UPDATE SET value = value + ?",
+                       (name, label, by, by))
+
+    def tallies(self) -> dict[tuple[str, str], int]:
+        with self._connect() as db:
+            return {(n, l): v for n, l, v in db.execute("SELECT name, label, value FROM tallies")}
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, timeout=30)
@@ -113,6 +128,14 @@ class RedisJobStore:
                 return True
             except redis.WatchError:
                 return False
+
+    TALLIES = "chartcite:tallies"
+
+    def add(self, name: str, label: str, by: int = 1) -> None:
+        self.redis.hincrby(self.TALLIES, f"{name}\t{label}", by)
+
+    def tallies(self) -> dict[tuple[str, str], int]:
+        return {tuple(k.decode().split("\t", 1)): int(v) for k, v in self.redis.hgetall(self.TALLIES).items()}
 
     def get(self, tenant: str, patient_id: str) -> Job | None:
         raw = self.redis.get(self._key(tenant, patient_id))

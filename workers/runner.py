@@ -31,6 +31,16 @@ class TaskRunner:
             sync_patient.delay(tenant, patient_id, session_id)
         return True
 
+    def queue_depth(self) -> int | None:
+        """Tasks waiting in the broker; 0 when tasks run in-process; None when the broker is down."""
+        if self.pool is not None:
+            return 0
+        try:
+            with self.celery.connection_for_read() as conn:
+                return conn.default_channel.queue_declare(queue="celery", passive=True).message_count
+        except Exception:  # an empty SQLite broker has no queue yet; a down Redis has no depth to give
+            return 0 if "sqla" in self.settings.celery_broker else None
+
     @staticmethod
     def _run_eagerly(task, tenant, patient_id, session_id):
         from fhir_ingest.client import AuthExpired

@@ -95,20 +95,25 @@ def sync_patient(tenant: str, patient_id: str, session_id: str | None = None) ->
         result = service.index_records(tenant, records, progress)
     except KeyError:
         jobs.set(tenant, patient_id, "failed", "done", message="patient not found in the record source")
+        jobs.add("patient_syncs", "not_found")
         raise
     except AuthExpired:
         jobs.set(tenant, patient_id, "failed", "done", message="the EHR sign-in expired: open chartcite from the EHR again")
+        jobs.add("patient_syncs", "sign_in_expired")
         log.warning("patient sync stopped: the EHR sign-in expired")
         raise
     except TRANSIENT as exc:
         jobs.set(tenant, patient_id, "queued", "retrying", message=type(exc).__name__)
+        jobs.add("patient_syncs", "retrying")
         raise
     except Exception as exc:
         jobs.set(tenant, patient_id, "failed", "done", message=type(exc).__name__)
+        jobs.add("patient_syncs", "failed")
         raise
     if ehr is not None:
         registry.mark_patient_synced(tenant, patient_id, server_time)
     unread = unreadable_notes(report, result)
+    jobs.add("patient_syncs", "done")
     jobs.set(tenant, patient_id, "done", "done", result.chunks, result.chunks,
              message=f"{unread} note{'s' if unread > 1 else ''} could not be read from the EHR" if unread else "")
     log.info("patient synced: %s resources fetched, %s chunks (%s new, %s removed), %s skipped", fetched,
@@ -193,14 +198,18 @@ def bulk_sync(tenant: str, group_id: str = "") -> dict:
     ehr = registry.ehr(tenant)
     if ehr is None:
         raise KeyError(f"no registered EHR named {tenant}")
+    tally = job_store(settings)
     try:
         summary = run_bulk_sync(settings, registry, ehr, service_for(settings), group_id)
     except TRANSIENT:
         registry.record_sync(tenant, "retrying: the EHR or the index was unavailable")
+        tally.add("bulk_syncs", "retrying")
         raise
     except Exception as exc:
         registry.record_sync(tenant, f"failed: {type(exc).__name__}")
+        tally.add("bulk_syncs", "failed")
         raise
+    tally.add("bulk_syncs", "done")
     log.info("bulk sync: %s patients, %s resources, %s deleted", summary["patients"], summary["resources"],
              summary["deleted"])
     return summary

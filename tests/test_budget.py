@@ -1,0 +1,96 @@
+"""The EHR request budget holds for the whole deployment: separate processes, each with its own
+FHIR client, together keep within the concurrency and per-second limits when Redis holds the
+budget (and, without Redis, each process only keeps its own)."""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import threading
+import time
+import uuid
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from .conftest import redis_url
+
+
+class CountingEhr(BaseHTTPRequestHandler):
+    """Answers every GET after 60 ms, noting how many requests were in flight and when each began."""
+    lock = threading.Lock()
+    in_flight = 0
+    peak = 0
+    starts: list[float] = []
+
+    def do_GET(self):
+        cls = type(self)
+        with cls.lock:
+            cls.in_flight += 1
+            cls.peak = max(cls.peak, cls.in_flight)
+            cls.starts.append(time.time())
+        time.sleep(0.06)
+        with cls.lock:
+            cls.in_flight -= 1
+        body = json.dumps({"resourceType": "Patient", "id": "x"}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/fhir+json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def client_process(base: str, redis: str, requests_each: int, concurrency: int, per_second: float, out) -> None:
+    """One chartcite process (a web worker or a Celery worker): three threads reading the EHR."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fhir_ingest.budget import budget_for
+    from fhir_ingest.client import FhirClient
+
+    budget = budget_for(base.split("//")[1].rstrip("/"), concurrency, per_second, redis)
+    client = FhirClient(base, budget=budget)
+    with ThreadPoolExecutor(3) as pool:
+        statuses = list(pool.map(lambda _: client.request("GET", "Patient/x").status_code, range(requests_each)))
+    out.put(statuses)
+
+
+@pytest.fixture()
+def ehr():
+    CountingEhr.in_flight, CountingEhr.peak, CountingEhr.starts = 0, 0, []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), CountingEhr)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}/fhir/"
+    server.shutdown()
+
+
+def run_processes(base: str, redis: str, concurrency: int, per_second: float, processes: int = 3,
+                  requests_each: int = 12) -> list[int]:
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    workers = [context.Process(target=client_process, args=(base, redis, requests_each, concurrency, per_second, out))
+               for _ in range(processes)]
+    for worker in workers:
+        worker.start()
+    statuses = [s for _ in workers for s in out.get(timeout=120)]
+    for worker in workers:
+        worker.join(30)
+    return statuses
+
+
+def test_processes_share_one_budget_through_redis(ehr):
+    # A fresh origin name per run: the budget's keys in Redis are per EHR origin.
+    base = ehr.replace("/fhir/", f"/fhir-{uuid.uuid4().hex[:6]}/")
+    statuses = run_processes(base, redis_url(), concurrency=2, per_second=12)
+    assert statuses == [200] * 36
+    assert CountingEhr.peak <= 2
+    per_second = Counter(int(t) for t in CountingEhr.starts)
+    assert max(per_second.values()) <= 12, per_second
+
+
+def test_without_redis_each_process_keeps_only_its_own_budget(ehr):
+    statuses = run_processes(ehr, "", concurrency=2, per_second=0)
+    assert statuses == [200] * 36
+    assert CountingEhr.peak > 2          # three processes, two each: what the shared budget prevents
