@@ -90,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     el.add_argument("--json", action="store_true")
     er = ehr_sub.add_parser("remove", help="unregister an EHR (its index is kept)")
     er.add_argument("name")
+    ec = ehr_sub.add_parser("check", help="is the registration ready? discovery, capabilities, JWKS, Backend "
+                                          "Services token, one search; each failure with its fix")
+    ec.add_argument("name")
+    ec.add_argument("--json", action="store_true")
 
     ri = sub.add_parser("registration-info", help="what the Epic / Oracle Health consoles ask for")
     ri.add_argument("--json", action="store_true")
@@ -423,6 +427,8 @@ def cmd_ehr(args, settings: Settings) -> int:
                                       request_scopes=args.request_scopes)
             print(f"updated {ehr.name}: client {ehr.auth_method}; asks for {ehr.request_scopes}")
             return 0
+        if args.ehr_command == "check":
+            return check_ehr(args, settings, registry)
         if args.ehr_command == "remove":
             if not registry.remove_ehr(args.name):
                 print(f"chartcite: no EHR named {args.name}", file=sys.stderr)
@@ -445,6 +451,23 @@ def cmd_ehr(args, settings: Settings) -> int:
     if not rows:
         print("no EHR registered: chartcite ehr add --name ... --iss ... --client-id ...")
     return 0
+
+
+def check_ehr(args, settings: Settings, registry) -> int:
+    from .ehr_check import EhrChecker, format_checks
+    from .sources import ehr_client
+
+    ehr = registry.ehr(args.name)
+    if ehr is None:
+        print(f"chartcite: no EHR named {args.name} (chartcite ehr list)", file=sys.stderr)
+        return 2
+    if not settings.public_url:
+        print("note: CHARTCITE_PUBLIC_URL is not set; checking the JWKS at http://127.0.0.1:5000", file=sys.stderr)
+    checker = EhrChecker(registry, ehr, settings.public_url or "http://127.0.0.1:5000",
+                         lambda: ehr_client(settings, registry, ehr))
+    checks = checker.run()
+    print(json.dumps([c.to_dict() for c in checks], indent=2) if args.json else format_checks(checks))
+    return 1 if any(c.status == "fail" for c in checks) else 0
 
 
 def cmd_audit(args, settings: Settings) -> int:

@@ -150,7 +150,7 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
                               "patient/*.rs", "patient/*.read", "system/*.rs", "system/*.read"],
             response_types_supported=["code"], code_challenge_methods_supported=["S256"],
             capabilities=["launch-ehr", "launch-standalone", "authorize-post", "client-public",
-                          "client-confidential-asymmetric", "context-ehr-patient", "context-standalone-patient",
+                          "client-confidential-asymmetric", "client-confidential-symmetric", "context-ehr-patient", "context-standalone-patient",
                           "context-banner", "context-style", "sso-openid-connect", "permission-offline",
                           "permission-patient", "permission-v1", "permission-v2"])
 

@@ -480,6 +480,29 @@ def test_bulk_sync_exports_the_group_indexes_it_and_applies_deletions(stack):
     svc.close()
 
 
+def test_ehr_check_passes_a_ready_registration_and_names_the_fix_otherwise(stack):
+    good = stack.cli("ehr", "check", TENANT, "--json")
+    assert good.returncode == 0, good.stdout + good.stderr
+    checks = {c["name"]: c for c in json.loads(good.stdout)}
+    assert {n: checks[n]["status"] for n in ("discovery", "capabilities", "jwks", "backend", "search")} == \
+        dict.fromkeys(("discovery", "capabilities", "jwks", "backend", "search"), "ok")
+    assert checks["fhir"]["status"] in ("ok", "warn")
+    added = stack.cli("ehr", "add", "--name", "nowhere", "--iss", f"http://127.0.0.1:{free_port()}/fhir",
+                      "--client-id", "x", "--group-id", "g")
+    assert added.returncode == 0
+    try:
+        bad = stack.cli("ehr", "check", "nowhere")
+        assert bad.returncode == 1 and "[FAIL] discovery" in bad.stdout and "fix: check --iss" in bad.stdout
+    finally:
+        stack.cli("ehr", "remove", "nowhere")
+    assert stack.cli("ehr", "update", TENANT, "--group-id", "no-such-group").returncode == 0
+    try:
+        wrong = stack.cli("ehr", "check", TENANT)
+        assert wrong.returncode == 1 and "[FAIL] search" in wrong.stdout and "--group-id" in wrong.stdout
+    finally:
+        stack.cli("ehr", "update", TENANT, "--group-id", GROUP)
+
+
 def test_registration_info_prints_what_the_consoles_ask_for(stack):
     info = stack.cli("registration-info")
     assert info.returncode == 0

@@ -1,0 +1,168 @@
+"""`chartcite ehr check NAME`: is this EHR registration ready for launches and background sync?
+
+Each check says what it found and, when it fails, what to fix. The checks read the EHR's public
+discovery documents and, when Backend Services is configured, sign in as chartcite and run one
+search; they never read a patient's record beyond that one search's first page, and print no
+patient data.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import requests
+
+from fhir_ingest.fhir_source import PATIENT_SEARCHES
+
+from .registry import Ehr, Registry
+from .smart import BackendServicesToken, forget_discovery
+
+TIMEOUT = 10
+CLIENT_CAPABILITY = {"private_key_jwt": "client-confidential-asymmetric",
+                     "client_secret_basic": "client-confidential-symmetric", "none": "client-public"}
+
+
+@dataclass
+class Check:
+    name: str
+    status: str          # ok | fail | warn | skip
+    detail: str
+    fix: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def ok(name: str, detail: str) -> Check:
+    return Check(name, "ok", detail)
+
+
+def fail(name: str, detail: str, fix: str) -> Check:
+    return Check(name, "fail", detail, fix)
+
+
+class EhrChecker:
+    def __init__(self, registry: Registry, ehr: Ehr, public_url: str, fhir_client_for: Callable):
+        self.registry, self.ehr, self.public_url = registry, ehr, public_url.rstrip("/")
+        self.fhir_client_for = fhir_client_for
+        self.config: dict = {}
+        self.token: str = ""
+
+    def run(self) -> list[Check]:
+        forget_discovery()          # what the EHR publishes now, not what this process cached
+        checks = [self.discovery()]
+        if checks[0].status == "ok":
+            checks += [self.capabilities(), self.fhir_metadata()]
+        checks += [self.published_keys(), self.backend_token()]
+        checks.append(self.one_search() if self.token else
+                      Check("search", "skip", "needs a Backend Services token (a launch reads with the clinician's)"))
+        return checks
+
+    def discovery(self) -> Check:
+        url = f"{self.ehr.iss}/.well-known/smart-configuration"
+        try:
+            response = requests.get(url, headers={"Accept": "application/json"}, timeout=TIMEOUT)
+            response.raise_for_status()
+            self.config = response.json()
+        except (requests.RequestException, ValueError) as exc:
+            return fail("discovery", f"{url} could not be read ({type(exc).__name__})",
+                        "check --iss is the EHR's FHIR base URL and that this host can reach it (proxy, firewall)")
+        missing = [k for k in ("authorization_endpoint", "token_endpoint") if not self.config.get(k)]
+        if missing:
+            return fail("discovery", f"the SMART configuration lacks {', '.join(missing)}",
+                        "the EHR's SMART configuration is incomplete: ask the EHR vendor")
+        return ok("discovery", f"token endpoint {self.config['token_endpoint']}")
+
+    def capabilities(self) -> Check:
+        declared = set(self.config.get("capabilities") or [])
+        needed = {"launch-ehr", "context-ehr-patient", CLIENT_CAPABILITY.get(self.ehr.client_auth, "client-public"),
+                  f"permission-{self.ehr.scopes}"}
+        scopes = (self.ehr.request_scopes or "").split()
+        if "offline_access" in scopes:
+            needed.add("permission-offline")
+        if "openid" in scopes:
+            needed.add("sso-openid-connect")
+        missing = sorted(needed - declared)
+        methods = self.config.get("token_endpoint_auth_methods_supported")
+        method = self.ehr.client_auth or "private_key_jwt"
+        if methods and method not in methods:
+            missing.append(f"token_endpoint_auth_methods_supported: {method}")
+        if "S256" not in (self.config.get("code_challenge_methods_supported") or ["S256"]):
+            missing.append("code_challenge_methods_supported: S256")
+        if missing:
+            return fail("capabilities", f"not declared: {', '.join(missing)}",
+                        "register the client type and scopes the EHR offers (`chartcite ehr update` --client-auth, "
+                        "--scopes v1|v2, --request-scopes) or ask the EHR to enable them")
+        return ok("capabilities", f"{len(needed)} needed capabilities declared")
+
+    def fhir_metadata(self) -> Check:
+        try:
+            response = requests.get(f"{self.ehr.iss}/metadata", headers={"Accept": "application/fhir+json"},
+                                    timeout=TIMEOUT)
+            response.raise_for_status()
+            statement = response.json()
+        except (requests.RequestException, ValueError) as exc:
+            return fail("fhir", f"the CapabilityStatement could not be read ({type(exc).__name__})",
+                        "check the iss is a FHIR R4 base URL")
+        version = str(statement.get("fhirVersion", ""))
+        offered = {r.get("type") for rest in statement.get("rest") or [] for r in rest.get("resource") or []}
+        missing = sorted(set(PATIENT_SEARCHES) - offered) if offered else []
+        if not version.startswith("4."):
+            return fail("fhir", f"FHIR version {version or 'unknown'}", "chartcite reads FHIR R4 (4.0.1) endpoints")
+        if missing:
+            return Check("fhir", "warn", f"R4; not offered: {', '.join(missing)} (those parts of the record stay "
+                         "unindexed)", "ask the EHR to expose them to this app, if it can")
+        return ok("fhir", f"FHIR {version}; every resource type chartcite reads is offered")
+
+    def published_keys(self) -> Check:
+        if (self.ehr.client_auth or "private_key_jwt") != "private_key_jwt":
+            return Check("jwks", "skip", f"a {self.ehr.client_auth} client signs nothing")
+        current = [k["kid"] for k in self.registry.published_keys()]
+        if not current:
+            return fail("jwks", "chartcite has no signing key", "run `chartcite keys generate`")
+        url = f"{self.public_url}/.well-known/jwks.json"
+        try:
+            served = {k.get("kid") for k in requests.get(url, timeout=TIMEOUT).json().get("keys", [])}
+        except (requests.RequestException, ValueError, AttributeError) as exc:
+            return fail("jwks", f"{url} could not be read ({type(exc).__name__})",
+                        "set CHARTCITE_PUBLIC_URL to the address EHRs reach chartcite at, and check the TLS proxy "
+                        "forwards /.well-known/jwks.json")
+        if not set(current) <= served:
+            return fail("jwks", f"{url} does not serve the current keys",
+                        "the address serves another chartcite or an old copy: check CHARTCITE_PUBLIC_URL and caches")
+        return ok("jwks", f"{len(current)} keys published at {url}")
+
+    def backend_token(self) -> Check:
+        if not self.ehr.group_id:
+            return Check("backend", "skip", "no Bulk Data group registered (--group-id): background sync is off")
+        if "token_endpoint" not in self.config:
+            return fail("backend", "no token endpoint to ask", "fix discovery first")
+        try:
+            self.token = BackendServicesToken(self.registry, self.ehr).refresh()
+        except Exception as exc:   # every refusal is a finding to print, not a crash
+            return fail("backend", f"no Backend Services token: {exc}",
+                        "register chartcite's JWKS URL and system scopes (`chartcite registration-info`) for this "
+                        "client id in the EHR's console")
+        return ok("backend", "Backend Services token granted")
+
+    def one_search(self) -> Check:
+        try:
+            bundle = self.fhir_client_for().get_json("Group", {"_id": self.ehr.group_id})
+        except Exception as exc:
+            return fail("search", f"searching for the registered Group failed: {exc}",
+                        "check the --group-id and that the system scopes let chartcite read Group")
+        found = [e for e in bundle.get("entry") or [] if (e.get("resource") or {}).get("resourceType") == "Group"]
+        if not found:
+            return fail("search", "the search answered but found no Group with the registered id",
+                        "check --group-id against the EHR's Bulk Data group (`chartcite ehr update NAME --group-id`)")
+        return ok("search", f"the registered Group was found ({len(found[0]['resource'].get('member') or [])} members)")
+
+
+def format_checks(checks: list[Check]) -> str:
+    marks = {"ok": "ok  ", "fail": "FAIL", "warn": "warn", "skip": "skip"}
+    lines = []
+    for check in checks:
+        lines.append(f"[{marks[check.status]}] {check.name:13} {check.detail}")
+        if check.fix:
+            lines.append(f"       {'':13} fix: {check.fix}")
+    return "\n".join(lines)
