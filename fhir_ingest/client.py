@@ -37,7 +37,12 @@ class FhirUnavailable(FhirError):
 
 
 class AuthExpired(FhirError):
-    """The token was refused and could not be refreshed: the clinician must relaunch."""
+    """The token was refused and could not be refreshed: the clinician must relaunch. `renewable`
+    is False when the EHR gave no way to renew it at all (a public client without a refresh token)."""
+
+    def __init__(self, message: str, status: int | None = None, renewable: bool = True):
+        super().__init__(message, status)
+        self.renewable = renewable
 
 
 class TokenProvider(Protocol):

@@ -221,10 +221,12 @@ def _client_auth(registry: Registry, ehr: Ehr, config: dict) -> dict:
 
 
 def _kept_tokens(tokens: dict, config: dict) -> dict:
-    expires_in = float(tokens.get("expires_in") or 300)
+    """The tokens to keep, with when to renew them: a minute before expiry, or at four fifths of a
+    short lifetime (Oracle Health's ten minutes, or seconds in a test), never at every request."""
+    expires_in, now = float(tokens.get("expires_in") or 300), time.time()
     return {"access_token": tokens["access_token"], "refresh_token": tokens.get("refresh_token", ""),
-            "expires_at": time.time() + expires_in, "scope": tokens.get("scope", ""),
-            "token_endpoint": config["token_endpoint"]}
+            "expires_at": now + expires_in, "refresh_at": now + expires_in - min(REFRESH_MARGIN, expires_in / 5),
+            "scope": tokens.get("scope", ""), "token_endpoint": config["token_endpoint"]}
 
 
 def _oauth_reason(exc: Exception) -> str:
@@ -281,15 +283,22 @@ class SessionTokens:
 
     def token(self) -> str:
         tokens = self._tokens()
-        if tokens["expires_at"] - REFRESH_MARGIN < time.time():
-            return self.refresh()
+        if time.time() >= tokens.get("refresh_at", tokens["expires_at"] - REFRESH_MARGIN) and tokens.get("refresh_token"):
+            return self.refresh(seen=tokens["access_token"])
+        # Without a refresh token the access token is used until the EHR refuses it.
         return tokens["access_token"]
 
-    def refresh(self) -> str:
+    def refresh(self, seen: str | None = None) -> str:
+        """A new access token. `seen` is the token the caller found about to expire: when another
+        thread has replaced it meanwhile, that one is used (one refresh, not one per thread)."""
         with self.lock:
             tokens = self._tokens()
+            if seen is not None and tokens["access_token"] != seen:
+                return tokens["access_token"]
             if not tokens.get("refresh_token"):
-                raise AuthExpired("the EHR sign-in expired and cannot be renewed; open chartcite from the EHR again", 401)
+                raise AuthExpired("the EHR sign-in ended before chartcite finished reading the record, and this EHR "
+                                  "gives apps no way to renew it; what was indexed before is unchanged", 401,
+                                  renewable=False)
             config = discover(self.ehr.iss)
             try:
                 fresh = _oauth_session(self.registry, self.ehr).refresh_token(
@@ -310,11 +319,11 @@ class BackendServicesToken:
 
     def __init__(self, registry: Registry, ehr: Ehr):
         self.registry, self.ehr = registry, ehr
-        self.cached: tuple[str, float] | None = None
+        self.cached: tuple[str, float] | None = None      # (token, when to ask for the next one)
         self.lock = threading.Lock()
 
     def token(self) -> str:
-        if self.cached and self.cached[1] - REFRESH_MARGIN > time.time():
+        if self.cached and self.cached[1] > time.time():
             return self.cached[0]
         return self.refresh()
 
@@ -332,7 +341,8 @@ class BackendServicesToken:
                 raise AuthExpired(f"the EHR refused chartcite's backend sign-in ({response.status_code}: "
                                   f"{_error_of(response)})", response.status_code)
             body = response.json()
-            self.cached = (body["access_token"], time.time() + float(body.get("expires_in") or 300))
+            expires_in = float(body.get("expires_in") or 300)
+            self.cached = (body["access_token"], time.time() + expires_in - min(REFRESH_MARGIN, expires_in / 5))
             return self.cached[0]
 
 

@@ -105,6 +105,12 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
                            "grantable": body.get("grantable")}
         return jsonify(ok=True)
 
+    @app.post("/_test/latency")
+    def set_latency():
+        """Every FHIR request answers this much later: a slow EHR, or a long sync in a short test."""
+        state["latency"] = float(request.get_json(force=True)["seconds"])
+        return jsonify(ok=True)
+
     @app.post("/_test/token-lifetime")
     def set_lifetime():
         state["token_lifetime"] = int(request.get_json(force=True)["seconds"])
@@ -230,6 +236,10 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
         """RFC 6749 2.3 / SMART client authentication, as the registration says: a symmetric client
         must send HTTP Basic (id and secret form-urlencoded first) and nothing else."""
         method = state["client"]["auth"]
+        if method == "none":
+            if form.get("client_assertion") or form.get("client_secret") or request.headers.get("Authorization"):
+                return "this is a public client: it presents no credentials"
+            return "" if form.get("client_id") == client_id else "unknown client"
         if method == "client_secret_basic":
             header = request.headers.get("Authorization", "")
             if form.get("client_assertion") or form.get("client_secret"):
@@ -388,6 +398,7 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
                              "accept": request.headers.get("Accept", ""), "auth": bool(request.headers.get("Authorization"))})
         if path == "metadata":
             return forward()
+        time.sleep(state.get("latency", 0.0))
         grant = bearer()
         fault = take_fault("fhir")
         if fault:

@@ -431,6 +431,67 @@ def test_a_registration_needs_the_secret_of_its_client_type(tmp_path):
     assert public.client_secret == "" and public.auth_method == "none"
 
 
+def ehr_status_count(stack: Stack, status: str) -> float:
+    from .test_operations import metric
+
+    text = requests.get(f"{stack.app}/metrics", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=30).text
+    return metric(text, "chartcite_ehr_requests_total", status=status)
+
+
+def test_short_lived_tokens_are_renewed_before_expiry_through_a_long_sync(stack):
+    """Oracle Health's access tokens last about ten minutes; scaled down, 2-second tokens and a slow
+    EHR make one sync outlive several of them: each is renewed before the EHR would refuse it."""
+    stack.test_api("token-lifetime", {"seconds": 2})
+    stack.test_api("latency", {"seconds": 0.4})
+    try:
+        final, _ = launch(stack, stack.test_api("launch", {"patient": OTHER})["launch"])
+        handle = handle_of(final.text)
+        wait_synced(stack, handle)
+        refused_before = ehr_status_count(stack, "401")
+        stack.test_api("clear-log")
+        started = time.time()
+        api(stack, handle, "POST", "/api/sync")
+        assert wait_synced(stack, handle)["job"]["state"] == "done"
+        took = time.time() - started
+    finally:
+        stack.test_api("latency", {"seconds": 0})
+        stack.test_api("token-lifetime", {"seconds": 3600})
+    renewals = [e for e in stack.ehr_log() if e.get("grant") == "refresh_token"]
+    assert took > 4 and len(renewals) >= 2, (took, len(renewals))
+    assert ehr_status_count(stack, "401") == refused_before          # renewed before, never after, a refusal
+
+
+def test_a_public_client_without_a_refresh_token_ends_a_long_sync_cleanly(stack):
+    """Epic gives public clients no refresh token: when the sign-in ends mid-sync, the sync stops
+    with a sentence saying what to do, the index keeps what it had, and the log gets one line."""
+    first, _ = launch(stack, stack.test_api("launch", {"patient": PID})["launch"])
+    assert wait_synced(stack, handle_of(first.text))["job"]["state"] == "done"
+    stack.test_api("client", {"auth": "none"})
+    assert stack.cli("ehr", "update", TENANT, "--client-auth", "none", "--request-scopes", "openid fhirUser").returncode == 0
+    stack.test_api("token-lifetime", {"seconds": 2})
+    stack.test_api("latency", {"seconds": 0.4})
+    try:
+        stack.test_api("clear-log")
+        final, _ = launch(stack, stack.test_api("launch", {"patient": PID})["launch"])
+        assert final.status_code == 200, final.text
+        handle = handle_of(final.text)
+        held = api(stack, handle, "GET", "/api/status").json()["chunks"]
+        tracebacks = stack.app_log.read_text().count("Traceback")
+        api(stack, handle, "POST", "/api/sync")
+        status = wait_synced(stack, handle)
+    finally:
+        stack.test_api("latency", {"seconds": 0})
+        stack.test_api("token-lifetime", {"seconds": 3600})
+        stack.test_api("client", {})
+        stack.cli("ehr", "update", TENANT, "--client-auth", "private_key_jwt",
+                  "--request-scopes", "openid fhirUser offline_access")
+    assert status["job"]["state"] == "failed" and "no way to renew it" in status["job"]["message"]
+    assert status["chunks"] == held > 0
+    token_requests = [e for e in stack.ehr_log() if e["path"] == "/auth/token"]
+    assert [(e["grant"], e["client_auth"]) for e in token_requests] == [("authorization_code", "none")]
+    assert stack.app_log.read_text().count("Traceback") == tracebacks
+
+
 # --- Backend Services + Bulk Data ----------------------------------------------------------------------
 
 def test_client_assertions_expire_within_five_minutes_with_a_fresh_jti():

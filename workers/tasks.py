@@ -97,8 +97,9 @@ def sync_patient(tenant: str, patient_id: str, session_id: str | None = None) ->
         jobs.set(tenant, patient_id, "failed", "done", message="patient not found in the record source")
         jobs.add("patient_syncs", "not_found")
         raise
-    except AuthExpired:
-        jobs.set(tenant, patient_id, "failed", "done", message="the EHR sign-in expired: open chartcite from the EHR again")
+    except AuthExpired as exc:
+        jobs.set(tenant, patient_id, "failed", "done", message=str(exc) if not exc.renewable else
+                 "the EHR sign-in expired: open chartcite from the EHR again")
         jobs.add("patient_syncs", "sign_in_expired")
         log.warning("patient sync stopped: the EHR sign-in expired")
         raise
