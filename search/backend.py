@@ -100,7 +100,8 @@ class Backend(ABC):
 
     @abstractmethod
     def store_resources(self, tenant: str, patient_id: str, resources: list[dict]) -> None:
-        """Keep the source resources so the side panel can show the record a chip cites."""
+        """The patient's source resources are now exactly these (the side panel shows the record a
+        chip cites; a merge starts from them): held ones not among them are removed."""
 
     @abstractmethod
     def patient_resources(self, tenant: str, patient_id: str) -> list[dict]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
+from itertools import chain
 
 import numpy as np
 
@@ -273,11 +274,19 @@ class ElasticsearchBackend(Backend):
         return self.delete_chunks(tenant, chunk_ids)
 
     def store_resources(self, tenant: str, patient_id: str, resources: list[dict]) -> None:
+        from elasticsearch.helpers import scan
+
         self._ensure(tenant)
         index = self.records_index(tenant)
-        self._bulk({"_op_type": "index", "_index": index, "_id": f"{patient_id}|{r['resourceType']}/{r['id']}",
-                    "_source": {"kind": "resource", "patient_id": patient_id, "ref": f"{r['resourceType']}/{r['id']}",
-                                "data": r}} for r in resources)
+        kept = {f"{patient_id}|{r['resourceType']}/{r['id']}" for r in resources}
+        query = {"query": {"bool": {"filter": [{"term": {"kind": "resource"}}, {"term": {"patient_id": patient_id}}]}}}
+        gone = [hit["_id"] for hit in self._call(lambda: list(scan(self.es, index=index, query=query, _source=False)))
+                if hit["_id"] not in kept]
+        self._bulk(chain(
+            ({"_op_type": "index", "_index": index, "_id": f"{patient_id}|{r['resourceType']}/{r['id']}",
+              "_source": {"kind": "resource", "patient_id": patient_id, "ref": f"{r['resourceType']}/{r['id']}",
+                          "data": r}} for r in resources),
+            ({"_op_type": "delete", "_index": index, "_id": i} for i in gone)))
         self._call(lambda: self.es.indices.refresh(index=index))
 
     def upsert_patient(self, tenant: str, patient_id: str, summary: dict) -> None:

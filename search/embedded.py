@@ -162,7 +162,12 @@ class EmbeddedBackend(Backend):
 
     def store_resources(self, tenant: str, patient_id: str, resources: list[dict]) -> None:
         rows = [(tenant, patient_id, f"{r['resourceType']}/{r['id']}", json.dumps(r)) for r in resources]
-        self._db().executemany("INSERT OR REPLACE INTO resources VALUES (?,?,?,?)", rows)
+        db = self._db()
+        kept = {row[2] for row in rows}
+        held = [r[0] for r in db.execute("SELECT ref FROM resources WHERE tenant=? AND patient_id=?", (tenant, patient_id))]
+        db.executemany("DELETE FROM resources WHERE tenant=? AND patient_id=? AND ref=?",
+                       [(tenant, patient_id, ref) for ref in held if ref not in kept])
+        db.executemany("INSERT OR REPLACE INTO resources VALUES (?,?,?,?)", rows)
 
     def upsert_patient(self, tenant: str, patient_id: str, summary: dict) -> None:
         self._db().execute("INSERT OR REPLACE INTO patients VALUES (?,?,?)", (tenant, patient_id, json.dumps(summary)))

@@ -89,6 +89,30 @@ def test_reindexing_is_idempotent_and_deletes_remove_chunks(kind, tmp_path, embe
         svc.close()
 
 
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_a_whole_record_without_a_resource_removes_its_stored_copy_too(kind, tmp_path, embedder, small_bundle):
+    """Found when an EHR's full export no longer held a resource: its chunks went, its stored copy
+    stayed, so its citation still opened and the next merge brought it back."""
+    from fhir_ingest.load import PatientRecord, load_resources
+
+    svc = make_service(kind, tmp_path)
+    tenant = f"whole{uuid.uuid4().hex[:8]}"
+    try:
+        [record], _ = load_resources([small_bundle])
+        svc.index_record(tenant, record)
+        dropped = next(r for r in record.resources if r["resourceType"] == "Observation")
+        ref = f"Observation/{dropped['id']}"
+        assert svc.resource(tenant, record.patient_id, ref) is not None
+        rest = [r for r in record.resources if r is not dropped]
+        assert svc.index_record(tenant, PatientRecord(record.patient_id, rest)).removed >= 1
+        assert svc.resource(tenant, record.patient_id, ref) is None
+        held = {f"{r['resourceType']}/{r['id']}" for r in svc.backend.patient_resources(tenant, record.patient_id)}
+        assert ref not in held and len(held) > 5
+    finally:
+        drop_tenants(svc, [tenant])
+        svc.close()
+
+
 def test_model_check_on_both_backends(tmp_path, embedder, small_bundle):
     from search.elastic import ElasticsearchBackend
     from search.embedded import EmbeddedBackend
