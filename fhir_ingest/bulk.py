@@ -142,3 +142,37 @@ class BulkExport:
                 outcome = json.loads(line)
                 messages += [str(i.get("diagnostics") or i.get("code")) for i in outcome.get("issue") or []]
         return messages
+
+
+class SinceCheck:
+    """Did the EHR honour `_since`? Some do not (Epic's export is not incremental): they send the
+    whole record again. An incremental export holds resources changed after `_since`; when most of
+    the resources that carry meta.lastUpdated predate it, the export is a full one. (A few
+    stragglers are tolerated: an EHR may track changes by another clock.)"""
+
+    def __init__(self, since: str):
+        self.since = _instant(since) if since else None
+        self.dated = self.older = 0
+
+    def watch(self, items: Iterator[ReadItem]) -> Iterator[ReadItem]:
+        for item in items:
+            if self.since is not None and isinstance(item, RawResource):
+                updated = _instant(str((item.resource.get("meta") or {}).get("lastUpdated", "")))
+                if updated is not None:
+                    self.dated += 1
+                    self.older += updated < self.since
+            yield item
+
+    @property
+    def ignored(self) -> bool:
+        return self.since is not None and self.dated > 0 and self.older * 2 > self.dated
+
+
+def _instant(text: str) -> float | None:
+    from datetime import datetime, timezone
+
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()

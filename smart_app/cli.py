@@ -534,6 +534,9 @@ def cmd_sync(args, settings: Settings) -> int:
     print(f"synced {summary['patients']} patients ({summary['resources']} resources, {summary['embedded']} chunks "
           f"embedded of {summary['chunks']}); {summary['deleted']} deleted; {summary['skipped']} skipped; "
           f"{summary['export_errors']} export errors; next sync from {summary['transaction_time']}")
+    if summary["since_ignored"]:
+        print(f"note: the EHR ignored _since and sent its full export; unchanged resources were not re-embedded, "
+              f"and {summary['removed_chunks']} chunks of resources it no longer holds were removed")
     return 0
 
 

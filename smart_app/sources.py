@@ -2,6 +2,7 @@
 with a launched session's token (patient sync) or chartcite's Backend Services token (bulk)."""
 from __future__ import annotations
 
+import logging
 from functools import lru_cache
 from urllib.parse import urlsplit
 
@@ -11,6 +12,8 @@ from fhir_ingest.client import FhirClient
 from .registry import Ehr, Registry
 from .settings import Settings
 from .smart import BackendServicesToken, SessionTokens
+
+log = logging.getLogger(__name__)
 
 
 @lru_cache(maxsize=8)
@@ -58,7 +61,7 @@ def run_bulk_sync(settings: Settings, registry: Registry, ehr: Ehr, service, gro
     round's transactionTime, drop deleted resources, merge each patient's changes into what
     chartcite holds and re-index them. The export is parked on disk and indexed a patient at a
     time. Nothing is lost on failure: the cursor moves only at the end."""
-    from fhir_ingest.bulk import BulkExport
+    from fhir_ingest.bulk import BulkExport, SinceCheck
     from fhir_ingest.fhir_source import PATIENT_SEARCHES
     from fhir_ingest.load import LoadReport, RecordAssembler
 
@@ -79,18 +82,25 @@ def run_bulk_sync(settings: Settings, registry: Registry, ehr: Ehr, service, gro
     # An export is never a patient's whole record (it may be incremental, and it is sorted by type):
     # each patient's part is merged into what chartcite holds, and only `deleted` removes anything.
     assembler = RecordAssembler(report, settings.data_dir)
+    since = SinceCheck(ehr.bulk_since)
     try:
         with export.job(group_id or ehr.group_id, types, ehr.bulk_since) as status_url:
             manifest = export.wait(status_url, progress=say)
-            assembler.add(downloaded(export.resources(manifest)))
+            assembler.add(since.watch(downloaded(export.resources(manifest))))
             deleted = export.deleted_refs(manifest)
             errors = export.error_messages(manifest)
+        if since.ignored:
+            log.warning("the EHR ignored _since and exported every resource again: unchanged ones are not "
+                        "re-embedded, and what the export no longer holds is removed")
+        # A full export (none asked for, or _since ignored) without errors is each patient's whole
+        # record: an EHR that sends no `deleted` output for it still has its deletions applied.
+        full = (not ehr.bulk_since or since.ignored) and not errors
         removed = service.backend.delete_refs(ehr.name, deleted) if deleted else 0
         chunks = embedded = 0
         patients = assembler.patient_ids()
         for i, pid in enumerate(patients, start=1):
-            result = service.index_record(ehr.name, assembler.record(pid))
-            chunks, embedded = chunks + result.chunks, embedded + result.embedded
+            result = service.index_record(ehr.name, assembler.record(pid, whole=full))
+            chunks, embedded, removed = chunks + result.chunks, embedded + result.embedded, removed + result.removed
             registry.mark_patient_synced(ehr.name, pid, manifest.transaction_time)
             say("indexing", i, len(patients))
     finally:
@@ -99,7 +109,10 @@ def run_bulk_sync(settings: Settings, registry: Registry, ehr: Ehr, service, gro
                "embedded": embedded, "deleted": len(deleted), "removed_chunks": removed,
                "skipped": len(report.skipped), "export_errors": len(errors),
                "transaction_time": manifest.transaction_time}
+    summary |= {"since_ignored": since.ignored, "full_export": full}
     status = f"ok: {len(patients)} patients, {report.resources_read} resources, {len(deleted)} deleted"
+    if since.ignored:
+        status += f" (the EHR ignored _since: full export, {embedded} of {chunks} chunks embedded)"
     if errors or report.skipped:
         status += f", {len(errors)} export errors, {len(report.skipped)} skipped"
     registry.record_sync(ehr.name, status, bulk_since=manifest.transaction_time)

@@ -105,6 +105,11 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
                            "grantable": body.get("grantable")}
         return jsonify(ok=True)
 
+    @app.post("/_test/ignore-since")
+    def ignore_since():
+        state["ignore_since"] = bool(request.get_json(force=True)["on"])
+        return jsonify(ok=True)
+
     @app.post("/_test/latency")
     def set_latency():
         """Every FHIR request answers this much later: a slow EHR, or a long sync in a short test."""
@@ -407,6 +412,9 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
         if "$export" in path:
             if grant["kind"] != "system":
                 abort(403)
+            if state.get("ignore_since"):
+                request.args = request.args.copy()
+                request.args.poplist("_since")     # like an EHR whose export is never incremental
             return forward()
         if path.startswith("bulk-status/"):
             return bulk_status(path)

@@ -541,6 +541,36 @@ def test_bulk_sync_exports_the_group_indexes_it_and_applies_deletions(stack):
     svc.close()
 
 
+def test_an_export_that_ignores_since_is_detected_applies_deletions_and_re_embeds_nothing_unchanged(stack):
+    """Epic's export is not incremental: it answers a `_since` export with everything and names no
+    deletions. chartcite notices, keeps what did not change, and removes what the EHR no longer has."""
+    assert stack.cli("sync", "--tenant", TENANT).returncode == 0          # a cursor to send as _since
+    observations = requests.get(f"{stack.upstream}/Observation", params={"patient": OTHER, "_count": "5"},
+                                timeout=30).json()["entry"]
+    ref = f"Observation/{observations[-1]['resource']['id']}"
+    stack.test_api("ignore-since", {"on": True})
+    try:
+        stack.test_api("delete", {"ref": ref})
+        stack.test_api("clear-log")
+        second = stack.cli("sync", "--tenant", TENANT)
+    finally:
+        stack.test_api("ignore-since", {"on": False})
+    assert second.returncode == 0, second.stderr
+    assert "_since" in [e for e in stack.ehr_log() if "$export" in e["path"]][-1]["args"]
+    assert "the EHR ignored _since" in second.stdout and "0 deleted" in second.stdout
+    embedded, chunks = map(int, re.search(r"(\d+) chunks embedded of (\d+)", second.stdout).groups())
+    assert chunks > 50 and embedded <= 2, second.stdout         # at most a summary changes
+    from search.service import SearchService
+
+    svc = SearchService("embedded", Path(stack.env["CHARTCITE_DATA_DIR"]) / "index.sqlite")
+    try:
+        assert svc.resource(TENANT, OTHER, ref) is None, second.stdout
+        assert svc.patient(TENANT, OTHER) and svc.patient(TENANT, PID)
+    finally:
+        svc.close()
+    assert "ignored _since" in json.loads(stack.cli("ehr", "list", "--json").stdout)[0]["last_sync_status"]
+
+
 def test_ehr_check_passes_a_ready_registration_and_names_the_fix_otherwise(stack):
     good = stack.cli("ehr", "check", TENANT, "--json")
     assert good.returncode == 0, good.stdout + good.stderr
