@@ -61,8 +61,10 @@ services-down:
 bench: install
 	$(PY) bench/ingest.py
 	$(PY) bench/ask.py
+	$(PY) bench/load.py
 	@scripts/services.sh up > .services.env
-	@set -a; . ./.services.env; set +a; status=0; $(PY) bench/elastic.py || status=$$?; \
+	@set -a; . ./.services.env; set +a; status=0; $(PY) bench/elastic.py && \
+	  $(PY) bench/load.py --backend elasticsearch || status=$$?; \
 	  scripts/services.sh down; rm -f .services.env; exit $$status
 
 clean:

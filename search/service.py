@@ -42,6 +42,7 @@ class SearchService:
         self.model_path = model_path or None
         self.es_options = es or {}
         self._embedder: Embedder | None = None
+        self._warm = False
         self._loading = threading.Lock()
         self._backend: Backend | None = None
         self._catalog: Backend | None = None
@@ -55,14 +56,17 @@ class SearchService:
 
     @property
     def model_loaded(self) -> bool:
-        return self._embedder is not None
+        """The model and the annotation pipeline are in: a question will not wait for either."""
+        return self._warm
 
     def warm_up(self) -> None:
-        """The model and the annotation pipeline, loaded now rather than on the first question."""
+        """The model and the annotation pipeline, loaded now rather than on the first question
+        (which would otherwise wait seconds for the pipeline, as would every question behind it)."""
         from .annotate import default_annotator
 
         self.embedder
         default_annotator()
+        self._warm = True
 
     @property
     def reranker(self) -> CrossEncoderRanker | None:
