@@ -105,6 +105,8 @@ print_env() {
   echo "export CHARTCITE_BACKEND=elasticsearch"
   echo "export CHARTCITE_ES_URL=http://127.0.0.1:$ES_PORT"
   echo "export CHARTCITE_REDIS_URL=redis://127.0.0.1:$REDIS_PORT/0"
+  # Where the Elasticsearch distribution is, for tests that start a cluster of their own.
+  echo "export CHARTCITE_TEST_ES_HOME=$ES_HOME"
 }
 
 case "${1:-}" in

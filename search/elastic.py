@@ -87,6 +87,11 @@ class ElasticsearchBackend(Backend):
         except ApiError as exc:
             if exc.meta.status == 429:
                 raise BackendUnavailable("Elasticsearch is overloaded (429 Too Many Requests); retry later") from exc
+            if exc.meta.status == 503:
+                # A shard with no copy available (a node just left and its replica is not yet
+                # promoted): the whole answer waits rather than come from part of the record.
+                raise BackendUnavailable("Elasticsearch has shards unavailable (a node left the cluster); "
+                                         "retry in a few seconds") from exc
             error = exc.body.get("error") if isinstance(exc.body, dict) else exc.body
             reason = error.get("reason") if isinstance(error, dict) else str(error)
             raise BackendError(f"Elasticsearch refused the request ({exc.meta.status}): {reason}") from exc
@@ -314,7 +319,8 @@ class ElasticsearchBackend(Backend):
         alias = self._ensure(tenant)
         if not self._call(lambda: self.es.indices.exists_alias(name=alias)):
             return []
-        return self._call(lambda: self.es.search(index=alias, **body))["hits"]["hits"]
+        # Never hits from part of the shards: a missing shard is part of this patient's record.
+        return self._call(lambda: self.es.search(index=alias, allow_partial_search_results=False, **body))["hits"]["hits"]
 
     def search_text(self, scope: Scope, query: str, n: int) -> list[Hit]:
         text = self._lexical(query)

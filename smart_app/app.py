@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 
-from flask import Flask, jsonify, render_template, request
+from flask import Flask, jsonify, make_response, render_template, request
 
 from .settings import REPO_ROOT, Settings
 
@@ -91,6 +91,22 @@ def create_app(settings: Settings | None = None, runner=None) -> Flask:
         if request.path.startswith("/api/"):
             return jsonify(error=getattr(error, "description", "") or "malformed request"), 400
         return render_template("error.html", message="That request could not be read."), 400
+
+    from search.backend import BackendUnavailable
+
+    @app.errorhandler(BackendUnavailable)
+    def index_unavailable(error):
+        # A failover window (a node left, a replica is being promoted) or an index that is down:
+        # a clear 503 the frame shows, never an answer from part of the record.
+        logging.getLogger(__name__).warning("the index was unavailable: %s", error)
+        if request.path.startswith("/api/"):
+            response = jsonify(error="The record index is unavailable for a moment; ask again in a few seconds.")
+        else:
+            response = make_response(render_template("error.html", message="The record index is unavailable for "
+                                                     "a moment; reload in a few seconds."))
+        response.status_code = 503
+        response.headers["Retry-After"] = "5"
+        return response
 
     @app.errorhandler(500)
     def server_error(_):
