@@ -108,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     sy = sub.add_parser("sync", help="Backend Services + Bulk Data sync of a registered EHR, now")
     sy.add_argument("--tenant", required=True, help="the registered EHR's name")
     sy.add_argument("--group", default="", help="Group id to export (default: the registration's)")
+    sy.add_argument("--full", action="store_true",
+                    help="export everything, not just what changed since the last sync; each patient's record is "
+                         "then replaced whole (what the EHR no longer holds leaves the index)")
 
     sub.add_parser("worker", help="start a Celery worker for indexing tasks")
     sub.add_parser("beat", help="start Celery beat: periodic re-sync of the tenant's records")
@@ -522,7 +525,7 @@ def cmd_sync(args, settings: Settings) -> int:
 
     tally = job_store(settings)
     try:
-        summary = run_bulk_sync(settings, registry, ehr, service(settings), args.group, progress)
+        summary = run_bulk_sync(settings, registry, ehr, service(settings), args.group, progress, args.full)
     except FhirError as exc:
         bar.close()
         registry.record_sync(ehr.name, f"failed: {type(exc).__name__}")

@@ -314,7 +314,8 @@ class SessionTokens:
 
 
 class BackendServicesToken:
-    """SMART Backend Services: client_credentials with a private_key_jwt assertion, system scopes.
+    """SMART Backend Services: client_credentials with a private_key_jwt assertion (or, for a
+    registration with a client secret, HTTP Basic), system scopes.
     Tokens are short-lived; a new one is requested when the old is about to expire or is refused."""
 
     def __init__(self, registry: Registry, ehr: Ehr):
@@ -329,14 +330,20 @@ class BackendServicesToken:
 
     def refresh(self) -> str:
         with self.lock:
-            pair = self.registry.current_key()
-            if pair is None:
-                raise AuthExpired("no signing key: run `chartcite keys generate` and register the JWKS URL with the EHR")
             config = discover(self.ehr.iss)
-            response = requests.post(config["token_endpoint"], timeout=DISCOVERY_TIMEOUT * 4, data={
-                "grant_type": "client_credentials", "scope": system_scopes(self.ehr.scopes),
-                "client_assertion_type": ASSERTION_TYPE,
-                "client_assertion": client_assertion(pair, self.ehr.client_id, config["token_endpoint"])})
+            form = {"grant_type": "client_credentials", "scope": system_scopes(self.ehr.scopes)}
+            if self.ehr.client_auth == "client_secret_basic":
+                # Oracle Health's system accounts authenticate with their secret (RFC 6749 4.4).
+                credentials = (quote_plus(self.ehr.client_id, safe=""), quote_plus(self.registry.client_secret(self.ehr), safe=""))
+                response = requests.post(config["token_endpoint"], timeout=DISCOVERY_TIMEOUT * 4, data=form,
+                                         auth=credentials)
+            else:
+                pair = self.registry.current_key()
+                if pair is None:
+                    raise AuthExpired("no signing key: run `chartcite keys generate` and register the JWKS URL with the EHR")
+                form |= {"client_assertion_type": ASSERTION_TYPE,
+                         "client_assertion": client_assertion(pair, self.ehr.client_id, config["token_endpoint"])}
+                response = requests.post(config["token_endpoint"], timeout=DISCOVERY_TIMEOUT * 4, data=form)
             if response.status_code != 200:
                 raise AuthExpired(f"the EHR refused chartcite's backend sign-in ({response.status_code}: "
                                   f"{_error_of(response)})", response.status_code)

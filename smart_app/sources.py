@@ -56,7 +56,7 @@ def read_ehr_patient(settings: Settings, registry: Registry, ehr: Ehr, patient_i
 
 
 def run_bulk_sync(settings: Settings, registry: Registry, ehr: Ehr, service, group_id: str = "",
-                  progress=None) -> dict:
+                  progress=None, full: bool = False) -> dict:
     """One Backend Services + Bulk Data round for an EHR: export what changed since the last
     round's transactionTime, drop deleted resources, merge each patient's changes into what
     chartcite holds and re-index them. The export is parked on disk and indexed a patient at a
@@ -82,9 +82,10 @@ def run_bulk_sync(settings: Settings, registry: Registry, ehr: Ehr, service, gro
     # An export is never a patient's whole record (it may be incremental, and it is sorted by type):
     # each patient's part is merged into what chartcite holds, and only `deleted` removes anything.
     assembler = RecordAssembler(report, settings.data_dir)
-    since = SinceCheck(ehr.bulk_since)
+    cursor = "" if full else ehr.bulk_since          # full: everything again, each record whole
+    since = SinceCheck(cursor)
     try:
-        with export.job(group_id or ehr.group_id, types, ehr.bulk_since) as status_url:
+        with export.job(group_id or ehr.group_id, types, cursor) as status_url:
             manifest = export.wait(status_url, progress=say)
             assembler.add(since.watch(downloaded(export.resources(manifest))))
             deleted = export.deleted_refs(manifest)
@@ -94,7 +95,7 @@ def run_bulk_sync(settings: Settings, registry: Registry, ehr: Ehr, service, gro
                         "re-embedded, and what the export no longer holds is removed")
         # A full export (none asked for, or _since ignored) without errors is each patient's whole
         # record: an EHR that sends no `deleted` output for it still has its deletions applied.
-        full = (not ehr.bulk_since or since.ignored) and not errors
+        full = (not cursor or since.ignored) and not errors
         removed = service.backend.delete_refs(ehr.name, deleted) if deleted else 0
         chunks = embedded = 0
         patients = assembler.patient_ids()

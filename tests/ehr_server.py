@@ -232,7 +232,9 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
         if grant == "refresh_token":
             return refresh_grant(form)
         if grant == "client_credentials":
-            if not form.get("client_assertion"):
+            # authenticate_client has checked the secret of a symmetric registration; any other
+            # client must prove itself with a JWT (SMART Backend Services).
+            if not form.get("client_assertion") and state["client"]["auth"] != "client_secret_basic":
                 return fail("invalid_client", "client_credentials needs a JWT client assertion", 401)
             return issue({"kind": "system", "scope": form.get("scope", "")}, refresh=False)
         return fail("unsupported_grant_type", f"{grant!r}")

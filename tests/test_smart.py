@@ -398,8 +398,9 @@ def test_a_symmetric_client_signs_in_with_its_secret_and_asks_only_for_its_regis
         stack.test_api("expire-tokens")
         api(stack, handle, "POST", "/api/sync")
         assert wait_synced(stack, handle)["job"]["state"] == "done"
+        assert stack.cli("sync", "--tenant", TENANT).returncode == 0      # Backend Services on the secret too
         token_requests = [e for e in stack.ehr_log() if e["path"] == "/auth/token"]
-        assert {e["grant"] for e in token_requests} == {"authorization_code", "refresh_token"}
+        assert {e["grant"] for e in token_requests} == {"authorization_code", "refresh_token", "client_credentials"}
         assert {e["client_auth"] for e in token_requests} == {"basic"}
 
         wrong = stack.cli("ehr", "update", TENANT, "--client-secret-env", "TEST_EHR_SECRET",
@@ -513,7 +514,7 @@ def test_client_assertions_expire_within_five_minutes_with_a_fresh_jti():
 
 def test_bulk_sync_exports_the_group_indexes_it_and_applies_deletions(stack):
     stack.test_api("faults", {"kind": "429", "path": "bulk-status", "retry_after": 1, "times": 2})
-    first = stack.cli("sync", "--tenant", TENANT)
+    first = stack.cli("sync", "--tenant", TENANT, "--full")
     assert first.returncode == 0, first.stderr
     assert "synced 2 patients" in first.stdout
     log = stack.ehr_log()
