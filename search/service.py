@@ -129,7 +129,7 @@ class SearchService:
         """A whole record replaces what the index holds for the patient; a partial one (a stray
         resource, an export, the essentials of a first sync) is merged into it and removes nothing."""
         if not record.complete:
-            held = self.backend.patient_resources(tenant, record.patient_id)
+            held = self.held_resources(tenant, record.patient_id)
             record = PatientRecord(record.patient_id, merge_resources(held, record.resources))
         return index_record(self.backend, self.embedder, tenant, record, progress)
 
@@ -253,6 +253,14 @@ class SearchService:
 
     def patient(self, tenant: str, patient_id: str) -> dict | None:
         return self.catalog.get_patient(tenant, patient_id)
+
+    def held_resources(self, tenant: str, patient_id: str) -> list[dict]:
+        """The source resources the index holds for the patient (what a merge starts from)."""
+        return self.backend.patient_resources(tenant, patient_id)
+
+    def delete_resources(self, tenant: str, refs: list[str]) -> int:
+        """These resources ("Type/id") leave the index; returns the chunks removed."""
+        return self.backend.delete_refs(tenant, refs)
 
     def resource(self, tenant: str, patient_id: str, ref: str) -> dict | None:
         return self.catalog.get_resource(tenant, patient_id, ref)

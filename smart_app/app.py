@@ -20,7 +20,7 @@ def create_app(settings: Settings | None = None, runner=None) -> Flask:
 
     from .audit import open_audit
     from .sessions import SessionStore
-    from .sources import open_registry
+    from workers.sync import open_registry
 
     settings.prepare_data_dir()
     if settings.token_key_beside_data and not settings.demo_launch:

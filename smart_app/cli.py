@@ -359,13 +359,13 @@ def cmd_serve(args, settings: Settings) -> int:
 
 
 def registry_for(settings: Settings):
-    from .sources import open_registry
+    from workers.sync import open_registry
 
     return open_registry(settings)
 
 
 def cmd_keys(args, settings: Settings) -> int:
-    from .keys import generate_pair
+    from fhir_ingest.keys import generate_pair
 
     registry = registry_for(settings)
     if args.keys_command == "generate":
@@ -384,7 +384,7 @@ def cmd_keys(args, settings: Settings) -> int:
 
 
 def add_client_options(parser, defaults: bool) -> None:
-    from .registry import CLIENT_AUTH_METHODS, DEFAULT_REQUEST_SCOPES
+    from fhir_ingest.registry import CLIENT_AUTH_METHODS, DEFAULT_REQUEST_SCOPES
 
     parser.add_argument("--client-auth", choices=CLIENT_AUTH_METHODS, default="private_key_jwt" if defaults else None,
                         help="how chartcite signs in at the token endpoint: private_key_jwt (confidential asymmetric, "
@@ -398,7 +398,7 @@ def add_client_options(parser, defaults: bool) -> None:
 
 
 def client_secret_from(args) -> str:
-    from .registry import RegistryError
+    from fhir_ingest.registry import RegistryError
 
     if not args.client_secret_env:
         return ""
@@ -409,7 +409,7 @@ def client_secret_from(args) -> str:
 
 
 def cmd_ehr(args, settings: Settings) -> int:
-    from .registry import RegistryError
+    from fhir_ingest.registry import RegistryError
 
     registry = registry_for(settings)
     try:
@@ -458,7 +458,7 @@ def cmd_ehr(args, settings: Settings) -> int:
 
 def check_ehr(args, settings: Settings, registry) -> int:
     from .ehr_check import EhrChecker, format_checks
-    from .sources import ehr_client
+    from workers.sync import ehr_client
 
     ehr = registry.ehr(args.name)
     if ehr is None:
@@ -509,7 +509,7 @@ def cmd_sync(args, settings: Settings) -> int:
     from fhir_ingest.client import FhirError
     from workers.progress import job_store
 
-    from .sources import run_bulk_sync
+    from workers.sync import run_bulk_sync
 
     registry = registry_for(settings)
     ehr = registry.ehr(args.tenant)

@@ -13,9 +13,8 @@ from typing import Callable
 import requests
 
 from fhir_ingest.fhir_source import PATIENT_SEARCHES
-
-from .registry import Ehr, Registry
-from .smart import BackendServicesToken, forget_discovery
+from fhir_ingest.registry import Ehr, Registry
+from fhir_ingest.smart_auth import BackendServicesToken, forget_discovery
 
 TIMEOUT = 10
 CLIENT_CAPABILITY = {"private_key_jwt": "client-confidential-asymmetric",

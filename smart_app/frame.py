@@ -275,7 +275,7 @@ def write_back_draft():
     from fhir_ingest.client import AuthExpired, FhirError
     from fhir_ingest.writeback import create_document, draft_document
 
-    from .sources import ehr_client, open_registry
+    from workers.sync import ehr_client, open_registry
 
     registry = open_registry(settings())
     ehr = registry.ehr(context.tenant)

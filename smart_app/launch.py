@@ -8,14 +8,16 @@ from __future__ import annotations
 import logging
 import re
 import time
+from urllib.parse import urlencode, urlsplit
 
 import requests
 from flask import Blueprint, current_app, jsonify, make_response, redirect, render_template, request
-from urllib.parse import urlencode, urlsplit
+
+from fhir_ingest.registry import Registry
+from fhir_ingest.smart_auth import LaunchError, SessionTokens
 
 from .frame import last_sync_failed, render_patient, runner, search, sessions, settings
-from .registry import Registry
-from .smart import LaunchError, SessionTokens, finish_authorization, start_authorization
+from .smart import finish_authorization, start_authorization
 
 bp = Blueprint("launch", __name__)
 log = logging.getLogger(__name__)

@@ -73,10 +73,8 @@ class InlineRunner:
         self.jobs = self.inner.jobs
 
     def enqueue_sync(self, tenant, patient_id, session_id=None):
-        from workers.tasks import sync_patient
-
         self.jobs.claim(tenant, patient_id)
-        sync_patient.apply(args=(tenant, patient_id, session_id), throw=True)
+        self.inner.task("chartcite.sync_patient").apply(args=(tenant, patient_id, session_id), throw=True)
         return True
 
     def queue_depth(self):

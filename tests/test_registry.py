@@ -8,8 +8,8 @@ import time
 import pytest
 from cryptography.fernet import Fernet
 
-from smart_app.keys import generate_pair
-from smart_app.registry import Registry, RegistryError
+from fhir_ingest.keys import generate_pair
+from fhir_ingest.registry import Registry, RegistryError
 
 
 @pytest.fixture()

@@ -24,7 +24,4 @@ def make_celery(settings) -> Celery:
     app.conf.beat_schedule = {
         "sync-all": {"task": "chartcite.sync_all", "schedule": 60.0 * float(settings.sync_interval_minutes)},
     }
-    from . import tasks
-
-    tasks.bind(app)
     return app

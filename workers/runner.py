@@ -23,13 +23,19 @@ class TaskRunner:
         """Queue a sync of the patient unless one is already queued or running; True when newly queued."""
         if not self.jobs.claim(tenant, patient_id):
             return False
-        from .tasks import sync_patient
-
+        sync_patient = self.task("chartcite.sync_patient")
         if self.pool is not None:
             self.pool.submit(self._run_eagerly, sync_patient, tenant, patient_id, session_id)
         else:
             sync_patient.delay(tenant, patient_id, session_id)
         return True
+
+    def task(self, name: str):
+        """The task bound to this runner's Celery app (its settings, its broker), not whichever app
+        was made last in the process."""
+        from . import tasks  # noqa: F401  (registers the shared tasks with every app)
+
+        return self.celery.tasks[name]
 
     def queue_depth(self) -> int | None:
         """Tasks waiting in the broker; 0 when tasks run in-process; None when the broker is down."""

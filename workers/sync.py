@@ -1,0 +1,264 @@
+"""Keeping the index in step with the record's source: the use cases, as plain functions.
+
+- `sync_patient`: one patient from a registered EHR (the launching session's token, or chartcite's
+  Backend Services token) or from the demo bundle folder; problems, medications and allergies are
+  indexed first on a first sync, progress is reported for the frame, the job's state says how it
+  ended, and the EHR's clock becomes the cursor of the next incremental sync.
+- `bulk_sync`: a Backend Services + Bulk Data round for a registered EHR.
+
+The Celery tasks (workers/tasks.py) are thin wrappers over these; `chartcite sync` calls
+`run_bulk_sync` directly. `settings` is the application's settings object (any object with its
+attributes: this package does not import the web app).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from functools import lru_cache
+from urllib.parse import urlsplit
+
+from fhir_ingest.budget import budget_for
+from fhir_ingest.client import AuthExpired, FhirClient, FhirUnavailable
+from fhir_ingest.load import BundleDirectorySource, LoadReport, essentials
+from fhir_ingest.registry import Ehr, Registry
+from fhir_ingest.smart_auth import BackendServicesToken, SessionTokens
+from search.backend import BackendUnavailable
+
+from .progress import job_store
+
+log = logging.getLogger(__name__)
+
+# Faults that pass: the task is retried with backoff.
+TRANSIENT = (BackendUnavailable, FhirUnavailable, ConnectionError, TimeoutError)
+
+
+class PatientNotFound(LookupError):
+    """The record source has no such patient (the id stays out of the message: logs carry it)."""
+
+
+@lru_cache(maxsize=8)
+def _registry(url: str, key: str) -> Registry:
+    return Registry(url, key)
+
+
+def open_registry(settings) -> Registry:
+    settings.prepare_data_dir()
+    return _registry(settings.registry_db, settings.ensure_token_key())
+
+
+def ehr_client(settings, registry: Registry, ehr: Ehr, session_id: str | None = None) -> FhirClient:
+    """A FHIR client on the session's user token, or on a Backend Services token without one,
+    drawing on the deployment's request budget for that EHR and counting its answers by status."""
+    auth = SessionTokens(registry, session_id, ehr) if session_id else BackendServicesToken(registry, ehr)
+    budget = budget_for(urlsplit(ehr.iss).netloc, int(settings.number("fhir_max_concurrency")),
+                        settings.number("fhir_max_requests_per_second"), settings.redis_url)
+    tally = job_store(settings)
+    return FhirClient(ehr.iss, auth, timeout=settings.number("fhir_timeout_seconds"), budget=budget,
+                      on_status=lambda status: tally.add("ehr_requests", status))
+
+
+# --- one patient --------------------------------------------------------------------------------------
+
+@dataclass
+class PatientRead:
+    records: list
+    report: LoadReport
+    server_time: str = ""          # the EHR's clock when the read began ("" for the bundle folder)
+    fetched: int = 0
+    from_ehr: bool = False
+
+
+def read_ehr_patient(settings, registry: Registry, ehr: Ehr, patient_id: str, held: list[dict],
+                     session_id: str | None, progress=None) -> PatientRead:
+    """The patient's record from the EHR: everything on the first sync, then what changed since the
+    last one (by the EHR's own clock), merged into the resources chartcite already holds."""
+    from fhir_ingest.fhir_source import fetch_patient, to_record
+    from fhir_ingest.load import merge_resources
+
+    client = ehr_client(settings, registry, ehr, session_id)
+    cursor = registry.patient_synced(ehr.name, patient_id)
+    since = cursor.server_time if cursor and held else ""
+    server_time = client.server_time()
+    try:
+        fetched = fetch_patient(client, patient_id, since, progress)
+    except KeyError as exc:
+        raise PatientNotFound("the EHR has no such patient") from exc
+    record, report = to_record(patient_id, merge_resources(held, fetched.resources), fetched.problems, ehr.name)
+    return PatientRead([record] if record else [], report, server_time, len(fetched.resources), True)
+
+
+def read_patient(settings, registry: Registry, service, tenant: str, patient_id: str, session_id: str | None,
+                 progress) -> PatientRead:
+    ehr = registry.ehr(tenant)
+    if ehr is None:
+        try:
+            records, report = BundleDirectorySource(settings.demo_source).read_patient(patient_id)
+        except KeyError as exc:
+            raise PatientNotFound("the bundle folder has no such patient") from exc
+        return PatientRead(records, report, fetched=sum(len(r.resources) for r in records))
+    held = service.held_resources(tenant, patient_id)
+    return read_ehr_patient(settings, registry, ehr, patient_id, held, session_id, progress)
+
+
+def sync_patient(settings, service, tenant: str, patient_id: str, session_id: str | None = None) -> dict:
+    """Read one patient's record from the tenant's source and index it, reporting progress and how
+    it ended in the job store (the frame and /metrics read it)."""
+    jobs = job_store(settings)
+    jobs.set(tenant, patient_id, "running", "reading")
+    registry = open_registry(settings)
+
+    def progress(phase, done, total):
+        jobs.set(tenant, patient_id, "running", phase, done, total)
+
+    try:
+        read = read_patient(settings, registry, service, tenant, patient_id, session_id, progress)
+        if read.records and not service.patient(tenant, patient_id):
+            # A first sync: what a clinician asks about first is searchable within seconds.
+            jobs.set(tenant, patient_id, "running", "essentials", 0, 0)
+            service.index_records(tenant, [essentials(r) for r in read.records])
+        jobs.set(tenant, patient_id, "running", "embedding", 0, 0)
+        result = service.index_records(tenant, read.records, progress)
+    except Exception as exc:
+        record_patient_failure(jobs, tenant, patient_id, exc)
+        raise
+    if read.from_ehr:
+        registry.mark_patient_synced(tenant, patient_id, read.server_time)
+    unread = unreadable_notes(read.report, result)
+    jobs.add("patient_syncs", "done")
+    jobs.set(tenant, patient_id, "done", "done", result.chunks, result.chunks,
+             message=f"{unread} note{'s' if unread > 1 else ''} could not be read from the EHR" if unread else "")
+    skipped = len(read.report.skipped) + len(result.problems)
+    log.info("patient synced: %s resources fetched, %s chunks (%s new, %s removed), %s skipped", read.fetched,
+             result.chunks, result.embedded, result.removed, skipped)
+    return {"fetched": read.fetched, "chunks": result.chunks, "embedded": result.embedded,
+            "removed": result.removed, "skipped": skipped}
+
+
+def record_patient_failure(jobs, tenant: str, patient_id: str, exc: Exception) -> None:
+    """The job's state and the sync tally for a sync that did not finish."""
+    if isinstance(exc, PatientNotFound):
+        state, outcome, message = "failed", "not_found", "patient not found in the record source"
+    elif isinstance(exc, AuthExpired):
+        state, outcome = "failed", "sign_in_expired"
+        message = str(exc) if not exc.renewable else "the EHR sign-in expired: open chartcite from the EHR again"
+        log.warning("patient sync stopped: the EHR sign-in expired")
+    elif isinstance(exc, TRANSIENT):
+        state, outcome, message = "queued", "retrying", type(exc).__name__
+    else:
+        state, outcome, message = "failed", "failed", type(exc).__name__
+    jobs.set(tenant, patient_id, state, "retrying" if state == "queued" else "done", message=message)
+    jobs.add("patient_syncs", outcome)
+
+
+def unreadable_notes(report, result) -> int:
+    """Notes whose text could not be fetched or read: the frame says how many, never silent."""
+    refs = {s.origin for s in report.skipped if "attachment could not be fetched" in s.reason}
+    refs |= {p.ref for p in result.problems if "text could not be read" in p.reason}
+    return len(refs)
+
+
+# --- Bulk Data ----------------------------------------------------------------------------------------
+
+@dataclass
+class ExportRound:
+    transaction_time: str = ""
+    deleted: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    since_ignored: bool = False
+    whole: bool = False            # each patient's part is their whole record
+
+
+def download_export(client: FhirClient, ehr: Ehr, group_id: str, cursor: str, assembler, say) -> ExportRound:
+    """Kick off, wait for and download one export into the assembler (parked on disk)."""
+    from fhir_ingest.bulk import BulkExport, SinceCheck
+    from fhir_ingest.fhir_source import PATIENT_SEARCHES
+
+    def downloaded(items):
+        for count, item in enumerate(items, start=1):
+            if count % 1000 == 0:
+                say("downloading", count, 0, "resources")
+            yield item
+
+    export, since = BulkExport(client), SinceCheck(cursor)
+    with export.job(group_id or ehr.group_id, ("Patient", "Medication", *PATIENT_SEARCHES), cursor) as status_url:
+        manifest = export.wait(status_url, progress=say)
+        assembler.add(since.watch(downloaded(export.resources(manifest))))
+        deleted, errors = export.deleted_refs(manifest), export.error_messages(manifest)
+    if since.ignored:
+        log.warning("the EHR ignored _since and exported every resource again: unchanged ones are not "
+                    "re-embedded, and what the export no longer holds is removed")
+    # An incremental export holds only changes: merged into what is held, and only `deleted`
+    # removes anything. A full one (none asked for, or _since ignored) without errors is each
+    # patient's whole record, so deletions an EHR never lists are applied too.
+    whole = (not cursor or since.ignored) and not errors
+    return ExportRound(manifest.transaction_time, deleted, errors, since.ignored, whole)
+
+
+def run_bulk_sync(settings, registry: Registry, ehr: Ehr, service, group_id: str = "", progress=None,
+                  full: bool = False) -> dict:
+    """One Backend Services + Bulk Data round for an EHR (`full`: everything, not just changes
+    since the last round's transactionTime). Nothing is lost on failure: the cursor moves only at
+    the end."""
+    from fhir_ingest.load import RecordAssembler
+
+    def say(phase, done=0, total=0, note=""):
+        if progress:
+            progress(phase, done, total, note)
+
+    report = LoadReport()
+    assembler = RecordAssembler(report, settings.data_dir)
+    try:
+        round_ = download_export(ehr_client(settings, registry, ehr), ehr, group_id,
+                                 "" if full else ehr.bulk_since, assembler, say)
+        removed = service.delete_resources(ehr.name, round_.deleted) if round_.deleted else 0
+        chunks = embedded = 0
+        patients = assembler.patient_ids()
+        for i, pid in enumerate(patients, start=1):
+            result = service.index_record(ehr.name, assembler.record(pid, whole=round_.whole))
+            chunks, embedded, removed = chunks + result.chunks, embedded + result.embedded, removed + result.removed
+            registry.mark_patient_synced(ehr.name, pid, round_.transaction_time)
+            say("indexing", i, len(patients))
+    finally:
+        assembler.close()
+    summary = {"patients": len(patients), "resources": report.resources_read, "chunks": chunks,
+               "embedded": embedded, "deleted": len(round_.deleted), "removed_chunks": removed,
+               "skipped": len(report.skipped), "export_errors": len(round_.errors),
+               "transaction_time": round_.transaction_time, "since_ignored": round_.since_ignored,
+               "full_export": round_.whole}
+    registry.record_sync(ehr.name, bulk_status(summary), bulk_since=round_.transaction_time)
+    return summary
+
+
+def bulk_status(summary: dict) -> str:
+    """The registration's last-sync line (`ehr list`, /admin)."""
+    status = f"ok: {summary['patients']} patients, {summary['resources']} resources, {summary['deleted']} deleted"
+    if summary["since_ignored"]:
+        status += (f" (the EHR ignored _since: full export, {summary['embedded']} of {summary['chunks']} "
+                   "chunks embedded)")
+    if summary["export_errors"] or summary["skipped"]:
+        status += f", {summary['export_errors']} export errors, {summary['skipped']} skipped"
+    return status
+
+
+def bulk_sync(settings, service, tenant: str, group_id: str = "") -> dict:
+    """A bulk round for the registered EHR `tenant`, its outcome recorded on the registration and
+    in the deployment's tallies."""
+    registry = open_registry(settings)
+    ehr = registry.ehr(tenant)
+    if ehr is None:
+        raise LookupError(f"no registered EHR named {tenant}")
+    tally = job_store(settings)
+    try:
+        summary = run_bulk_sync(settings, registry, ehr, service, group_id)
+    except TRANSIENT:
+        registry.record_sync(tenant, "retrying: the EHR or the index was unavailable")
+        tally.add("bulk_syncs", "retrying")
+        raise
+    except Exception as exc:
+        registry.record_sync(tenant, f"failed: {type(exc).__name__}")
+        tally.add("bulk_syncs", "failed")
+        raise
+    tally.add("bulk_syncs", "done")
+    log.info("bulk sync: %s patients, %s resources, %s deleted", summary["patients"], summary["resources"],
+             summary["deleted"])
+    return summary
