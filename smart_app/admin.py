@@ -6,9 +6,8 @@ import ipaddress
 
 from flask import Blueprint, abort, render_template, request
 
-from .frame import settings
-from .launch import public_url, registry
 from .registration import registration_info
+from .services import audit, public_url, registry, settings
 
 bp = Blueprint("admin", __name__)
 
@@ -35,8 +34,6 @@ def admin():
 @bp.get("/admin/audit")
 def audit_view():
     require_admin()
-    from flask import current_app
-
-    entries = current_app.extensions["chartcite.audit"].entries(limit=200, kind=request.args.get("kind", ""),
+    entries = audit().entries(limit=200, kind=request.args.get("kind", ""),
                                                                 patient_id=request.args.get("patient", ""))
     return render_template("audit.html", entries=entries)

@@ -1,4 +1,5 @@
-"""Flask app factory: configuration is passed in, never read from the environment here."""
+"""Flask app factory: configuration is passed in, never read from the environment here. The
+factory is wiring; each concern is an `init_*` function."""
 from __future__ import annotations
 
 import logging
@@ -6,6 +7,8 @@ import logging
 from flask import Flask, jsonify, make_response, render_template, request
 
 from .settings import REPO_ROOT, Settings
+
+log = logging.getLogger(__name__)
 
 
 def create_app(settings: Settings | None = None, runner=None) -> Flask:
@@ -15,22 +18,40 @@ def create_app(settings: Settings | None = None, runner=None) -> Flask:
     app.config["CHARTCITE"] = settings
     app.config["SECRET_KEY"] = settings.ensure_secret()
     app.config["MAX_CONTENT_LENGTH"] = 64 * 1024
+    init_services(app, settings, runner)
+    init_blueprints(app)
+    from .limits import apply_rate_limits
 
+    app.extensions["chartcite.limiter"] = apply_rate_limits(app, settings)
+    init_security_headers(app, settings)
+    init_error_handlers(app)
+
+    @app.template_filter("utc")
+    def utc(timestamp: float) -> str:
+        from datetime import datetime, timezone
+
+        return datetime.fromtimestamp(timestamp, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+    # Werkzeug's access log shows paths only; question text travels in POST bodies and is never logged.
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    return app
+
+
+def init_services(app: Flask, settings: Settings, runner) -> None:
+    """The services views read through smart_app/services.py, each made once here."""
     from search.service import SearchService
+    from workers.sync import open_registry
 
     from .audit import open_audit
     from .sessions import SessionStore
-    from workers.sync import open_registry
 
     settings.prepare_data_dir()
     if settings.token_key_beside_data and not settings.demo_launch:
-        logging.getLogger(__name__).warning(
-            "the key that encrypts EHR tokens is a file in the data directory, beside the tokens it protects; "
-            "supply it from your secret store as CHARTCITE_TOKEN_KEY (a Fernet key) instead")
+        log.warning("the key that encrypts EHR tokens is a file in the data directory, beside the tokens it "
+                    "protects; supply it from your secret store as CHARTCITE_TOKEN_KEY (a Fernet key) instead")
     app.extensions["chartcite.search"] = SearchService(**settings.search_options())
     app.extensions["chartcite.sessions"] = SessionStore(settings.state_path, settings.secret_key)
-    registry = open_registry(settings)
-    app.extensions["chartcite.registry"] = registry
+    app.extensions["chartcite.registry"] = open_registry(settings)
     app.extensions["chartcite.audit"] = open_audit(settings.audit_db)
     if runner is None:
         from workers.runner import TaskRunner
@@ -38,25 +59,22 @@ def create_app(settings: Settings | None = None, runner=None) -> Flask:
         runner = TaskRunner(settings)
     app.extensions["chartcite.runner"] = runner
 
+
+def init_blueprints(app: Flask) -> None:
     from .admin import bp as admin_bp
     from .frame import bp as frame_bp
-    from .launch import bp as launch_bp
-
-    app.register_blueprint(frame_bp)
-    app.register_blueprint(launch_bp)
-    app.register_blueprint(admin_bp)
     from .health import bp as health_bp, warm_up
-
-    app.register_blueprint(health_bp)
-    warm_up(app)
+    from .launch import bp as launch_bp
     from .metrics import Metrics, bp as metrics_bp
 
+    for blueprint in (frame_bp, launch_bp, admin_bp, health_bp, metrics_bp):
+        app.register_blueprint(blueprint)
+    warm_up(app)
     app.extensions["chartcite.metrics"] = Metrics(app)
-    app.register_blueprint(metrics_bp)
 
-    from .limits import apply_rate_limits
 
-    app.extensions["chartcite.limiter"] = apply_rate_limits(app, settings)
+def init_security_headers(app: Flask, settings: Settings) -> None:
+    registry = app.extensions["chartcite.registry"]
 
     @app.after_request
     def security_headers(response):
@@ -72,11 +90,12 @@ def create_app(settings: Settings | None = None, runner=None) -> Flask:
         response.headers.setdefault("Cache-Control", "no-store")
         return response
 
-    @app.template_filter("utc")
-    def utc(timestamp: float) -> str:
-        from datetime import datetime, timezone
 
-        return datetime.fromtimestamp(timestamp, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+def init_error_handlers(app: Flask) -> None:
+    from search.backend import BackendUnavailable
+
+    def api_request() -> bool:
+        return request.path.startswith("/api/")
 
     @app.errorhandler(404)
     def not_found(_):
@@ -88,22 +107,19 @@ def create_app(settings: Settings | None = None, runner=None) -> Flask:
 
     @app.errorhandler(400)
     def bad_request(error):
-        if request.path.startswith("/api/"):
+        if api_request():
             return jsonify(error=getattr(error, "description", "") or "malformed request"), 400
         return render_template("error.html", message="That request could not be read."), 400
-
-    from search.backend import BackendUnavailable
 
     @app.errorhandler(BackendUnavailable)
     def index_unavailable(error):
         # A failover window (a node left, a replica is being promoted) or an index that is down:
         # a clear 503 the frame shows, never an answer from part of the record.
-        logging.getLogger(__name__).warning("the index was unavailable: %s", error)
-        if request.path.startswith("/api/"):
-            response = jsonify(error="The record index is unavailable for a moment; ask again in a few seconds.")
-        else:
-            response = make_response(render_template("error.html", message="The record index is unavailable for "
-                                                     "a moment; reload in a few seconds."))
+        log.warning("the index was unavailable: %s", error)
+        message = "The record index is unavailable for a moment; ask again in a few seconds."
+        response = jsonify(error=message) if api_request() else make_response(
+            render_template("error.html", message="The record index is unavailable for a moment; reload in a few "
+                                                  "seconds."))
         response.status_code = 503
         response.headers["Retry-After"] = "5"
         return response
@@ -111,10 +127,6 @@ def create_app(settings: Settings | None = None, runner=None) -> Flask:
     @app.errorhandler(500)
     def server_error(_):
         # The frame reads JSON; a page of HTML would leave it waiting. The cause is in the log.
-        if request.path.startswith("/api/"):
+        if api_request():
             return jsonify(error="chartcite could not answer that request; it has been logged. Try again."), 500
         return render_template("error.html", message="Something went wrong; it has been logged."), 500
-
-    # Werkzeug's access log shows paths only; question text travels in POST bodies and is never logged.
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    return app

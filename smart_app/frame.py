@@ -4,52 +4,20 @@ from __future__ import annotations
 import logging
 import time
 from datetime import date
-from functools import lru_cache
+from functools import lru_cache, wraps
 
-from flask import Blueprint, abort, current_app, g, jsonify, make_response, redirect, render_template, request, url_for
+from flask import Blueprint, abort, g, jsonify, make_response, redirect, render_template, request, url_for
 
 from fhir_ingest.load import BundleDirectorySource
 from fhir_ingest.normalize import human_name
 
 from .bodies import PIPELINES, AskBody, DraftBody, SaveDraftBody, SyncBody, WriteBackBody, json_object, parse
 from .render import readable
+from .services import audit, metrics, registry, runner, search, sessions, settings
 from .sessions import COOKIE_NAME, SESSION_HEADER
 
 bp = Blueprint("frame", __name__)
 log = logging.getLogger(__name__)
-
-def settings():
-    return current_app.config["CHARTCITE"]
-
-
-def search():
-    return current_app.extensions["chartcite.search"]
-
-
-def sessions():
-    return current_app.extensions["chartcite.sessions"]
-
-
-def audit():
-    return current_app.extensions["chartcite.audit"]
-
-
-def runner():
-    return current_app.extensions["chartcite.runner"]
-
-
-def launch_context():
-    """The session's launch context from the header the frame's script sends; 401 when there is none.
-
-    The API never accepts the cookie alone: a header cannot be attached by another site's form,
-    so no cross-site request can ask on a clinician's behalf."""
-    handle = request.headers.get(SESSION_HEADER)
-    context = sessions().resolve(handle)
-    if context is None:
-        abort(make_response(jsonify(error="no active launch: open chartcite from the EHR (or the demo launcher) again"), 401))
-    g.handle = handle
-    return context
-
 
 PATIENT_KEYS = {"patient", "patient_id", "patientid", "subject", "patient.id", "_patient"}
 
@@ -77,13 +45,26 @@ def reject_other_patient(context, payload: dict) -> None:
         abort(make_response(jsonify(error="this session is not launched for that patient"), 403))
 
 
-def launched_body(model=None):
-    """The launch context and the request's checked body: 401 without a launch, 403 for another
-    patient, 400 for a body of the wrong shape."""
-    context = launch_context()
-    payload = json_object()
-    reject_other_patient(context, payload)
-    return context, (parse(model, payload) if model else payload)
+def launched(model=None):
+    """A view of the launched patient: the launch context on `g.launch` (401 without a launch), the
+    request's checked body on `g.body` (400 for a body of the wrong shape), and 403 for a request
+    that names another patient. The API never accepts the cookie alone: the handle comes in a
+    header, which another site's form cannot attach, so no cross-site request can ask on a
+    clinician's behalf."""
+    def decorate(view):
+        @wraps(view)
+        def wrapped(*args, **kwargs):
+            handle = request.headers.get(SESSION_HEADER)
+            context = sessions().resolve(handle)
+            if context is None:
+                abort(make_response(jsonify(error="no active launch: open chartcite from the EHR (or the demo "
+                                                  "launcher) again"), 401))
+            payload = json_object()
+            reject_other_patient(context, payload)
+            g.handle, g.launch, g.body = handle, context, parse(model, payload) if model else payload
+            return view(*args, **kwargs)
+        return wrapped
+    return decorate
 
 
 def age_of(birth: str) -> int | None:
@@ -164,8 +145,9 @@ def render_patient(context, handle: str):
 
 
 @bp.get("/api/status")
+@launched()
 def status():
-    context, _ = launched_body()
+    context = g.launch
     job = runner().jobs.get(context.tenant, context.patient_id)
     indexed = search().patient(context.tenant, context.patient_id)
     # The banner of a first-time patient fills in as soon as the record's Patient is indexed.
@@ -176,27 +158,30 @@ def status():
 
 
 @bp.post("/api/sync")
+@launched(SyncBody)
 def sync_now():
     """"Refresh from the EHR": queue a sync of the launched patient (incremental after the first)."""
-    context, _ = launched_body(SyncBody)
+    context = g.launch
     queued = runner().enqueue_sync(context.tenant, context.patient_id,
                                    context.session_id if context.mode != "demo" else None)
     return jsonify(queued=queued), 202
 
 
 @bp.post("/api/ask")
+@launched(AskBody)
 def ask():
-    context, body = launched_body(AskBody)
+    context = g.launch
+    body = g.body
     question = body.question.strip()
     if not question:
         return jsonify(error="type a question about this patient"), 400
-    metrics, started = current_app.extensions["chartcite.metrics"], time.perf_counter()
+    started = time.perf_counter()
     try:
         result = search().ask(context.tenant, context.patient_id, question, k=body.k, pipeline=body.pipeline)
     except Exception:
-        metrics.observe_failure()
+        metrics().observe_failure()
         raise
-    metrics.observe_answer(result, time.perf_counter() - started)
+    metrics().observe_answer(result, time.perf_counter() - started)
     result["audit_id"] = audit().record(
         "ask", context.tenant, context.clinician, context.patient_id, question, pipeline=body.pipeline,
         answer=result["answer"], abstained=result["abstained"], confidence=result.get("confidence"),
@@ -210,16 +195,19 @@ def ask():
 
 
 @bp.get("/api/context")
+@launched()
 def context_bundle():
     """Structured facts only (problems, medications, allergies, labs, vitals, encounters), each with its ref."""
-    context, _ = launched_body()
+    context = g.launch
     return jsonify(search().context(context.tenant, context.patient_id))
 
 
 @bp.post("/api/draft")
+@launched(DraftBody)
 def draft():
     """A summary draft for the clinician to read and edit. Not saved: saving is an explicit step."""
-    context, body = launched_body(DraftBody)
+    context = g.launch
+    body = g.body
     from search.drafts import KINDS
 
     if body.kind not in KINDS:
@@ -232,10 +220,12 @@ def draft():
 
 
 @bp.post("/api/draft/save")
+@launched(SaveDraftBody)
 def save_draft():
     """Store a draft the clinician chose to keep, with who and when. Every citation must be a
     record of this patient; the text is the clinician's (they may have edited it)."""
-    context, body = launched_body(SaveDraftBody)
+    context = g.launch
+    body = g.body
     from search.drafts import KINDS
 
     draft = body.draft.model_dump()
@@ -263,9 +253,11 @@ def check_draft(draft: dict, kinds, context) -> str:
 
 
 @bp.post("/api/draft/writeback")
+@launched(WriteBackBody)
 def write_back_draft():
     """Write a saved draft to the EHR as a preliminary note, only with a granted create scope."""
-    context, body = launched_body(WriteBackBody)
+    context = g.launch
+    body = g.body
     if context.mode == "demo" or not context.details.get("can_write_back"):
         return jsonify(error="the EHR did not grant chartcite permission to write notes for this launch"), 403
     entry = audit().get(body.saved)
@@ -275,12 +267,11 @@ def write_back_draft():
     from fhir_ingest.client import AuthExpired, FhirError
     from fhir_ingest.writeback import create_document, draft_document
 
-    from workers.sync import ehr_client, open_registry
+    from workers.sync import ehr_client
 
-    registry = open_registry(settings())
-    ehr = registry.ehr(context.tenant)
+    ehr = registry().ehr(context.tenant)
     try:
-        ref = create_document(ehr_client(settings(), registry, ehr, context.session_id),
+        ref = create_document(ehr_client(settings(), registry(), ehr, context.session_id),
                               draft_document(entry["draft"], context.patient_id, context.clinician))
     except AuthExpired as exc:
         return jsonify(error=str(exc)), 401
@@ -292,15 +283,17 @@ def write_back_draft():
 
 
 @bp.get("/api/drafts")
+@launched()
 def saved_drafts():
-    context, _ = launched_body()
+    context = g.launch
     entries = audit().entries(kind="draft-saved", patient_id=context.patient_id, tenant=context.tenant, limit=50)
     return jsonify([{"id": e["id"], "when": e["when"], "clinician": e["clinician"], "draft": e["draft"]} for e in entries])
 
 
 @bp.get("/api/record")
+@launched()
 def record():
-    context, _ = launched_body()
+    context = g.launch
     ref = request.args.get("ref", "")
     if ref.count("/") != 1:
         return jsonify(error="ref must look like ResourceType/id"), 400

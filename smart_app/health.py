@@ -9,7 +9,9 @@ from __future__ import annotations
 import logging
 import threading
 
-from flask import Blueprint, current_app, jsonify
+from flask import Blueprint, jsonify
+
+from .services import registry, runner, search, settings
 
 bp = Blueprint("health", __name__)
 log = logging.getLogger(__name__)
@@ -35,19 +37,18 @@ def run_check(check) -> str:
 
 
 def index_backend() -> str:
-    current_app.extensions["chartcite.search"].catalog.list_patients("__readiness__")
+    search().catalog.list_patients("__readiness__")
     return "ok"
 
 
 def registry_database() -> str:
-    current_app.extensions["chartcite.registry"].ehrs()
+    registry().ehrs()
     return "ok"
 
 
 def task_broker() -> str:
-    runner = current_app.extensions["chartcite.runner"]
-    celery = getattr(runner, "celery", None)
-    if celery is None or current_app.config["CHARTCITE"].tasks_eager:
+    celery = getattr(runner(), "celery", None)
+    if celery is None or settings().tasks_eager:
         return "ok"          # tasks run in-process: there is no broker to reach
     with celery.connection_for_write() as conn:
         conn.ensure_connection(max_retries=1, timeout=3)
@@ -55,7 +56,7 @@ def task_broker() -> str:
 
 
 def embedding_model() -> str:
-    return "ok" if current_app.extensions["chartcite.search"].model_loaded else "loading"
+    return "ok" if search().model_loaded else "loading"
 
 
 CHECKS = {"index": index_backend, "registry": registry_database, "broker": task_broker, "model": embedding_model}

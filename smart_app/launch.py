@@ -11,12 +11,12 @@ import time
 from urllib.parse import urlencode, urlsplit
 
 import requests
-from flask import Blueprint, current_app, jsonify, make_response, redirect, render_template, request
+from flask import Blueprint, jsonify, make_response, redirect, render_template, request
 
-from fhir_ingest.registry import Registry
 from fhir_ingest.smart_auth import LaunchError, SessionTokens
 
-from .frame import last_sync_failed, render_patient, runner, search, sessions, settings
+from .frame import last_sync_failed, render_patient
+from .services import public_url, registry, runner, search, sessions, settings
 from .smart import finish_authorization, start_authorization
 
 bp = Blueprint("launch", __name__)
@@ -24,14 +24,6 @@ log = logging.getLogger(__name__)
 
 BINDING_COOKIE = "chartcite_launch"
 _COLOUR = re.compile(r"^#[0-9a-fA-F]{3,8}$")
-
-
-def registry() -> Registry:
-    return current_app.extensions["chartcite.registry"]
-
-
-def public_url() -> str:
-    return (settings().public_url or request.host_url).rstrip("/")
 
 
 def redirect_uri() -> str:
