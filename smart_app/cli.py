@@ -8,121 +8,52 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 from .settings import Settings, SettingsError
 
 log = logging.getLogger("chartcite")
 
 
+COMMANDS: dict[str, tuple[str, tuple, Callable]] = {}
+
+
+def command(name: str, help: str, *options: Callable):
+    """Register a handler as `chartcite NAME`; its options are declared beside it."""
+    def register(handler):
+        COMMANDS[name] = (help, options, handler)
+        return handler
+    return register
+
+
+def arg(*names: str, **kwargs) -> Callable:
+    return lambda parser: parser.add_argument(*names, **kwargs)
+
+
+def subcommands(dest: str, *commands: tuple[str, str, tuple]) -> Callable:
+    """`chartcite keys generate`: (name, help, options) for each subcommand."""
+    def add(parser):
+        sub = parser.add_subparsers(dest=dest, required=True)
+        for name, help, options in commands:
+            child = sub.add_parser(name, help=help)
+            for option in options:
+                option(child)
+    return add
+
+
+JSON = arg("--json", action="store_true", help="machine-readable output")
+TENANT = arg("--tenant", help="the tenant (default: CHARTCITE_TENANT)")
+PATIENT = arg("--patient", help="the patient's id")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="chartcite", description="Cited answers about the patient in context.")
-    sub = p.add_subparsers(dest="command", required=True)
-
-    ix = sub.add_parser("index", help="index FHIR bundles / NDJSON files or folders")
-    ix.add_argument("paths", nargs="+")
-    ix.add_argument("--tenant")
-
-    pa = sub.add_parser("patients", help="list indexed patients (no names unless --show-names)")
-    pa.add_argument("--tenant")
-    pa.add_argument("--show-names", action="store_true")
-    pa.add_argument("--json", action="store_true")
-
-    ask = sub.add_parser("ask", help="ask a question about one patient (or --batch a JSONL file)")
-    ask.add_argument("question", nargs="?")
-    ask.add_argument("--patient")
-    ask.add_argument("--batch", help="JSONL with patient_id and question (and id) per line")
-    ask.add_argument("--tenant")
-    ask.add_argument("--k", type=int, default=5)
-    ask.add_argument("--pipeline", choices=("dense", "hybrid", "full"), default="full")
-    ask.add_argument("--json", action="store_true")
-    ask.add_argument("--explain", action="store_true", help="print the per-stage table")
-
-    cx = sub.add_parser("context", help="the structured context bundle of one patient (problems, meds, labs...)")
-    cx.add_argument("--patient", required=True)
-    cx.add_argument("--tenant")
-    cx.add_argument("--json", action="store_true")
-
-    ev = sub.add_parser("eval", help="recall@k, MRR, facts and abstention per question set (one or more files)")
-    ev.add_argument("questions", nargs="+")
-    ev.add_argument("--k", default="3,5,10")
-    ev.add_argument("--pipeline", default="dense,hybrid,full")
-    ev.add_argument("--ablate", default="", help="also run full without these stages: filter,recovery,rerank")
-    ev.add_argument("--backend", choices=("embedded", "elasticsearch"), help="overrides CHARTCITE_BACKEND")
-    ev.add_argument("--tenant")
-    ev.add_argument("--json", action="store_true")
-
-    sv = sub.add_parser("serve", help="serve the web app (gunicorn; --dev for Flask's development server)")
-    sv.add_argument("--host", default="127.0.0.1")
-    sv.add_argument("--port", type=int, default=5000)
-    sv.add_argument("--cert", help="TLS certificate (PEM) for a local HTTPS test; production sits behind a TLS proxy")
-    sv.add_argument("--key", help="TLS private key (PEM) matching --cert")
-    sv.add_argument("--dev", action="store_true",
-                    help="Flask's development server (one process, for local work) instead of gunicorn")
-
-    keys = sub.add_parser("keys", help="chartcite's signing keys (the JWKS EHRs verify its assertions with)")
-    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
-    kg = keys_sub.add_parser("generate", help="new current key pairs; older ones stay published for the overlap")
-    kg.add_argument("--alg", choices=("RS384", "ES384", "both"), default="both")
-    keys_sub.add_parser("list", help="the keys and whether they are retiring")
-    keys_sub.add_parser("prune", help="drop retired keys whose overlap has passed")
-
-    ehr = sub.add_parser("ehr", help="register EHRs (each one is a tenant)")
-    ehr_sub = ehr.add_subparsers(dest="ehr_command", required=True)
-    ea = ehr_sub.add_parser("add", help="register an EHR")
-    ea.add_argument("--name", required=True, help="short name; becomes the tenant")
-    ea.add_argument("--iss", required=True, help="the EHR's FHIR base URL (the iss of its launches)")
-    ea.add_argument("--client-id", required=True, help="the client id the EHR gave chartcite")
-    ea.add_argument("--scopes", choices=("v1", "v2"), default="v2", help="SMART scope syntax the EHR expects")
-    ea.add_argument("--frame-origin", action="append", default=[], help="origin that embeds chartcite (repeatable)")
-    ea.add_argument("--group-id", default="", help="Bulk Data Group for background sync")
-    ea.add_argument("--write-back", action="store_true",
-                    help="also ask for DocumentReference create, so saved drafts can be written back as preliminary notes")
-    add_client_options(ea, defaults=True)
-    eu = ehr_sub.add_parser("update", help="change a registration (client type, secret, scopes, frames, group)")
-    eu.add_argument("name")
-    eu.add_argument("--client-id")
-    eu.add_argument("--scopes", choices=("v1", "v2"))
-    eu.add_argument("--frame-origin", action="append", default=None, help="replaces the frame origins (repeatable)")
-    eu.add_argument("--group-id")
-    eu.add_argument("--write-back", action=argparse.BooleanOptionalAction, default=None)
-    add_client_options(eu, defaults=False)
-    el = ehr_sub.add_parser("list", help="registered EHRs and their last sync")
-    el.add_argument("--json", action="store_true")
-    er = ehr_sub.add_parser("remove", help="unregister an EHR (its index is kept)")
-    er.add_argument("name")
-    ec = ehr_sub.add_parser("check", help="is the registration ready? discovery, capabilities, JWKS, Backend "
-                                          "Services token, one search; each failure with its fix")
-    ec.add_argument("name")
-    ec.add_argument("--json", action="store_true")
-
-    ri = sub.add_parser("registration-info", help="what the Epic / Oracle Health consoles ask for")
-    ri.add_argument("--json", action="store_true")
-
-    au = sub.add_parser("audit", help="the audit trail: who asked what about which patient (JSON lines with --jsonl)")
-    au.add_argument("--patient", default="")
-    au.add_argument("--tenant", default="")
-    au.add_argument("--kind", default="", help="ask, refused, draft, draft-saved")
-    au.add_argument("--limit", type=int, default=50)
-    au.add_argument("--jsonl", action="store_true", help="export as JSON lines, oldest first")
-
-    sy = sub.add_parser("sync", help="Backend Services + Bulk Data sync of a registered EHR, now")
-    sy.add_argument("--tenant", required=True, help="the registered EHR's name")
-    sy.add_argument("--group", default="", help="Group id to export (default: the registration's)")
-    sy.add_argument("--full", action="store_true",
-                    help="export everything, not just what changed since the last sync; each patient's record is "
-                         "then replaced whole (what the EHR no longer holds leaves the index)")
-
-    sub.add_parser("worker", help="start a Celery worker for indexing tasks")
-    sub.add_parser("beat", help="start Celery beat: periodic re-sync of the tenant's records")
-    st = sub.add_parser("status", help="queue depth and the last sync per tenant")
-    st.add_argument("--json", action="store_true")
-    rx = sub.add_parser("reindex", help="rebuild a tenant's index with the configured model (atomic alias swap)")
-    rx.add_argument("--tenant")
-    sub.add_parser("config", help="print the effective settings (secrets masked)")
-    ck = sub.add_parser("check", help="verify the index is consistent (chunks, lexical rows, vectors, patient summaries)")
-    ck.add_argument("--tenant")
-    ck.add_argument("--json", action="store_true")
-    return p
+    parser = argparse.ArgumentParser(prog="chartcite", description="Cited answers about the patient in context.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (help, options, _) in COMMANDS.items():
+        child = sub.add_parser(name, help=help)
+        for option in options:
+            option(child)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
                         stream=sys.stderr)
     if args.command != "config":
         settings.prepare_data_dir()
-    handler = globals()[f"cmd_{args.command.replace('-', '_')}"]
+    handler = COMMANDS[args.command][2]
     from search.backend import BackendError
     from search.embed import ModelNotFound
 
@@ -153,6 +84,7 @@ def service(settings: Settings):
     return SearchService(**settings.search_options())
 
 
+@command("config", "print the effective settings (secrets masked)")
 def cmd_config(args, settings: Settings) -> int:
     print(json.dumps(settings.masked(), indent=2))
     return 0
@@ -162,6 +94,7 @@ def cmd_config(args, settings: Settings) -> int:
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_SKIPPED = 0, 1, 2, 3
 
 
+@command("index", "index FHIR bundles / NDJSON files or folders", arg("paths", nargs="+"), TENANT)
 def cmd_index(args, settings: Settings) -> int:
     from tqdm import tqdm
 
@@ -205,6 +138,7 @@ def format_index_summary(summary, elapsed: float) -> str:
     return "\n".join(lines)
 
 
+@command("check", "verify the index is consistent (chunks, lexical rows, vectors, patient summaries)", TENANT, JSON)
 def cmd_check(args, settings: Settings) -> int:
     tenant = args.tenant or settings.tenant
     result = service(settings).catalog.check(tenant)
@@ -217,6 +151,8 @@ def cmd_check(args, settings: Settings) -> int:
     return EXIT_FAILED if result.problems else EXIT_OK
 
 
+@command("patients", "list indexed patients (no names unless --show-names)", TENANT,
+         arg("--show-names", action="store_true"), JSON)
 def cmd_patients(args, settings: Settings) -> int:
     rows = service(settings).patients(args.tenant or settings.tenant)
     if args.json:
@@ -235,6 +171,8 @@ def cmd_patients(args, settings: Settings) -> int:
     return 0
 
 
+@command("context", "the structured context bundle of one patient (problems, meds, labs...)",
+         arg("--patient", required=True, help="the patient's id"), TENANT, JSON)
 def cmd_context(args, settings: Settings) -> int:
     tenant = args.tenant or settings.tenant
     svc = service(settings)
@@ -266,6 +204,10 @@ def format_context(bundle: dict) -> str:
     return "\n".join(lines)
 
 
+@command("ask", "ask a question about one patient (or --batch a JSONL file)", arg("question", nargs="?"), PATIENT,
+         arg("--batch", help="JSONL with patient_id and question (and id) per line"), TENANT,
+         arg("--k", type=int, default=5), arg("--pipeline", choices=("dense", "hybrid", "full"), default="full"), JSON,
+         arg("--explain", action="store_true", help="print the per-stage table"))
 def cmd_ask(args, settings: Settings) -> int:
     tenant = args.tenant or settings.tenant
     svc = service(settings)
@@ -324,6 +266,10 @@ def print_stage_table(stages: list[dict]) -> None:
         print(f"{s['name']:10} {s['in']:>7} {s['out']:>7} {s['corpus_ratio']:>8.3f} {s['ms']:>9.2f}  {s.get('note', '')}")
 
 
+@command("eval", "recall@k, MRR, facts and abstention per question set (one or more files)",
+         arg("questions", nargs="+"), arg("--k", default="3,5,10"), arg("--pipeline", default="dense,hybrid,full"),
+         arg("--ablate", default="", help="also run full without these stages: filter,recovery,rerank"),
+         arg("--backend", choices=("embedded", "elasticsearch"), help="overrides CHARTCITE_BACKEND"), TENANT, JSON)
 def cmd_eval(args, settings: Settings) -> int:
     from search.evaluate import evaluate, format_table
 
@@ -341,6 +287,11 @@ def cmd_eval(args, settings: Settings) -> int:
     return 0
 
 
+@command("serve", "serve the web app (gunicorn; --dev for Flask's development server)",
+         arg("--host", default="127.0.0.1"), arg("--port", type=int, default=5000),
+         arg("--cert", help="TLS certificate (PEM) for a local HTTPS test; production sits behind a TLS proxy"),
+         arg("--key", help="TLS private key (PEM) matching --cert"),
+         arg("--dev", action="store_true", help="Flask's development server (one process, for local work) instead of gunicorn"))
 def cmd_serve(args, settings: Settings) -> int:
     from .app import create_app
 
@@ -364,6 +315,12 @@ def registry_for(settings: Settings):
     return open_registry(settings)
 
 
+@command("keys", "chartcite's signing keys (the JWKS EHRs verify its assertions with)", subcommands(
+    "keys_command",
+    ("generate", "new current key pairs; older ones stay published for the overlap",
+     (arg("--alg", choices=("RS384", "ES384", "both"), default="both"),)),
+    ("list", "the keys and whether they are retiring", ()),
+    ("prune", "drop retired keys whose overlap has passed", ())))
 def cmd_keys(args, settings: Settings) -> int:
     from fhir_ingest.keys import generate_pair
 
@@ -408,6 +365,27 @@ def client_secret_from(args) -> str:
     return secret
 
 
+@command("ehr", "register EHRs (each one is a tenant)", subcommands(
+    "ehr_command",
+    ("add", "register an EHR", (
+        arg("--name", required=True, help="short name; becomes the tenant"),
+        arg("--iss", required=True, help="the EHR's FHIR base URL (the iss of its launches)"),
+        arg("--client-id", required=True, help="the client id the EHR gave chartcite"),
+        arg("--scopes", choices=("v1", "v2"), default="v2", help="SMART scope syntax the EHR expects"),
+        arg("--frame-origin", action="append", default=[], help="origin that embeds chartcite (repeatable)"),
+        arg("--group-id", default="", help="Bulk Data Group for background sync"),
+        arg("--write-back", action="store_true", help="also ask for DocumentReference create, so saved drafts can "
+            "be written back as preliminary notes"),
+        lambda parser: add_client_options(parser, defaults=True))),
+    ("update", "change a registration (client type, secret, scopes, frames, group)", (
+        arg("name"), arg("--client-id"), arg("--scopes", choices=("v1", "v2")),
+        arg("--frame-origin", action="append", default=None, help="replaces the frame origins (repeatable)"),
+        arg("--group-id"), arg("--write-back", action=argparse.BooleanOptionalAction, default=None),
+        lambda parser: add_client_options(parser, defaults=False))),
+    ("list", "registered EHRs and their last sync", (JSON,)),
+    ("remove", "unregister an EHR (its index is kept)", (arg("name"),)),
+    ("check", "is the registration ready? discovery, capabilities, JWKS, Backend Services token, one search; "
+              "each failure with its fix", (arg("name"), JSON))))
 def cmd_ehr(args, settings: Settings) -> int:
     from fhir_ingest.registry import RegistryError
 
@@ -473,6 +451,10 @@ def check_ehr(args, settings: Settings, registry) -> int:
     return 1 if any(c.status == "fail" for c in checks) else 0
 
 
+@command("audit", "the audit trail: who asked what about which patient (JSON lines with --jsonl)",
+         arg("--patient", default=""), arg("--tenant", default=""),
+         arg("--kind", default="", help="ask, refused, draft, draft-saved"), arg("--limit", type=int, default=50),
+         arg("--jsonl", action="store_true", help="export as JSON lines, oldest first"))
 def cmd_audit(args, settings: Settings) -> int:
     from .audit import open_audit
 
@@ -493,6 +475,7 @@ def cmd_audit(args, settings: Settings) -> int:
     return 0
 
 
+@command("registration-info", "what the Epic / Oracle Health consoles ask for", JSON)
 def cmd_registration_info(args, settings: Settings) -> int:
     from .registration import format_info, registration_info
 
@@ -503,6 +486,11 @@ def cmd_registration_info(args, settings: Settings) -> int:
     return 0
 
 
+@command("sync", "Backend Services + Bulk Data sync of a registered EHR, now",
+         arg("--tenant", required=True, help="the registered EHR's name"),
+         arg("--group", default="", help="Group id to export (default: the registration's)"),
+         arg("--full", action="store_true", help="export everything, not just what changed since the last sync; each "
+             "patient's record is then replaced whole (what the EHR no longer holds leaves the index)"))
 def cmd_sync(args, settings: Settings) -> int:
     from tqdm import tqdm
 
@@ -543,6 +531,7 @@ def cmd_sync(args, settings: Settings) -> int:
     return 0
 
 
+@command("beat", "start Celery beat: periodic re-sync of the tenant's records")
 def cmd_beat(args, settings: Settings) -> int:
     from workers.celery_app import make_celery
 
@@ -553,6 +542,7 @@ def cmd_beat(args, settings: Settings) -> int:
     return 0
 
 
+@command("status", "queue depth and the last sync per tenant", JSON)
 def cmd_status(args, settings: Settings) -> int:
     from dataclasses import replace
 
@@ -585,6 +575,7 @@ def cmd_status(args, settings: Settings) -> int:
     return 0
 
 
+@command("reindex", "rebuild a tenant's index with the configured model (atomic alias swap)", TENANT)
 def cmd_reindex(args, settings: Settings) -> int:
     from tqdm import tqdm
 
@@ -602,6 +593,7 @@ def cmd_reindex(args, settings: Settings) -> int:
     return 0
 
 
+@command("worker", "start a Celery worker for indexing tasks")
 def cmd_worker(args, settings: Settings) -> int:
     from workers.celery_app import make_celery
 

@@ -187,3 +187,17 @@ def test_serve_over_tls_for_a_local_https_test(env, tmp_path):
     half = subprocess.run([sys.executable, "-m", "smart_app.cli", "serve", "--cert", str(cert)], env=env,
                           capture_output=True, text=True, timeout=60)
     assert half.returncode == 2 and "--cert and --key go together" in half.stderr
+
+
+def test_every_command_is_documented_in_the_readme():
+    """The README is the truth: each `chartcite` command (and each subcommand) appears there."""
+    from smart_app.cli import COMMANDS, build_parser
+
+    readme = (REPO / "README.md").read_text()
+    assert not [name for name in COMMANDS if f"chartcite {name}" not in readme]
+    parser = build_parser()
+    groups = next(a for a in parser._actions if a.dest == "command").choices
+    for group in ("keys", "ehr"):
+        names = next(a for a in groups[group]._actions if a.dest.endswith("_command")).choices
+        line = next(l for l in readme.splitlines() if l.startswith(f"chartcite {group} ") and "|" in l)
+        assert set(names) <= {part.strip().split()[-1] for part in line.split("#")[0].split("|")}, line
