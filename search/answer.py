@@ -16,6 +16,10 @@ from .pipeline import Analysis, Evidence, Retrieval, concept_overlap, in_window
 NO_EVIDENCE = "I don't have evidence for that in this patient's record."
 NEW_PATIENT = "This is a new patient; I have no prior records."
 MAX_STATEMENTS = 4
+# Cosine similarities of all-MiniLM-L6-v2 between the question and a chunk (0-1 in practice):
+SEMANTIC_MATCH = 0.35              # with no concept to check, this close is "about the question"
+AS_CLOSE_AS_THE_BEST = 0.05        # a chunk this near the best one also earns a statement
+HIGH_CONFIDENCE_SIMILARITY = 0.5   # every concept supported and this close: "high" confidence
 
 
 @dataclass
@@ -83,7 +87,7 @@ def judge_support(retrieval: Retrieval) -> Support:
         # merely resembles the question is not an answer to it. Other wording ("iron pill" for
         # ferrous sulfate) may still be answered by a close semantic match below.
         return Support(False, 0.0, f"nothing in the record says {', '.join(unsaid[:3])}")
-    if best_dense >= 0.35:
+    if best_dense >= SEMANTIC_MATCH:
         return Support(True, 0.5, "semantic match only")
     return Support(False, 0.0, "nothing in the record matches the question")
 
@@ -289,7 +293,8 @@ def relevant_evidence(retrieval: Retrieval) -> list[Evidence]:
             ok = concept_overlap(ev.chunk, analysis) > 0 or (
                 ev.chunk.semantic_type in analysis.kinds and bool(analysis.date_from) and in_window(ev.chunk, analysis))
         else:
-            ok = any(term_in(t, ev.chunk.text) for t in analysis.residual) or (ev.dense or 0) >= best_dense - 0.05
+            ok = any(term_in(t, ev.chunk.text) for t in analysis.residual) or \
+                (ev.dense or 0) >= best_dense - AS_CLOSE_AS_THE_BEST
         if ok or i == 0:
             keep.append(ev)
     return keep
@@ -364,7 +369,7 @@ def compose(retrieval: Retrieval, patient_id: str, question_id: str | None = Non
             evidence_json.append(evidence_of(ev, len(evidence_json) + 1))
     answer = " ".join(f"{s['text']} [{s['citations'][0]}]" for s in statements)
     best_dense = max((e.dense for e in retrieval.evidence if e.dense is not None), default=0.0)
-    if support.coverage >= 0.99 and best_dense >= 0.5:
+    if support.coverage >= 0.99 and best_dense >= HIGH_CONFIDENCE_SIMILARITY:
         confidence = "high"
     elif support.coverage >= 0.5:
         confidence = "medium"

@@ -14,6 +14,7 @@ import re
 import time
 from dataclasses import dataclass, field, replace
 from datetime import date, timedelta
+from typing import Callable
 
 from fhir_ingest.contract import Chunk
 
@@ -416,6 +417,27 @@ def holds_asked_section(chunk: Chunk, analysis: Analysis) -> bool:
         heading.strip().lower() in asked for heading in chunk.section.split(","))
 
 
+# The feature rerank's weights. The fused recall score (an RRF score, about 0.02-0.03 at the
+# top) orders chunks the features cannot tell apart; each feature is 0 or 1 except `concepts`
+# (the share of the question's concepts a chunk asserts), so a weight says how many places a
+# feature is worth against the others. Tuned on the dev questions, checked on questions nobody
+# tuned on (README, "Retrieval quality").
+RERANK_WEIGHTS = {
+    "fused": 1.0,         # recall's own order
+    "concepts": 0.8,      # asserts what was asked about: the strongest single signal
+    "negated": -0.6,      # only mentions it to deny it ("no history of asthma")
+    "in_window": 0.6,     # dated inside the window the question names
+    "latest": 0.4,        # the newest of its concept, for "latest" questions
+    "type": 0.2,          # of a record type the question's words point at
+    "trend": 0.4,         # a trend summary, for "trend" questions
+    "structured": 0.3,    # a structured fact over a templated note line saying the same
+    "kind": 1.0,          # of the kind asked for by name ("what procedures...")
+    "section": 0.5,       # the note section asked for ("the assessment")
+    "newest_n": 1.0,      # among the last N results asked for ("the last three A1c")
+    "visit": 0.5,         # a note of the visit the question names
+}
+
+
 def rerank(evidence: list[Evidence], analysis: Analysis, reranker: CrossEncoderRanker | None = None) -> list[Evidence]:
     """Deterministic features: concepts asserted (not negated), the asked-for dates, the newest
     for 'latest', trend summaries for trends, structured facts over templated note lines; plus,
@@ -450,9 +472,9 @@ def rerank(evidence: list[Evidence], analysis: Analysis, reranker: CrossEncoderR
             "visit": 1.0 if chunk.semantic_type == "note" and set(chunk.refs[1:]) & analysis.visit_refs else 0.0,
         }
         ev.features = f
-        ev.score = (f["fused"] + 0.8 * f["concepts"] - 0.6 * f["negated"] + 0.6 * f["in_window"]
-                    + 0.4 * f["latest"] + 0.2 * f["type"] + 0.4 * f["trend"] + 0.3 * f["structured"]
-                    + 1.0 * f["kind"] + 0.5 * f["section"] + 1.0 * f["newest_n"] + 0.5 * f["visit"])
+        ev.score = 0.0
+        for name, weight in RERANK_WEIGHTS.items():   # summed in this order (ties are broken by id)
+            ev.score += weight * f[name]
     ranked = sorted(evidence, key=lambda e: (-e.score, e.chunk.chunk_id))
     if reranker is not None:
         ranked = cross_rerank(ranked, analysis.question, reranker)
@@ -510,20 +532,54 @@ def select(evidence: list[Evidence], k: int, by_fact: bool = True, diverse: bool
 
 # --- the pipeline -----------------------------------------------------------------------------------
 
-class _Stage:
-    def __init__(self, stages: list[StageReport], name: str, n_in: int, corpus: int):
-        self.stages, self.name, self.n_in, self.corpus = stages, name, n_in, corpus
+@dataclass
+class Tools:
+    """What the stages search with."""
+    backend: Backend
+    embedder: Embedder
+    reranker: CrossEncoderRanker | None = None
 
-    def __enter__(self):
-        self.t0 = time.perf_counter()
-        return self
 
-    def done(self, n_out: int, note: str = "") -> None:
-        ms = (time.perf_counter() - self.t0) * 1000
-        self.stages.append(StageReport(self.name, self.n_in, n_out, ms, n_out / self.corpus if self.corpus else 0.0, note))
+@dataclass
+class RetrievalState:
+    """What flows from stage to stage: each stage reads what earlier ones left and adds its part."""
+    question: str
+    tenant: str
+    patient_id: str
+    k: int
+    scope: Scope
+    corpus: int = 0
+    terms: list[RecordTerm] = field(default_factory=list)
+    analysis: Analysis | None = None
+    absent: set[str] = field(default_factory=set)
+    dense_hits: list[Hit] = field(default_factory=list)
+    lexical_hits: list[Hit] = field(default_factory=list)
+    evidence: list[Evidence] = field(default_factory=list)
+    candidates: list[Evidence] = field(default_factory=list)
 
-    def __exit__(self, *exc):
-        return False
+
+@dataclass(frozen=True)
+class Stage:
+    """A named step: `run` changes the state and returns (chunks out, note). A `whole_record` stage
+    looks at the patient's whole record (its input is the corpus); the others take what the stage
+    before them passed on. An unreported step is bookkeeping, not a stage of the table."""
+    name: str
+    run: Callable[[RetrievalState, Tools], tuple[int, str]]
+    whole_record: bool = False
+    reported: bool = True
+
+
+def run_stages(stages: list[Stage], state: RetrievalState, tools: Tools) -> list[StageReport]:
+    """The one runner: every stage timed and counted the same way."""
+    reports: list[StageReport] = []
+    for stage in stages:
+        started = time.perf_counter()
+        n_out, note = stage.run(state, tools)
+        ms = (time.perf_counter() - started) * 1000
+        if stage.reported:
+            n_in = state.corpus if stage.whole_record or not reports else reports[-1].n_out
+            reports.append(StageReport(stage.name, n_in, n_out, ms, n_out / state.corpus if state.corpus else 0.0, note))
+    return reports
 
 
 def patient_terms(backend: Backend, tenant: str, patient_id: str) -> list[RecordTerm]:
@@ -531,86 +587,164 @@ def patient_terms(backend: Backend, tenant: str, patient_id: str) -> list[Record
     return [RecordTerm(*t) for t in summary.get("terms", [])]
 
 
-def retrieve(backend: Backend, embedder: Embedder, question: str, tenant: str, patient_id: str,
-             k: int = 5, pipeline: str = "full", ablate: tuple[str, ...] = (),
-             reranker: CrossEncoderRanker | None = None) -> Retrieval:
-    if pipeline not in PIPELINES:
+# --- the stages -----------------------------------------------------------------------------------------
+
+def count_scope(state: RetrievalState, tools: Tools) -> tuple[int, str]:
+    state.corpus = tools.backend.count(state.scope)
+    return state.corpus, ""
+
+
+def analyse_question(state: RetrievalState, tools: Tools) -> tuple[int, str]:
+    backend, tenant = tools.backend, state.tenant
+    analysis = analyse(state.question, state.terms)
+    # A clinical word (one the tenant's records use somewhere) that this patient's record never
+    # uses is something the record cannot answer: "breast" for a patient with prostate cancer.
+    clinical = backend.has_terms(tenant, None, analysis.residual) if state.corpus else set()
+    absent = clinical - backend.has_terms(tenant, state.patient_id, sorted(clinical))
+    if analysis.required_keys:
+        absent = analysis.modifiers(absent)   # with a concept asked about, only its qualifiers count
+    state.analysis, state.absent = analysis, absent
+    return state.corpus, ", ".join(analysis.names + analysis.intents() + [f"absent: {t}" for t in sorted(absent)])
+
+
+def analyse_with_record(state: RetrievalState, tools: Tools) -> tuple[int, str]:
+    """The question read against the record's own terms (read once: the anchor stage uses them too)."""
+    state.terms = patient_terms(tools.backend, state.tenant, state.patient_id)
+    return analyse_question(state, tools)
+
+
+def anchor_in_time(state: RetrievalState, tools: Tools) -> tuple[int, str]:
+    """"At the sore-throat visit", "the last three": the window and the count the question means."""
+    analysis = state.analysis
+    found = anchor(tools.backend, state.scope, state.question, state.terms,
+                   explicit=bool(analysis.date_from or analysis.date_to)) if state.corpus else None
+    if found:
+        analysis.date_from, analysis.date_to = found.date_from, found.date_to
+    state.k = max(state.k, analysis.last_n)
+    return state.corpus, found.note if found else ""
+
+
+def narrow_scope(state: RetrievalState, tools: Tools) -> tuple[int, str]:
+    state.scope, why = filter_scope(tools.backend, state.scope, state.analysis)
+    return (tools.backend.count(state.scope) if why != "none" else state.corpus), why
+
+
+def _recalled(state: RetrievalState) -> int:
+    return len({h.chunk_id for h in state.dense_hits} | {h.chunk_id for h in state.lexical_hits})
+
+
+def recall_dense(state: RetrievalState, tools: Tools) -> tuple[int, str]:
+    state.dense_hits = tools.backend.search_vector(state.scope, tools.embedder.encode_query(state.question), RECALL_N)
+    return _recalled(state), ""
+
+
+def recall_hybrid(state: RetrievalState, tools: Tools) -> tuple[int, str]:
+    recall_dense(state, tools)
+    state.lexical_hits = tools.backend.search_text(state.scope, " ".join(state.analysis.terms), RECALL_N)
+    return _recalled(state), ""
+
+
+def recall_expanded(state: RetrievalState, tools: Tools) -> tuple[int, str]:
+    """Both recalls with the question's concepts and their synonyms added."""
+    analysis = state.analysis
+    dense_text = f"{state.question} {' '.join(analysis.names + analysis.expansions)}".strip()
+    state.dense_hits = tools.backend.search_vector(state.scope, tools.embedder.encode_query(dense_text), RECALL_N)
+    state.lexical_hits = tools.backend.search_text(state.scope, expanded_query(analysis), RECALL_N)
+    return _recalled(state), ""
+
+
+def _evidence(state: RetrievalState, tools: Tools, fused: dict[str, float]) -> tuple[int, str]:
+    dense_scores = {h.chunk_id: h.score for h in state.dense_hits}
+    dense_rank = {h.chunk_id: i for i, h in enumerate(state.dense_hits)}
+    lexical_rank = {h.chunk_id: i for i, h in enumerate(state.lexical_hits)}
+    ids = sorted(fused, key=lambda c: (-fused[c], c))
+    chunks = {c.chunk_id: c for c in tools.backend.get_chunks(state.tenant, ids)}
+    state.evidence = [Evidence(chunks[c], fused[c], dense_scores.get(c), lexical_rank.get(c), dense_rank.get(c))
+                      for c in ids if c in chunks]
+    return len(state.evidence), ""
+
+
+def fuse_dense(state: RetrievalState, tools: Tools) -> tuple[int, str]:
+    return _evidence(state, tools, {h.chunk_id: h.score for h in state.dense_hits})
+
+
+def fuse_rrf(state: RetrievalState, tools: Tools) -> tuple[int, str]:
+    return _evidence(state, tools, rrf(state.lexical_hits, state.dense_hits))
+
+
+def recover_concepts(state: RetrievalState, tools: Tools) -> tuple[int, str]:
+    """Chunks that assert a concept of the question but neither recall found."""
+    backend, analysis = tools.backend, state.analysis
+    have = {ev.chunk.chunk_id for ev in state.evidence}
+    hits = backend.search_concepts(state.scope, sorted(analysis.keys), RECOVERY_N)
+    if analysis.wants_latest and not analysis.keys:
+        hits += backend.latest(state.scope, 10)   # "her most recent note": the newest in scope
+    missed = list(dict.fromkeys(h.chunk_id for h in hits if h.chunk_id not in have))
+    floor = min((ev.score for ev in state.evidence), default=0.0)
+    state.evidence += [Evidence(c, floor, recovered=True) for c in backend.get_chunks(state.tenant, missed)]
+    return len(state.evidence), f"+{len(missed)}"
+
+
+def keep_candidates(state: RetrievalState, tools: Tools) -> tuple[int, str]:
+    state.candidates = list(state.evidence)
+    return len(state.evidence), ""
+
+
+def name_visits(state: RetrievalState, tools: Tools) -> tuple[int, str]:
+    """The encounters the question names ("the sore-throat visit"), for the rerank and the answer."""
+    state.analysis.visit_refs = visits_named(tools.backend, state.scope, state.analysis)
+    return len(state.evidence), ""
+
+
+def rerank_features(state: RetrievalState, tools: Tools) -> tuple[int, str]:
+    state.evidence = rerank(state.evidence, state.analysis, tools.reranker)
+    return len(state.evidence), f"cross-encoder {tools.reranker.name}" if tools.reranker else "features"
+
+
+def select_top_k(state: RetrievalState, tools: Tools) -> tuple[int, str]:
+    state.evidence = select(state.evidence, state.k, by_fact=False)
+    return len(state.evidence), ""
+
+
+def select_facts(state: RetrievalState, tools: Tools) -> tuple[int, str]:
+    """Top-k by fact; lists and histories prefer facts not yet covered."""
+    analysis = state.analysis
+    state.evidence = select(state.evidence, state.k, diverse=analysis.wants_list or analysis.wants_ever)
+    return len(state.evidence), ""
+
+
+# --- the pipelines: lists of stages -----------------------------------------------------------------------
+
+SCOPE = Stage("scope", count_scope, whole_record=True)
+CANDIDATES = Stage("candidates", keep_candidates, reported=False)
+STAGES = {
+    "dense": [SCOPE, Stage("analyse", analyse_question, whole_record=True), Stage("recall", recall_dense),
+              Stage("fuse", fuse_dense), CANDIDATES, Stage("select", select_top_k)],
+    "hybrid": [SCOPE, Stage("analyse", analyse_question, whole_record=True), Stage("recall", recall_hybrid),
+               Stage("fuse", fuse_rrf), CANDIDATES, Stage("select", select_top_k)],
+    "full": [SCOPE, Stage("analyse", analyse_with_record, whole_record=True),
+             Stage("anchor", anchor_in_time, whole_record=True), Stage("filter", narrow_scope, whole_record=True),
+             Stage("recall", recall_expanded), Stage("fuse", fuse_rrf), Stage("recovery", recover_concepts),
+             CANDIDATES, Stage("visits", name_visits, reported=False), Stage("rerank", rerank_features),
+             Stage("select", select_facts)],
+}
+
+
+def pipeline_stages(pipeline: str, ablate: tuple[str, ...] = ()) -> list[Stage]:
+    """The stages of a pipeline; ablating removes stages by name."""
+    if pipeline not in STAGES:
         raise ValueError(f"unknown pipeline {pipeline!r}; choose one of {', '.join(PIPELINES)}")
     unknown = set(ablate) - set(ABLATABLE)
     if unknown:
         raise ValueError(f"cannot ablate {', '.join(sorted(unknown))}; choose from {', '.join(ABLATABLE)}")
-    full = pipeline == "full"
-    stages: list[StageReport] = []
-    scope = Scope(tenant, patient_id)
+    return [stage for stage in STAGES[pipeline] if stage.name not in ablate]
 
-    t0 = time.perf_counter()
-    corpus = backend.count(scope)
-    stages.append(StageReport("scope", corpus, corpus, (time.perf_counter() - t0) * 1000, 1.0 if corpus else 0.0))
 
-    terms = patient_terms(backend, tenant, patient_id) if full else []   # read once: analyse and anchor use them
-    with _Stage(stages, "analyse", corpus, corpus) as st:
-        analysis = analyse(question, terms)
-        # A clinical word (one the tenant's records use somewhere) that this patient's record never
-        # uses is something the record cannot answer: "breast" for a patient with prostate cancer.
-        clinical = backend.has_terms(tenant, None, analysis.residual) if corpus else set()
-        absent = clinical - backend.has_terms(tenant, patient_id, sorted(clinical))
-        if analysis.required_keys:
-            absent = analysis.modifiers(absent)   # with a concept asked about, only its qualifiers count
-        st.done(corpus, ", ".join(analysis.names + analysis.intents() + [f"absent: {t}" for t in sorted(absent)]))
-
-    if full:
-        with _Stage(stages, "anchor", corpus, corpus) as st:
-            found = anchor(backend, scope, question, terms,
-                           explicit=bool(analysis.date_from or analysis.date_to)) if corpus else None
-            if found:
-                analysis.date_from, analysis.date_to = found.date_from, found.date_to
-            st.done(corpus, found.note if found else "")
-        k = max(k, analysis.last_n)
-
-    if full and "filter" not in ablate:
-        with _Stage(stages, "filter", corpus, corpus) as st:
-            scope, why = filter_scope(backend, scope, analysis)
-            st.done(backend.count(scope) if why != "none" else corpus, why)
-
-    with _Stage(stages, "recall", stages[-1].n_out, corpus) as st:
-        dense_text = f"{question} {' '.join(analysis.names + analysis.expansions)}".strip() if full else question
-        dense_hits = backend.search_vector(scope, embedder.encode_query(dense_text), RECALL_N)
-        lexical_hits = [] if pipeline == "dense" else backend.search_text(
-            scope, expanded_query(analysis) if full else " ".join(analysis.terms), RECALL_N)
-        st.done(len({h.chunk_id for h in dense_hits} | {h.chunk_id for h in lexical_hits}))
-
-    with _Stage(stages, "fuse", stages[-1].n_out, corpus) as st:
-        fused = {h.chunk_id: h.score for h in dense_hits} if pipeline == "dense" else rrf(lexical_hits, dense_hits)
-        dense_scores = {h.chunk_id: h.score for h in dense_hits}
-        dense_rank = {h.chunk_id: i for i, h in enumerate(dense_hits)}
-        lexical_rank = {h.chunk_id: i for i, h in enumerate(lexical_hits)}
-        ids = sorted(fused, key=lambda c: (-fused[c], c))
-        chunks = {c.chunk_id: c for c in backend.get_chunks(tenant, ids)}
-        evidence = [Evidence(chunks[c], fused[c], dense_scores.get(c), lexical_rank.get(c), dense_rank.get(c))
-                    for c in ids if c in chunks]
-        st.done(len(evidence))
-
-    if full and "recovery" not in ablate:
-        with _Stage(stages, "recovery", len(evidence), corpus) as st:
-            have = {ev.chunk.chunk_id for ev in evidence}
-            hits = backend.search_concepts(scope, sorted(analysis.keys), RECOVERY_N)
-            if analysis.wants_latest and not analysis.keys:
-                hits += backend.latest(scope, 10)   # "her most recent note": the newest in scope
-            missed = list(dict.fromkeys(h.chunk_id for h in hits if h.chunk_id not in have))
-            floor = min((ev.score for ev in evidence), default=0.0)
-            evidence += [Evidence(c, floor, recovered=True) for c in backend.get_chunks(tenant, missed)]
-            st.done(len(evidence), f"+{len(missed)}")
-
-    candidates = list(evidence)
-    if full:
-        analysis.visit_refs = visits_named(backend, scope, analysis)
-    if full and "rerank" not in ablate:
-        with _Stage(stages, "rerank", len(evidence), corpus) as st:
-            evidence = rerank(evidence, analysis, reranker)
-            st.done(len(evidence), f"cross-encoder {reranker.name}" if reranker else "features")
-
-    with _Stage(stages, "select", len(evidence), corpus) as st:
-        evidence = select(evidence, k, by_fact=full, diverse=full and (analysis.wants_list or analysis.wants_ever))
-        st.done(len(evidence))
-
-    return Retrieval(question, pipeline, analysis, evidence, stages, corpus, scope, candidates, absent)
+def retrieve(backend: Backend, embedder: Embedder, question: str, tenant: str, patient_id: str,
+             k: int = 5, pipeline: str = "full", ablate: tuple[str, ...] = (),
+             reranker: CrossEncoderRanker | None = None) -> Retrieval:
+    stages = pipeline_stages(pipeline, ablate)
+    state = RetrievalState(question, tenant, patient_id, k, Scope(tenant, patient_id))
+    reports = run_stages(stages, state, Tools(backend, embedder, reranker))
+    return Retrieval(question, pipeline, state.analysis, state.evidence, reports, state.corpus, state.scope,
+                     state.candidates, state.absent)

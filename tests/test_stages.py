@@ -1,0 +1,66 @@
+"""The retrieval pipelines as lists of typed stages, without a model or an index: which stages
+each pipeline runs, what ablating removes, and how the one runner counts and times them."""
+from __future__ import annotations
+
+import pytest
+
+from search.backend import Scope
+from search.pipeline import (ABLATABLE, RERANK_WEIGHTS, RetrievalState, Stage, pipeline_stages, run_stages,
+                             select_top_k)
+
+
+def names(pipeline: str, ablate: tuple[str, ...] = ()) -> list[str]:
+    return [s.name for s in pipeline_stages(pipeline, ablate) if s.reported]
+
+
+def test_pipelines_are_lists_of_named_stages():
+    assert names("dense") == names("hybrid") == ["scope", "analyse", "recall", "fuse", "select"]
+    assert names("full") == ["scope", "analyse", "anchor", "filter", "recall", "fuse", "recovery", "rerank", "select"]
+    # The same names, different stages: what distinguishes the pipelines is which function runs.
+    dense, hybrid = pipeline_stages("dense"), pipeline_stages("hybrid")
+    assert [s.run for s in dense if s.name == "recall"] != [s.run for s in hybrid if s.name == "recall"]
+
+
+def test_ablating_removes_stages_by_name_and_nothing_else():
+    for stage in ABLATABLE:
+        assert names("full", (stage,)) == [n for n in names("full") if n != stage]
+    with pytest.raises(ValueError, match="cannot ablate"):
+        pipeline_stages("full", ("select",))
+    with pytest.raises(ValueError, match="unknown pipeline"):
+        pipeline_stages("bm25")
+
+
+def test_the_runner_counts_what_each_stage_passes_on():
+    def corpus(state, tools):
+        state.corpus = 10
+        return 10, ""
+
+    def keep_four(state, tools):
+        return 4, "kept four"
+
+    state = RetrievalState("q", "t", "p", 5, Scope("t", "p"))
+    stages = [Stage("scope", corpus, whole_record=True), Stage("look", keep_four, whole_record=True),
+              Stage("hidden", lambda s, t: (99, ""), reported=False), Stage("narrow", lambda s, t: (2, ""))]
+    reports = run_stages(stages, state, tools=None)
+    assert [(r.name, r.n_in, r.n_out, r.note) for r in reports] == [
+        ("scope", 10, 10, ""), ("look", 10, 4, "kept four"), ("narrow", 4, 2, "")]
+    assert reports[-1].corpus_ratio == 0.2 and all(r.ms >= 0 for r in reports)
+
+
+def test_select_top_k_keeps_order_and_drops_identical_text():
+    from fhir_ingest.contract import Chunk
+    from search.pipeline import Evidence
+
+    def chunk(cid: str, text: str) -> Chunk:
+        return Chunk("t", "p", "Condition", cid, "0", text, text, "2024-01-01", "problem")
+
+    state = RetrievalState("q", "t", "p", 2, Scope("t", "p"))
+    state.evidence = [Evidence(chunk("a", "Asthma."), 3.0), Evidence(chunk("b", "asthma. "), 2.0),
+                      Evidence(chunk("c", "Hypertension."), 1.0)]
+    assert select_top_k(state, tools=None) == (2, "")
+    assert [e.chunk.resource_id for e in state.evidence] == ["a", "c"]
+
+
+def test_the_rerank_weights_are_named():
+    assert RERANK_WEIGHTS["fused"] == 1.0 and RERANK_WEIGHTS["negated"] < 0
+    assert set(RERANK_WEIGHTS) >= {"concepts", "in_window", "latest", "kind", "visit"}
