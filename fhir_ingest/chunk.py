@@ -152,9 +152,14 @@ class PatientChunker:
                 continue
             try:
                 out.extend(method(r))
-            except (NoteDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
-                ref = f"{r['resourceType']}/{r.get('id')}"
-                self.problems.append(ChunkProblem(ref, f"could not be chunked: {exc}"))
+            except (NoteDecodeError, ValueError) as exc:      # the resource's data: reported, skipped
+                self.problems.append(ChunkProblem(f"{r['resourceType']}/{r.get('id')}", f"could not be chunked: {exc}"))
+            except (KeyError, TypeError, AttributeError) as exc:
+                # A renderer failing on a checked resource is a bug in chartcite: the resource is
+                # still reported and the rest of the record indexed, and the traceback is logged
+                # (code, not data) so the bug is seen and fixed.
+                log.error("the %s renderer failed (%s): a bug", r["resourceType"], type(exc).__name__, exc_info=True)
+                self.problems.append(ChunkProblem(f"{r['resourceType']}/{r.get('id')}", f"could not be chunked: {exc}"))
         out.extend(self.trend_chunks())
         return [piece for chunk in out for piece in self.within_window(chunk)]
 

@@ -30,11 +30,6 @@ class Chunk:
         return f"{self.resource_type}/{self.resource_id}"
 
     @property
-    def source(self) -> str:
-        """FHIR reference that the side panel opens."""
-        return self.ref
-
-    @property
     def chunk_id(self) -> str:
         # The patient is part of the key: one `Type/id` under two patients of a tenant is two records.
         key = "|".join([self.tenant, self.patient_id, self.resource_type, self.resource_id, self.version_id, self.part])
@@ -44,7 +39,7 @@ class Chunk:
         d = asdict(self)
         d["chunk_id"] = self.chunk_id
         d["ref"] = self.ref
-        d["source"] = self.source
+        d["source"] = self.ref          # the FHIR reference the side panel opens
         return d
 
     @classmethod
@@ -59,3 +54,7 @@ def make_label(date: str, kind: str, words: str, limit: int = 60) -> str:
         words = words[: limit - 1].rstrip() + "…"
     parts = [p for p in (date[:10], kind, words) if p]
     return " · ".join(parts)
+
+
+class PatientNotFound(LookupError):
+    """The record source has no such patient. The id stays out of the message: logs carry it."""

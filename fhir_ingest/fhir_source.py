@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from .client import FhirClient, FhirError
+from .contract import PatientNotFound
 from .load import LoadReport, PatientRecord, check_items
 from .normalize import human_name
 from .reader import RawResource, ReadItem, ReadProblem
@@ -48,7 +49,7 @@ def fetch_patient(client: FhirClient, patient_id: str, since: str = "", progress
         resources.append(client.get_json(f"Patient/{patient_id}"))
     except FhirError as exc:
         if exc.status == 404:
-            raise KeyError("the EHR has no such patient") from exc  # the id stays out of logs
+            raise PatientNotFound("the EHR has no such patient") from exc
         raise
     for i, (rtype, param) in enumerate(PATIENT_SEARCHES.items(), start=1):
         params = {param: patient_id, "_count": str(PAGE_SIZE)}

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from .chunk import clinical_date
+from .contract import PatientNotFound
 from .normalize import IGNORED_TYPES, INDEXED_TYPES, SUPPORT_TYPES, InvalidResource, binary_ref, check_resource, patient_of, ref_id
 from .reader import RawResource, ReadItem, ReadProblem, ReadWarning, read_path
 from .staging import PatientStaging, StagedResource
@@ -256,7 +257,7 @@ class BundleDirectorySource:
         for p in self.files():
             if p.name.split(".json")[0] == patient_id:
                 return p
-        raise KeyError("no bundle for that patient")  # the id stays out of logs and tracebacks
+        raise PatientNotFound("no bundle for that patient")
 
     def read_patient(self, patient_id: str) -> tuple[list[PatientRecord], LoadReport]:
         return load_resources([self.path_for(patient_id)])

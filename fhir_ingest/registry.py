@@ -346,8 +346,3 @@ class Registry:
             if row.kind != kind or row.expires_at < time.time():
                 return None
             return self.decrypt(row.data)
-
-    def raw_secrets(self) -> list[str]:
-        """The stored ciphertexts (for tests proving nothing is kept in the clear)."""
-        with Session(self.engine) as s:
-            return [r.data for r in s.scalars(select(StoredSecret))] + [r.private_jwk for r in s.scalars(select(SigningKey))]

@@ -92,9 +92,6 @@ class Backend(ABC):
     def get_chunks(self, tenant: str, chunk_ids: list[str]) -> list[Chunk]: ...
 
     @abstractmethod
-    def chunks_for_ref(self, tenant: str, patient_id: str, ref: str) -> list[Chunk]: ...
-
-    @abstractmethod
     def indexed_texts(self, tenant: str, patient_id: str) -> dict[str, str]:
         """chunk_id → hash of the text it was embedded from, for skipping unchanged chunks."""
 

@@ -8,9 +8,10 @@ negation, dates and recency (see pipeline.rerank).
 from __future__ import annotations
 
 import math
-import os
 from functools import lru_cache
 from pathlib import Path
+
+from .embed import quiet_model_libraries
 
 
 class RerankerNotFound(RuntimeError):
@@ -23,10 +24,7 @@ class CrossEncoderRanker:
     max_pairs = 30
 
     def __init__(self, model_path: str):
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        quiet_model_libraries()
         if not (Path(model_path) / "config.json").exists():
             raise RerankerNotFound(f"no cross-encoder model in {model_path} (CHARTCITE_RERANKER)")
         from sentence_transformers import CrossEncoder

@@ -384,11 +384,6 @@ class ElasticsearchBackend(Backend):
                  if d.get("found") and d["_source"]["tenant"] == tenant}
         return [by_id[c] for c in chunk_ids if c in by_id]
 
-    def chunks_for_ref(self, tenant: str, patient_id: str, ref: str) -> list[Chunk]:
-        hits = self._search(tenant, size=MAX_RESULT, source=["data"], query={"bool": {"filter": [
-            {"term": {"tenant": tenant}}, {"term": {"patient_id": patient_id}}, {"term": {"ref": ref}}]}})
-        return [Chunk.from_dict(h["_source"]["data"]) for h in hits]
-
     def indexed_texts(self, tenant: str, patient_id: str) -> dict[str, str]:
         from elasticsearch.helpers import scan
 

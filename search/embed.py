@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -31,14 +30,23 @@ def default_model_path() -> str:
     return str(path)
 
 
+def quiet_model_libraries() -> None:
+    """No download progress bars or chatter from the model libraries in chartcite's output. Models
+    load with local_files_only=True, so nothing is ever fetched (HF_HUB_OFFLINE=1 is set by the
+    Makefile and the image as well); this module leaves the environment alone."""
+    from huggingface_hub.utils import disable_progress_bars
+    from transformers.utils import logging as transformers_logging
+
+    disable_progress_bars()
+    transformers_logging.set_verbosity_error()
+    transformers_logging.disable_progress_bar()
+
+
 class Embedder:
     """Wraps one SentenceTransformer; `name` identifies the model an index was built with."""
 
     def __init__(self, model_path: str | None = None, batch_size: int = 32):
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        quiet_model_libraries()
         path = model_path or default_model_path()
         if not Path(path).exists():
             raise ModelNotFound(f"embedding model folder {path} does not exist (CHARTCITE_MODEL)")

@@ -261,11 +261,6 @@ class EmbeddedBackend(Backend):
         by_id = {cid: Chunk.from_dict(json.loads(data)) for cid, data in rows}
         return [by_id[c] for c in chunk_ids if c in by_id]
 
-    def chunks_for_ref(self, tenant: str, patient_id: str, ref: str) -> list[Chunk]:
-        rows = self._db().execute("SELECT data FROM chunks WHERE tenant=? AND patient_id=? AND ref=?",
-                                  (tenant, patient_id, ref)).fetchall()
-        return [Chunk.from_dict(json.loads(r[0])) for r in rows]
-
     def indexed_texts(self, tenant: str, patient_id: str) -> dict[str, str]:
         rows = self._db().execute("SELECT chunk_id, text_hash FROM chunks WHERE tenant=? AND patient_id=?",
                                   (tenant, patient_id)).fetchall()

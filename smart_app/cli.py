@@ -326,7 +326,7 @@ def cmd_keys(args, settings: Settings) -> int:
 
     registry = registry_for(settings)
     if args.keys_command == "generate":
-        overlap = settings.number("key_overlap_days") * 86400
+        overlap = settings.key_overlap_days * 86400
         for alg in (("RS384", "ES384") if args.alg == "both" else (args.alg,)):
             pair = generate_pair(alg)
             registry.add_key(pair, overlap)

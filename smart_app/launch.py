@@ -103,7 +103,7 @@ def needs_sync(tenant: str, patient_id: str) -> bool:
     if search().patient(tenant, patient_id) is None or last_sync_failed(tenant, patient_id):
         return True
     synced = registry().patient_synced(tenant, patient_id)
-    stale_after = settings().number("patient_stale_minutes") * 60
+    stale_after = settings().patient_stale_minutes * 60
     return synced is None or time.time() - synced.synced_at > stale_after
 
 

@@ -40,12 +40,12 @@ class ChartciteServer(BaseApplication):
 
 
 def gunicorn_options(settings: Settings, host: str, port: int, cert: str | None, key: str | None) -> dict:
-    workers, threads = int(settings.number("web_workers")), int(settings.number("web_threads"))
+    workers, threads = settings.web_workers, settings.web_threads
     if workers < 1 or threads < 1:
         raise SettingsError("CHARTCITE_WEB_WORKERS and CHARTCITE_WEB_THREADS must be at least 1")
     options = {"bind": f"{host}:{port}", "workers": workers, "threads": threads, "worker_class": "gthread",
-               "timeout": int(settings.number("web_timeout_seconds")),
-               "graceful_timeout": int(settings.number("web_graceful_seconds")),
+               "timeout": settings.web_timeout_seconds,
+               "graceful_timeout": settings.web_graceful_seconds,
                "accesslog": "-", "access_log_format": ACCESS_LOG_FORMAT, "errorlog": "-",
                "loglevel": settings.log_level.lower(), "preload_app": False, "proc_name": "chartcite",
                # gunicorn 27's control socket would be a file in $HOME; nothing here uses it.
@@ -63,7 +63,7 @@ def prepare_before_fork(settings: Settings) -> None:
     settings.ensure_secret()
     # Tables created (and upgraded) once; the engine is closed so no connection crosses the fork.
     Registry(settings.registry_db, settings.ensure_token_key()).engine.dispose()
-    if int(settings.number("web_workers")) > 1 and settings.backend == "embedded":
+    if settings.web_workers > 1 and settings.backend == "embedded":
         log.warning("CHARTCITE_WEB_WORKERS > 1 with the embedded index: each worker loads the model and indexes "
                     "in-process; for more than one worker use Elasticsearch and Celery workers")
 

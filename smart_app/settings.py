@@ -30,7 +30,7 @@ class Settings:
     llm_url: str = ""                     # OpenAI-compatible base URL (http://127.0.0.1:8080/v1); "" = extractive answers only
     llm_model: str = ""
     llm_api_key: str = ""
-    llm_timeout_seconds: str = "60"
+    llm_timeout_seconds: float = 60.0
     rate_limit_clinician: str = "30/minute"   # questions per clinician (flask-limiter syntax)
     rate_limit_tenant: str = "600/minute"     # questions per tenant (EHR)
     backend: str = "embedded"             # embedded | elasticsearch
@@ -48,24 +48,24 @@ class Settings:
     es_password: str = ""
     es_ca_certs: str = ""                 # CA bundle for TLS
     es_verify_certs: bool = True
-    es_shards: str = "1"
-    es_replicas: str = "0"
+    es_shards: int = 1
+    es_replicas: int = 0
     redis_url: str = ""                   # Celery broker and job progress in production
-    sync_interval_minutes: str = "60"     # Celery beat: how often each tenant's record source is re-synced
+    sync_interval_minutes: float = 60.0     # Celery beat: how often each tenant's record source is re-synced
     public_url: str = ""                  # how EHRs reach chartcite (https://chartcite.hospital.org); "" = the request's host
     token_key: str = ""                   # Fernet key encrypting tokens and private keys at rest; generated per data dir when empty
     admin_token: str = ""                 # bearer token for /admin; "" = loopback only
     audit_url: str = ""                   # SQLAlchemy URL of the audit trail; "" = SQLite in the data dir
     registry_url: str = ""                # SQLAlchemy URL of the registration database; "" = SQLite in the data dir
-    web_workers: str = "1"                # gunicorn worker processes (each loads the model)
-    web_threads: str = "8"                # threads per worker: concurrent requests one worker serves
-    web_timeout_seconds: str = "120"      # a worker silent this long is restarted
-    web_graceful_seconds: str = "30"      # on SIGTERM, requests in flight get this long to finish
-    fhir_timeout_seconds: str = "20"
-    fhir_max_concurrency: str = "2"       # requests in flight to one EHR (whole deployment with Redis, else per process)
-    fhir_max_requests_per_second: str = "20"  # requests started per second to one EHR (same scope); 0 = no limit
-    patient_stale_minutes: str = "60"     # a launch re-syncs a patient last synced longer ago than this
-    key_overlap_days: str = "7"           # a rotated-out key stays in the JWKS this long
+    web_workers: int = 1                # gunicorn worker processes (each loads the model)
+    web_threads: int = 8                # threads per worker: concurrent requests one worker serves
+    web_timeout_seconds: int = 120      # a worker silent this long is restarted
+    web_graceful_seconds: int = 30      # on SIGTERM, requests in flight get this long to finish
+    fhir_timeout_seconds: float = 20.0
+    fhir_max_concurrency: int = 2       # requests in flight to one EHR (whole deployment with Redis, else per process)
+    fhir_max_requests_per_second: float = 20.0  # requests started per second to one EHR (same scope); 0 = no limit
+    patient_stale_minutes: float = 60.0     # a launch re-syncs a patient last synced longer ago than this
+    key_overlap_days: float = 7.0           # a rotated-out key stays in the JWKS this long
 
     @classmethod
     def load(cls, environ: dict | None = None) -> "Settings":
@@ -137,12 +137,6 @@ class Settings:
     def registry_db(self) -> str:
         return self.registry_url or f"sqlite:///{self.data_dir / 'registry.sqlite'}"
 
-    def number(self, name: str) -> float:
-        try:
-            return float(getattr(self, name))
-        except ValueError as exc:
-            raise SettingsError(f"CHARTCITE_{name.upper()} must be a number") from exc
-
     @property
     def index_path(self) -> Path:
         return self.data_dir / "index.sqlite"
@@ -159,17 +153,13 @@ class Settings:
         """What search.SearchService needs to open the configured backend."""
         if self.backend == "elasticsearch" and not self.es_url:
             raise SettingsError("CHARTCITE_BACKEND=elasticsearch needs CHARTCITE_ES_URL (e.g. http://127.0.0.1:9250)")
-        try:
-            shards, replicas = int(self.es_shards), int(self.es_replicas)
-        except ValueError as exc:
-            raise SettingsError("CHARTCITE_ES_SHARDS and CHARTCITE_ES_REPLICAS must be numbers") from exc
         return {"backend_kind": self.backend, "index_path": self.index_path, "model_path": self.model,
                 "reranker_path": self.reranker,
                 "llm": {"url": self.llm_url, "model": self.llm_model or "default", "api_key": self.llm_api_key,
-                        "timeout": self.number("llm_timeout_seconds")} if self.llm_url else None,
+                        "timeout": self.llm_timeout_seconds} if self.llm_url else None,
                 "es": {"urls": [u.strip() for u in self.es_url.split(",") if u.strip()], "api_key": self.es_api_key,
                        "username": self.es_username, "password": self.es_password, "ca_certs": self.es_ca_certs,
-                       "verify_certs": self.es_verify_certs, "shards": shards, "replicas": replicas}}
+                       "verify_certs": self.es_verify_certs, "shards": self.es_shards, "replicas": self.es_replicas}}
 
     def masked(self) -> dict:
         out = {}
@@ -232,4 +222,11 @@ def _coerce(default, raw, name: str):
         raise SettingsError(f"CHARTCITE_{name.upper()} must be true or false, not {raw!r}")
     if isinstance(default, Path):
         return Path(str(raw)).expanduser()
+    if isinstance(default, (int, float)):
+        # Numbers are checked once, when settings load, not at each use.
+        try:
+            return type(default)(raw)
+        except (TypeError, ValueError) as exc:
+            kind = "a whole number" if isinstance(default, int) else "a number"
+            raise SettingsError(f"CHARTCITE_{name.upper()} must be {kind}, not {raw!r}") from exc
     return str(raw)

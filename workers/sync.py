@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 from fhir_ingest.budget import budget_for
 from fhir_ingest.client import AuthExpired, FhirClient, FhirUnavailable
+from fhir_ingest.contract import PatientNotFound
 from fhir_ingest.load import BundleDirectorySource, LoadReport, essentials
 from fhir_ingest.registry import Ehr, Registry
 from fhir_ingest.smart_auth import BackendServicesToken, SessionTokens
@@ -30,10 +31,6 @@ log = logging.getLogger(__name__)
 
 # Faults that pass: the task is retried with backoff.
 TRANSIENT = (BackendUnavailable, FhirUnavailable, ConnectionError, TimeoutError)
-
-
-class PatientNotFound(LookupError):
-    """The record source has no such patient (the id stays out of the message: logs carry it)."""
 
 
 @lru_cache(maxsize=8)
@@ -50,10 +47,10 @@ def ehr_client(settings, registry: Registry, ehr: Ehr, session_id: str | None = 
     """A FHIR client on the session's user token, or on a Backend Services token without one,
     drawing on the deployment's request budget for that EHR and counting its answers by status."""
     auth = SessionTokens(registry, session_id, ehr) if session_id else BackendServicesToken(registry, ehr)
-    budget = budget_for(urlsplit(ehr.iss).netloc, int(settings.number("fhir_max_concurrency")),
-                        settings.number("fhir_max_requests_per_second"), settings.redis_url)
+    budget = budget_for(urlsplit(ehr.iss).netloc, settings.fhir_max_concurrency,
+                        settings.fhir_max_requests_per_second, settings.redis_url)
     tally = job_store(settings)
-    return FhirClient(ehr.iss, auth, timeout=settings.number("fhir_timeout_seconds"), budget=budget,
+    return FhirClient(ehr.iss, auth, timeout=settings.fhir_timeout_seconds, budget=budget,
                       on_status=lambda status: tally.add("ehr_requests", status))
 
 
@@ -79,10 +76,7 @@ def read_ehr_patient(settings, registry: Registry, ehr: Ehr, patient_id: str, he
     cursor = registry.patient_synced(ehr.name, patient_id)
     since = cursor.server_time if cursor and held else ""
     server_time = client.server_time()
-    try:
-        fetched = fetch_patient(client, patient_id, since, progress)
-    except KeyError as exc:
-        raise PatientNotFound("the EHR has no such patient") from exc
+    fetched = fetch_patient(client, patient_id, since, progress)
     record, report = to_record(patient_id, merge_resources(held, fetched.resources), fetched.problems, ehr.name)
     return PatientRead([record] if record else [], report, server_time, len(fetched.resources), True)
 
@@ -91,10 +85,7 @@ def read_patient(settings, registry: Registry, service, tenant: str, patient_id:
                  progress) -> PatientRead:
     ehr = registry.ehr(tenant)
     if ehr is None:
-        try:
-            records, report = BundleDirectorySource(settings.demo_source).read_patient(patient_id)
-        except KeyError as exc:
-            raise PatientNotFound("the bundle folder has no such patient") from exc
+        records, report = BundleDirectorySource(settings.demo_source).read_patient(patient_id)
         return PatientRead(records, report, fetched=sum(len(r.resources) for r in records))
     held = service.held_resources(tenant, patient_id)
     return read_ehr_patient(settings, registry, ehr, patient_id, held, session_id, progress)
