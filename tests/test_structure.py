@@ -1,0 +1,83 @@
+"""The shape DESIGN.md asks for, checked: imports run one way (smart_app → workers → search →
+fhir_ingest), no module imports itself round a circle, and no product function is over 60 lines."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("smart_app", "workers", "search", "fhir_ingest")     # each may import only those after it
+MAX_FUNCTION_LINES = 60
+
+
+def modules() -> dict[str, ast.Module]:
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            name = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+            found[name] = ast.parse(path.read_text(), str(path))
+    return found
+
+
+def imports_of(name: str, tree: ast.Module, known: set[str]) -> set[str]:
+    """Every product module this one imports, at the top or inside a function."""
+    package = name if name in PACKAGES else name.rsplit(".", 1)[0]
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            targets = [f"{base}.{alias.name}" for alias in node.names] + [base]
+        else:
+            continue
+        out |= {t for t in targets if t in known}
+    out.discard(name)
+    return out
+
+
+def test_imports_run_one_way():
+    found = modules()
+    wrong = []
+    for name, tree in found.items():
+        rank = PACKAGES.index(name.split(".")[0])
+        for target in imports_of(name, tree, set(found)):
+            if PACKAGES.index(target.split(".")[0]) < rank:
+                wrong.append(f"{name} imports {target}")
+    assert not wrong, wrong
+
+
+def test_no_import_circles():
+    found = modules()
+    graph = {name: imports_of(name, tree, set(found)) for name, tree in found.items()}
+    cycles = []
+
+    def visit(node, path, on_path, done):
+        if node in on_path:
+            cycles.append(" -> ".join(path[path.index(node):] + [node]))
+            return
+        if node in done:
+            return
+        on_path.add(node)
+        for target in sorted(graph[node]):
+            visit(target, path + [node], on_path, done)
+        on_path.discard(node)
+        done.add(node)
+
+    done: set[str] = set()
+    for name in sorted(graph):
+        visit(name, [], set(), done)
+    assert not cycles, cycles
+
+
+def test_no_function_is_over_60_lines():
+    long = []
+    for name, tree in modules().items():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    long.append(f"{name}.{node.name}: {length} lines")
+    assert not long, long
