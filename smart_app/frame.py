@@ -136,7 +136,8 @@ def render_patient(context, handle: str):
     banner.update({k: v for k, v in summary.items() if k in ("name", "gender", "birth_date", "age") and v})
     # The EHR shows its own patient banner when it says need_patient_banner is false.
     show_banner = context.details.get("need_patient_banner", True) is not False
-    response = make_response(render_template("patient.html", handle=handle, patient=banner, pipelines=PIPELINES,
+    response = make_response(render_template("patient.html", handle=handle, patient=banner,
+                                             pipelines=PIPELINES if settings().show_pipeline else (),
                                              show_banner=show_banner, style=context.details.get("style") or {}))
     # SameSite=None so the cookie survives inside the EHR's cross-site frame where the browser
     # allows it at all; the API never depends on it (the handle travels in a header).

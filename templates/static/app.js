@@ -30,6 +30,11 @@
       .catch(() => ({ ok: false, status: 0, body: { error: "chartcite could not be reached. Check the connection and try again." } }));
   }
 
+  // A JSON POST through api(): the one place the request is built.
+  function post(path, payload) {
+    return api(path, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(payload) });
+  }
+
   function el(tag, attrs, text) {
     const node = document.createElement(tag);
     Object.entries(attrs || {}).forEach(([k, v]) => node.setAttribute(k, v));
@@ -76,8 +81,10 @@
   }
 
   $("resync").addEventListener("click", () => {
-    api("/api/sync", { method: "POST", headers: { "Content-Type": "application/json" }, body: "{}" })
-      .then(() => { ready = false; $("ask-form").dataset.ready = "no"; pollStatus(); });
+    post("/api/sync", {}).then(({ ok, body }) => {
+      if (!ok) { $("sync").hidden = false; $("sync-text").textContent = body.error || "The refresh could not be started."; return; }
+      ready = false; $("ask-form").dataset.ready = "no"; pollStatus();
+    });
   });
 
   // A statement with its [n] marks, each opening the record it cites.
@@ -107,8 +114,7 @@
     });
     const save = el("button", { type: "button", id: "save-draft" }, "Save draft");
     save.addEventListener("click", () => {
-      api("/api/draft/save", { method: "POST", headers: { "Content-Type": "application/json" },
-                               body: JSON.stringify({ draft: currentDraft }) })
+      post("/api/draft/save", { draft: currentDraft })
         .then(({ ok, body }) => {
           $("meta").textContent = ok ? "Draft saved (#" + body.saved + ")." : (body.error || "Not saved.");
           if (ok && draft.can_write_back) offerWriteBack(body.saved);
@@ -120,8 +126,7 @@
   function offerWriteBack(saved) {
     const write = el("button", { type: "button", id: "write-back" }, "Write to the EHR as a preliminary note");
     write.addEventListener("click", () => {
-      api("/api/draft/writeback", { method: "POST", headers: { "Content-Type": "application/json" },
-                                    body: JSON.stringify({ saved }) })
+      post("/api/draft/writeback", { saved })
         .then(({ ok, body }) => { $("meta").textContent = ok ? "Written to the EHR as " + body.document + " (preliminary)." : (body.error || "Not written."); });
     });
     $("answer").appendChild(write);
@@ -130,8 +135,7 @@
   ["draft-previsit", "draft-medreview"].forEach((id) => {
     $(id).addEventListener("click", () => {
       $("answer").textContent = "Drafting…";
-      api("/api/draft", { method: "POST", headers: { "Content-Type": "application/json" },
-                          body: JSON.stringify({ kind: $(id).dataset.kind }) })
+      post("/api/draft", { kind: $(id).dataset.kind })
         .then(({ ok, body }) => { if (ok) renderDraft(body); else showError(body.error || "Could not draft."); });
     });
   });
@@ -145,10 +149,9 @@
     $("answer").textContent = "Searching the record…";
     $("chips").textContent = ""; $("meta").textContent = ""; $("chart").hidden = true;
     $("ask-button").disabled = true;
-    api("/api/ask", {
-      method: "POST", headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ question, pipeline: $("pipeline").value }),
-    }).then(({ ok, body }) => {
+    // The pipeline selector is a developer setting (CHARTCITE_SHOW_PIPELINE); clinicians get `full`.
+    const payload = $("pipeline") ? { question, pipeline: $("pipeline").value } : { question };
+    post("/api/ask", payload).then(({ ok, body }) => {
       $("ask-button").disabled = false;
       if (!ok) { showError(body.error || "Something went wrong. Try again."); return; }
       current = body;
@@ -282,9 +285,9 @@
   };
   function loadSummary() {
     api("/api/context").then(({ ok, body }) => {
-      if (!ok) return;
       const box = $("summary-body");
       box.textContent = "";
+      if (!ok) { box.appendChild(el("div", { class: "muted small" }, body.error || "The summary could not be loaded.")); return; }
       Object.keys(summaryItem).forEach((key) => {
         const section = el("section", { class: "summary-section" });
         section.appendChild(el("h4", {}, key + " (" + body[key].length + ")"));
