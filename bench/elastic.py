@@ -21,7 +21,7 @@ sys.path.insert(0, str(REPO))
 
 from fhir_ingest.chunk import PatientChunker  # noqa: E402
 from fhir_ingest.load import load_resources  # noqa: E402
-from search.annotate import default_annotator, record_terms_from_chunks  # noqa: E402
+from search.nlp.annotate import default_annotator, record_terms_from_chunks  # noqa: E402
 from search.evaluate import percentile  # noqa: E402
 from search.indexer import lexical_text  # noqa: E402
 from search.service import SearchService  # noqa: E402

@@ -13,7 +13,7 @@ import statistics
 import time
 from collections import defaultdict
 
-from .backend import Scope
+from search.backends.base import Scope
 
 
 def load_questions(path: str) -> list[dict]:

@@ -15,10 +15,10 @@ from fhir_ingest.chunk import ChunkProblem, PatientChunker
 from fhir_ingest.load import PatientRecord
 from fhir_ingest.normalize import INDEXED_TYPES, SUPPORT_TYPES, human_name
 
-from .annotate import canonical_names, default_annotator, record_terms_from_chunks
-from .backend import Backend
-from .embed import Embedder
-from .embedded import text_hash
+from search.nlp.annotate import canonical_names, default_annotator, record_terms_from_chunks
+from search.backends.base import Backend
+from search.models.embed import Embedder
+from search.backends.embedded import text_hash
 
 log = logging.getLogger(__name__)
 

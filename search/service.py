@@ -11,17 +11,17 @@ from fhir_ingest.load import LoadReport, PatientRecord, assembled, merge_resourc
 from fhir_ingest.normalize import INDEXED_TYPES
 from fhir_ingest.reader import read_path
 
-from .answer import NEW_PATIENT, asked_class, class_entries_answer, compose, context_evidence
-from .backend import Backend, BackendError, Scope
-from .charts import trend_chart
-from .crossrank import CrossEncoderRanker, load_reranker
-from .embed import Embedder, load_embedder
-from .indexer import IndexResult, index_record
-from .grounded import GENERAL_BANNER, GENERAL_REFUSAL, grounded_answer
-from .lexicon import clean_text
-from .llm import ChatClient, LlmError, LlmSettings, general_answer, is_general_question
-from .phi import Identifiers
-from .pipeline import Evidence, fact_key, patient_terms, retrieve
+from search.answering.answer import NEW_PATIENT, asked_class, class_entries_answer, compose, context_evidence
+from search.backends.base import Backend, BackendError, Scope
+from search.answering.charts import trend_chart
+from search.models.crossrank import CrossEncoderRanker, load_reranker
+from search.models.embed import Embedder, load_embedder
+from search.indexer import IndexResult, index_record
+from search.answering.grounded import GENERAL_BANNER, GENERAL_REFUSAL, grounded_answer
+from search.nlp.lexicon import clean_text
+from search.models.llm import ChatClient, LlmError, LlmSettings, general_answer, is_general_question
+from search.answering.phi import Identifiers
+from search.retrieval.pipeline import Evidence, fact_key, patient_terms, retrieve
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class SearchService:
     def warm_up(self) -> None:
         """The model and the annotation pipeline, loaded now rather than on the first question
         (which would otherwise wait seconds for the pipeline, as would every question behind it)."""
-        from .annotate import default_annotator
+        from search.nlp.annotate import default_annotator
 
         self.embedder
         default_annotator()
@@ -76,7 +76,7 @@ class SearchService:
     def backend(self) -> Backend:
         if self._backend is None:
             if self.backend_kind == "embedded":
-                from .embedded import EmbeddedBackend
+                from search.backends.embedded import EmbeddedBackend
 
                 self._backend = EmbeddedBackend(self.index_path, self.embedder.name, self.embedder.dimension)
             else:
@@ -84,7 +84,7 @@ class SearchService:
         return self._backend
 
     def _elastic(self, model: str | None, dimension: int = 0, check_model: bool = True):
-        from .elastic import ElasticsearchBackend
+        from search.backends.elastic import ElasticsearchBackend
 
         options = dict(self.es_options)
         urls = options.pop("urls", None)
@@ -102,7 +102,7 @@ class SearchService:
         old = self._elastic(None, check_model=False)
         chunks = list(old.scan_chunks(tenant))
         target = old.start_reindex(tenant, embedder.name, embedder.dimension)
-        from .indexer import lexical_text
+        from search.indexer import lexical_text
 
         for start in range(0, len(chunks), 256):
             batch = chunks[start:start + 256]
@@ -241,7 +241,7 @@ class SearchService:
             return self._backend
         if self._catalog is None:
             if self.backend_kind == "embedded":
-                from .embedded import EmbeddedBackend
+                from search.backends.embedded import EmbeddedBackend
 
                 self._catalog = EmbeddedBackend(self.index_path, None)
             else:
@@ -267,7 +267,7 @@ class SearchService:
 
     def draft(self, tenant: str, patient_id: str, kind: str) -> dict:
         """A pre-visit summary or medication review draft, every line cited; never saved here."""
-        from .drafts import DraftBuilder
+        from search.answering.drafts import DraftBuilder
 
         return DraftBuilder(kind, self.context(tenant, patient_id)).build()
 

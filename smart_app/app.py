@@ -92,7 +92,7 @@ def init_security_headers(app: Flask, settings: Settings) -> None:
 
 
 def init_error_handlers(app: Flask) -> None:
-    from search.backend import BackendUnavailable
+    from search.backends.base import BackendUnavailable
 
     def api_request() -> bool:
         return request.path.startswith("/api/")

@@ -10,7 +10,7 @@ from typing import Annotated, Literal, TypeVar
 from flask import abort, jsonify, make_response, request
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from search.lexicon import clean_text
+from search.nlp.lexicon import clean_text
 
 PIPELINES = ("dense", "hybrid", "full")
 Model = TypeVar("Model", bound=BaseModel)

@@ -68,8 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command != "config":
         settings.prepare_data_dir()
     handler = COMMANDS[args.command][2]
-    from search.backend import BackendError
-    from search.embed import ModelNotFound
+    from search.backends.base import BackendError
+    from search.models.embed import ModelNotFound
 
     try:
         return handler(args, settings) or 0

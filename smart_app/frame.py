@@ -209,7 +209,7 @@ def draft():
     """A summary draft for the clinician to read and edit. Not saved: saving is an explicit step."""
     context = g.launch
     body = g.body
-    from search.drafts import KINDS
+    from search.answering.drafts import KINDS
 
     if body.kind not in KINDS:
         return jsonify(error=f"kind must be one of {', '.join(KINDS)}"), 400
@@ -227,7 +227,7 @@ def save_draft():
     record of this patient; the text is the clinician's (they may have edited it)."""
     context = g.launch
     body = g.body
-    from search.drafts import KINDS
+    from search.answering.drafts import KINDS
 
     draft = body.draft.model_dump()
     problem = check_draft(draft, KINDS, context)

@@ -44,7 +44,7 @@ def dev_questions() -> list[dict]:
 
 @pytest.fixture(scope="session")
 def embedder():
-    from search.embed import load_embedder
+    from search.models.embed import load_embedder
 
     return load_embedder(None)
 

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from search.answer import NO_EVIDENCE
+from search.answering.answer import NO_EVIDENCE
 from search.evaluate import class_present_no_evidence
-from search.pipeline import analyse, target_offset
+from search.retrieval.pipeline import analyse, target_offset
 from search.service import SearchService
 
 from .conftest import indexed_record, question_set_report

@@ -10,8 +10,8 @@ import shutil
 
 import pytest
 
-from search.phi import Identifiers, scrub
-from search.verify import verify_statement
+from search.answering.phi import Identifiers, scrub
+from search.answering.verify import verify_statement
 from smart_app.app import create_app
 from smart_app.settings import Settings
 
@@ -170,7 +170,7 @@ def test_a_measurement_in_the_chart_asks_for_the_patients_value(client, handle, 
 
 
 def test_a_new_patient_says_so(client):
-    from search.answer import NEW_PATIENT
+    from search.answering.answer import NEW_PATIENT
 
     page = client.post("/demo/launch", data={"patient_id": NEW})
     handle = re.search(r'name="chartcite-session" content="([^"]+)"', page.get_data(as_text=True)).group(1)

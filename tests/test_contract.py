@@ -5,8 +5,8 @@ import uuid
 
 import pytest
 
-from search.answer import NEW_PATIENT, NO_EVIDENCE
-from search.backend import ModelMismatch
+from search.answering.answer import NEW_PATIENT, NO_EVIDENCE
+from search.backends.base import ModelMismatch
 
 from .conftest import BACKENDS, drop_tenants, make_service
 
@@ -114,8 +114,8 @@ def test_a_whole_record_without_a_resource_removes_its_stored_copy_too(kind, tmp
 
 
 def test_model_check_on_both_backends(tmp_path, embedder, small_bundle):
-    from search.elastic import ElasticsearchBackend
-    from search.embedded import EmbeddedBackend
+    from search.backends.elastic import ElasticsearchBackend
+    from search.backends.embedded import EmbeddedBackend
 
     from .conftest import es_url
 
@@ -125,10 +125,10 @@ def test_model_check_on_both_backends(tmp_path, embedder, small_bundle):
     tenant = f"model{uuid.uuid4().hex[:8]}"
     es = ElasticsearchBackend([es_url()], "model-a@384-aaaa", 384)
     try:
-        es.count(__import__("search.backend", fromlist=["Scope"]).Scope(tenant, "p"))
+        es.count(__import__("search.backends.base", fromlist=["Scope"]).Scope(tenant, "p"))
         with pytest.raises(ModelMismatch, match="chartcite reindex"):
             ElasticsearchBackend([es_url()], "model-b@384-bbbb", 384).count(
-                __import__("search.backend", fromlist=["Scope"]).Scope(tenant, "p"))
+                __import__("search.backends.base", fromlist=["Scope"]).Scope(tenant, "p"))
     finally:
         es.es.indices.delete(index=f"chartcite-{tenant}-*", ignore_unavailable=True, allow_no_indices=True)
         es.close()
@@ -154,8 +154,8 @@ def test_reindex_swaps_the_alias_and_questions_keep_working(tmp_path, embedder, 
 
 
 def test_unreachable_cluster_is_a_clear_error(tmp_path):
-    from search.backend import BackendError
-    from search.elastic import ElasticsearchBackend
+    from search.backends.base import BackendError
+    from search.backends.elastic import ElasticsearchBackend
 
     with pytest.raises(BackendError, match="cannot reach Elasticsearch at http://127.0.0.1:9"):
         ElasticsearchBackend(["http://127.0.0.1:9"], "m", 384, request_timeout=2)
@@ -164,8 +164,8 @@ def test_unreachable_cluster_is_a_clear_error(tmp_path):
 def test_an_index_that_cannot_be_placed_says_why(tmp_path):
     """A shard that cannot be allocated makes every later search fail with "all shards failed";
     the backend says at creation which allocation rule refused it."""
-    from search.backend import BackendUnavailable
-    from search.elastic import ElasticsearchBackend
+    from search.backends.base import BackendUnavailable
+    from search.backends.elastic import ElasticsearchBackend
 
     from .conftest import es_url
 

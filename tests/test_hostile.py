@@ -52,7 +52,7 @@ def chunk_counts(env) -> dict[str, int]:
 
 
 def catalog(env):
-    from search.embedded import EmbeddedBackend
+    from search.backends.embedded import EmbeddedBackend
 
     return EmbeddedBackend(Path(env["CHARTCITE_DATA_DIR"]) / "index.sqlite", None)
 

@@ -5,9 +5,9 @@ import base64
 
 import pytest
 
-from search.annotate import default_annotator
-from search.answer import NO_EVIDENCE
-from search.pipeline import analyse, time_window
+from search.nlp.annotate import default_annotator
+from search.answering.answer import NO_EVIDENCE
+from search.retrieval.pipeline import analyse, time_window
 
 from .conftest import indexed_record
 
@@ -69,7 +69,7 @@ def test_negation_abbreviations_and_classes_in_annotation():
 def test_a_word_inside_a_coded_name_is_not_a_denial():
     """"free" in the vaccine's name "... preservative free" would otherwise deny the whole
     sentence (and a note saying the shot was given would 'conflict' with the immunization)."""
-    from search.annotate import RecordTerm
+    from search.nlp.annotate import RecordTerm
 
     vaccine = "Influenza, seasonal, injectable, preservative free"
     names = [RecordTerm(vaccine.lower(), "cvx|140", vaccine, "immunization")]
@@ -147,7 +147,7 @@ def cross_encoder_path(tmp_path_factory):
     import torch
     from sentence_transformers import CrossEncoder
 
-    from search.embed import default_model_path
+    from search.models.embed import default_model_path
 
     folder = tmp_path_factory.mktemp("cross") / "tiny-cross-encoder"
     torch.manual_seed(7)
@@ -156,8 +156,8 @@ def cross_encoder_path(tmp_path_factory):
 
 
 def test_a_configured_cross_encoder_reads_the_candidates_and_adds_its_score(svc, cross_encoder_path):
-    from search.crossrank import load_reranker
-    from search.pipeline import retrieve
+    from search.models.crossrank import load_reranker
+    from search.retrieval.pipeline import retrieve
 
     reranker = load_reranker(cross_encoder_path)
     plain = retrieve(svc.backend, svc.embedder, "Any allergies?", "t", PID, k=5)
@@ -175,7 +175,7 @@ def test_a_configured_cross_encoder_reads_the_candidates_and_adds_its_score(svc,
 
 
 def test_a_missing_cross_encoder_folder_is_a_clear_error(tmp_path):
-    from search.crossrank import RerankerNotFound, CrossEncoderRanker
+    from search.models.crossrank import RerankerNotFound, CrossEncoderRanker
 
     with pytest.raises(RerankerNotFound, match="CHARTCITE_RERANKER"):
         CrossEncoderRanker(str(tmp_path / "nope"))

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from search.answer import NEW_PATIENT, NO_EVIDENCE
-from search.backend import ModelMismatch
-from search.embedded import EmbeddedBackend
+from search.answering.answer import NEW_PATIENT, NO_EVIDENCE
+from search.backends.base import ModelMismatch
+from search.backends.embedded import EmbeddedBackend
 from search.service import SearchService
 
 A = "8ef99ca1-5615-7aa6-d383-47fe931a1f14"   # aspirin allergy, EpiPen

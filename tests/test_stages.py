@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from search.backend import Scope
-from search.pipeline import (ABLATABLE, RERANK_WEIGHTS, RetrievalState, Stage, pipeline_stages, run_stages,
+from search.backends.base import Scope
+from search.retrieval.pipeline import (ABLATABLE, RERANK_WEIGHTS, RetrievalState, Stage, pipeline_stages, run_stages,
                              select_top_k)
 
 
@@ -49,7 +49,7 @@ def test_the_runner_counts_what_each_stage_passes_on():
 
 def test_select_top_k_keeps_order_and_drops_identical_text():
     from fhir_ingest.contract import Chunk
-    from search.pipeline import Evidence
+    from search.retrieval.pipeline import Evidence
 
     def chunk(cid: str, text: str) -> Chunk:
         return Chunk("t", "p", "Condition", cid, "0", text, text, "2024-01-01", "problem")

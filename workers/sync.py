@@ -23,7 +23,7 @@ from fhir_ingest.contract import PatientNotFound
 from fhir_ingest.load import BundleDirectorySource, LoadReport, essentials
 from fhir_ingest.registry import Ehr, Registry
 from fhir_ingest.smart_auth import BackendServicesToken, SessionTokens
-from search.backend import BackendUnavailable
+from search.backends.base import BackendUnavailable
 
 from .progress import job_store
 

@@ -12,8 +12,8 @@ import re
 from dataclasses import dataclass, replace
 from datetime import date, timedelta
 
-from .annotate import RecordTerm, asserted_keys, default_annotator
-from .backend import Backend, Scope
+from search.nlp.annotate import RecordTerm, asserted_keys, default_annotator
+from search.backends.base import Backend, Scope
 
 NUMBERS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9,
            "ten": 10, "twelve": 12}

@@ -18,10 +18,10 @@ import numpy as np
 
 from fhir_ingest.contract import Chunk
 
-from .annotate import asserted_keys
-from .backend import Backend, BackendError, BackendUnavailable, Hit, IndexCheck, ModelMismatch, Scope
-from .embedded import text_hash
-from .lexicon import tokens
+from search.nlp.annotate import asserted_keys
+from search.backends.base import Backend, BackendError, BackendUnavailable, Hit, IndexCheck, ModelMismatch, Scope
+from search.backends.embedded import text_hash
+from search.nlp.lexicon import tokens
 
 log = logging.getLogger(__name__)
 TEMPLATE = "chartcite-chunks"
@@ -430,7 +430,7 @@ class ElasticsearchBackend(Backend):
         return [h["_source"]["data"] for h in hits]
 
     def check(self, tenant: str) -> IndexCheck:
-        from .embedded import summary_disagreement
+        from search.backends.embedded import summary_disagreement
 
         alias = self.alias(tenant)
         if not self._call(lambda: self.es.indices.exists(index=alias)):

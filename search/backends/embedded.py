@@ -15,9 +15,9 @@ import numpy as np
 
 from fhir_ingest.contract import Chunk
 
-from .annotate import asserted_keys
-from .backend import Backend, Hit, IndexCheck, ModelMismatch, Scope
-from .lexicon import tokens
+from search.nlp.annotate import asserted_keys
+from search.backends.base import Backend, Hit, IndexCheck, ModelMismatch, Scope
+from search.nlp.lexicon import tokens
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import logging
 
-from .annotate import RecordTerm
-from .answer import NO_EVIDENCE
-from .llm import ChatClient, LlmError, generate
-from .phi import Identifiers
-from .pipeline import Retrieval
-from .verify import verify_statement
+from search.nlp.annotate import RecordTerm
+from search.answering.answer import NO_EVIDENCE
+from search.models.llm import ChatClient, LlmError, generate
+from search.answering.phi import Identifiers
+from search.retrieval.pipeline import Retrieval
+from search.answering.verify import verify_statement
 
 log = logging.getLogger(__name__)
 GENERAL_BANNER = "General clinical guidance, not from this patient's record"

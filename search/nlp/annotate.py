@@ -17,7 +17,7 @@ from typing import Iterable
 
 from fhir_ingest.contract import Chunk
 
-from .lexicon import Lexicon, default_lexicon
+from search.nlp.lexicon import Lexicon, default_lexicon
 
 TAG = re.compile(r"\s*\((disorder|finding|situation|procedure|substance|product|qualifier value|observable entity|"
                  r"physical object|morphologic abnormality|regime/therapy|event|person|body structure)\)\s*$", re.I)

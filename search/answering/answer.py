@@ -9,9 +9,9 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .annotate import RecordTerm, asserted_keys, default_annotator
-from .lexicon import default_lexicon, tokens
-from .pipeline import Analysis, Evidence, Retrieval, concept_overlap, in_window
+from search.nlp.annotate import RecordTerm, asserted_keys, default_annotator
+from search.nlp.lexicon import default_lexicon, tokens
+from search.retrieval.pipeline import Analysis, Evidence, Retrieval, concept_overlap, in_window
 
 NO_EVIDENCE = "I don't have evidence for that in this patient's record."
 NEW_PATIENT = "This is a new patient; I have no prior records."

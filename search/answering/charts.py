@@ -5,7 +5,7 @@ from fhir_ingest.chunk import blood_pressure, clinical_date
 from fhir_ingest.contract import Chunk
 from fhir_ingest.normalize import concept_text
 
-from .backend import Backend
+from search.backends.base import Backend
 
 
 def observation_values(resource: dict) -> tuple[list[float], str] | None:

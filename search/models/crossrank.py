@@ -11,7 +11,7 @@ import math
 from functools import lru_cache
 from pathlib import Path
 
-from .embed import quiet_model_libraries
+from search.models.embed import quiet_model_libraries
 
 
 class RerankerNotFound(RuntimeError):

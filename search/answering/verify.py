@@ -12,7 +12,7 @@ from datetime import datetime
 
 from fhir_ingest.contract import Chunk
 
-from .annotate import RecordTerm, default_annotator
+from search.nlp.annotate import RecordTerm, default_annotator
 
 MONTH_DATE = re.compile(r"\b(Jan(?:uary)?|Feb(?:ruary)?|Mar(?:ch)?|Apr(?:il)?|May|Jun(?:e)?|Jul(?:y)?|Aug(?:ust)?|"
                         r"Sep(?:t(?:ember)?)?|Oct(?:ober)?|Nov(?:ember)?|Dec(?:ember)?)\.?\s+(\d{1,2}),?\s+(\d{4})\b", re.I)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import requests
 
-from .phi import Identifiers, scrub
+from search.answering.phi import Identifiers, scrub
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import date
 
-from .annotate import default_annotator
+from search.nlp.annotate import default_annotator
 
 KINDS = {"pre-visit": "Pre-visit summary", "medication-review": "Medication review"}
 STALE_DAYS = 365

@@ -18,13 +18,13 @@ from typing import Callable
 
 from fhir_ingest.contract import Chunk
 
-from .abbreviations import expansions
-from .annotate import RecordTerm, asserted_keys, default_annotator
-from .backend import Backend, Hit, Scope
-from .crossrank import CrossEncoderRanker
-from .embed import Embedder
-from .lexicon import content_tokens, tokens
-from .timeline import anchor, last_n
+from search.nlp.abbreviations import expansions
+from search.nlp.annotate import RecordTerm, asserted_keys, default_annotator
+from search.backends.base import Backend, Hit, Scope
+from search.models.crossrank import CrossEncoderRanker
+from search.models.embed import Embedder
+from search.nlp.lexicon import content_tokens, tokens
+from search.retrieval.timeline import anchor, last_n
 
 PIPELINES = ("dense", "hybrid", "full")
 ABLATABLE = ("filter", "recovery", "rerank")

@@ -1,0 +1,1 @@
+"""The models chartcite loads from local files: the embedder, the optional cross-encoder and the optional LLM client."""

@@ -1,0 +1,1 @@
+"""Reading clinical text: the annotation pipeline (spaCy, scispaCy, negation), the shipped lexicon and abbreviations."""

@@ -1,0 +1,1 @@
+"""A question's walk through the record: analysis, time anchoring, and the staged hybrid pipeline."""
