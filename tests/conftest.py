@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -154,3 +155,21 @@ def question_set_report(service, tenant: str, path, label: str) -> dict:
 def small_bundle(synthea_dir) -> Path:
     """The smallest shared record (46 resources)."""
     return synthea_dir / "936988e9-d587-ef42-ebdf-541238540ff3.json.gz"
+
+
+def demo_launch(client, patient_id: str) -> str:
+    """A demo launch through the Flask test client, as the launcher's form posts it: the session
+    handle the frame's script sends with every API request."""
+    page = client.post("/demo/launch", data={"patient_id": patient_id})
+    assert page.status_code == 200
+    return re.search(r'name="chartcite-session" content="([^"]+)"', page.get_data(as_text=True)).group(1)
+
+
+def metric(text: str, name: str, **labels) -> float:
+    """The value of one sample in Prometheus' text format (0 when absent)."""
+    wanted = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    for line in text.splitlines():
+        sample, _, value = line.rpartition(" ")
+        if sample == (f"{name}{{{wanted}}}" if labels else name):
+            return float(value)
+    return 0.0

@@ -11,8 +11,7 @@ from hypothesis import HealthCheck, given, settings as hsettings, strategies as 
 from smart_app.app import create_app
 from smart_app.settings import Settings
 
-from .conftest import InlineRunner
-from .test_web import launch
+from .conftest import InlineRunner, demo_launch
 
 PID = "936988e9-d587-ef42-ebdf-541238540ff3"
 OTHER = "8ef99ca1-5615-7aa6-d383-47fe931a1f14"
@@ -34,7 +33,7 @@ def app(tmp_path_factory, synthea_dir, embedder):
 @pytest.fixture(scope="module")
 def session(app):
     client = app.test_client()
-    return client, {"X-Chartcite-Session": launch(client, PID)}
+    return client, {"X-Chartcite-Session": demo_launch(client, PID)}
 
 
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=30),

@@ -11,8 +11,7 @@ import pytest
 from smart_app.app import create_app
 from smart_app.settings import Settings
 
-from .conftest import InlineRunner
-from .test_web import launch
+from .conftest import InlineRunner, demo_launch, metric
 
 PID = "936988e9-d587-ef42-ebdf-541238540ff3"
 
@@ -54,12 +53,12 @@ def test_readiness_names_what_is_down(tmp_path, embedder):
 
 def test_a_failed_sync_is_retried_by_the_next_launch(app):
     client = app.test_client()
-    handle = launch(client, PID)
+    handle = demo_launch(client, PID)
     headers = {"X-Chartcite-Session": handle}
     runner = app.extensions["chartcite.runner"]
     runner.jobs.set("default", PID, "failed", "done", message="the EHR sign-in expired")
     assert client.get("/api/status", headers=headers).get_json()["job"]["state"] == "failed"
-    again = {"X-Chartcite-Session": launch(client, PID)}
+    again = {"X-Chartcite-Session": demo_launch(client, PID)}
     assert client.get("/api/status", headers=again).get_json()["job"]["state"] == "done"
 
 
@@ -86,7 +85,7 @@ def test_a_failed_callback_leaves_no_code_in_the_address(app):
 
 def test_the_status_carries_the_banner_a_first_launch_could_not_show(app):
     client = app.test_client()
-    headers = {"X-Chartcite-Session": launch(client, PID)}
+    headers = {"X-Chartcite-Session": demo_launch(client, PID)}
     banner = client.get("/api/status", headers=headers).get_json()["banner"]
     assert banner["gender"] == "male" and banner["birth_date"] and banner["age"] is not None and banner["name"]
 
@@ -102,19 +101,9 @@ def test_the_ehrs_refusal_is_shown_and_logged_for_it(app, caplog):
     assert any("invalid_scope" in r.getMessage() and "could not be granted" in r.getMessage() for r in caplog.records)
 
 
-def metric(text: str, name: str, **labels) -> float:
-    """The value of one sample in Prometheus' text format (0 when absent)."""
-    wanted = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    for line in text.splitlines():
-        sample, _, value = line.rpartition(" ")
-        if sample == (f"{name}{{{wanted}}}" if labels else name):
-            return float(value)
-    return 0.0
-
-
 def test_metrics_count_questions_stages_and_syncs_without_patient_data(app):
     client = app.test_client()
-    headers = {"X-Chartcite-Session": launch(client, PID)}
+    headers = {"X-Chartcite-Session": demo_launch(client, PID)}
     question = "What is the patient allergic to?"
     answered = client.post("/api/ask", json={"question": question}, headers=headers).get_json()
     client.post("/api/ask", json={"question": "Has the patient had a liver transplant?"}, headers=headers)

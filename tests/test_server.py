@@ -13,7 +13,7 @@ import time
 import pytest
 import requests
 
-from .conftest import clean_env
+from .conftest import clean_env, metric
 from .fhir_servers import REPO, free_port, stop, wait_for
 
 PID = "936988e9-d587-ef42-ebdf-541238540ff3"
@@ -74,8 +74,6 @@ def test_gunicorn_serves_and_the_access_log_holds_no_query_strings(server):
 
 
 def test_metrics_sum_every_worker(server):
-    from .test_operations import metric
-
     handle = demo_session(server["url"])
     wait_indexed(server["url"], handle)
     before = requests.get(f"{server['url']}/metrics", timeout=30).text

@@ -21,7 +21,7 @@ from cryptography.fernet import Fernet
 
 from fhir_ingest.smart_auth import resource_scopes
 
-from .conftest import clean_env
+from .conftest import clean_env, metric
 from .fhir_servers import REPO, free_port, load_synthea, start_ehr_server, start_sekmet, stop, wait_for
 
 PID = "936988e9-d587-ef42-ebdf-541238540ff3"            # 46 resources
@@ -297,8 +297,6 @@ def test_a_bad_id_token_ends_the_launch(stack, mode, reason):
 
 
 def test_metrics_count_ehr_requests_by_status_and_hold_no_patient_data(stack, launched):
-    from .test_operations import metric
-
     assert requests.get(f"{stack.app}/metrics", timeout=30).status_code == 403
     text = requests.get(f"{stack.app}/metrics", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=30).text
     assert metric(text, "chartcite_ehr_requests_total", status="200") > 10
@@ -433,8 +431,6 @@ def test_a_registration_needs_the_secret_of_its_client_type(tmp_path):
 
 
 def ehr_status_count(stack: Stack, status: str) -> float:
-    from .test_operations import metric
-
     text = requests.get(f"{stack.app}/metrics", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=30).text
     return metric(text, "chartcite_ehr_requests_total", status=status)
 

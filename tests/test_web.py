@@ -1,7 +1,6 @@
 """The frame's HTTP surface through Flask's test client, with the real model and index."""
 from __future__ import annotations
 
-import re
 import shutil
 
 import pytest
@@ -9,7 +8,7 @@ import pytest
 from smart_app.app import create_app
 from smart_app.settings import Settings
 
-from .conftest import InlineRunner
+from .conftest import InlineRunner, demo_launch
 
 PID = "8ef99ca1-5615-7aa6-d383-47fe931a1f14"
 OTHER = "936988e9-d587-ef42-ebdf-541238540ff3"
@@ -28,19 +27,13 @@ def client(tmp_path_factory, synthea_dir, embedder):
     return app.test_client()
 
 
-def launch(client, pid=PID) -> str:
-    page = client.post("/demo/launch", data={"patient_id": pid})
-    assert page.status_code == 200
-    return re.search(r'name="chartcite-session" content="([^"]+)"', page.get_data(as_text=True)).group(1)
-
-
 def test_launcher_lists_demo_patients(client):
     page = client.get("/").get_data(as_text=True)
     assert PID in page and OTHER in page
 
 
 def test_launch_indexes_then_answers_with_citations(client):
-    handle = launch(client)
+    handle = demo_launch(client, PID)
     status = client.get("/api/status", headers={"X-Chartcite-Session": handle}).get_json()
     assert status["indexed"] and status["job"]["state"] == "done"
     result = client.post("/api/ask", json={"question": "Does he carry an EpiPen?"},
@@ -54,12 +47,12 @@ def test_launch_indexes_then_answers_with_citations(client):
 
 
 def test_the_patient_comes_from_the_launch_not_the_request(client):
-    handle = launch(client)
+    handle = demo_launch(client, PID)
     refused = client.post("/api/ask", json={"question": "any allergies?", "patient_id": OTHER},
                           headers={"X-Chartcite-Session": handle})
     assert refused.status_code == 403
     # Another patient's record is not readable through this launch either.
-    launch(client, OTHER)
+    demo_launch(client, OTHER)
     other_ref = "Patient/" + OTHER
     assert client.get("/api/record", query_string={"ref": other_ref},
                       headers={"X-Chartcite-Session": handle}).status_code == 404
@@ -78,7 +71,7 @@ def test_frame_headers_allow_only_registered_ancestors(client):
 
 
 def test_bad_requests_get_clear_errors(client):
-    handle = launch(client)
+    handle = demo_launch(client, PID)
     headers = {"X-Chartcite-Session": handle}
     assert client.post("/api/ask", json={"question": "  "}, headers=headers).status_code == 400
     assert client.post("/api/ask", json={"question": "bp?", "pipeline": "magic"}, headers=headers).status_code == 400
@@ -86,7 +79,7 @@ def test_bad_requests_get_clear_errors(client):
 
 
 def test_trend_answers_carry_a_chart(client):
-    handle = launch(client, TRENDS)
+    handle = demo_launch(client, TRENDS)
     result = client.post("/api/ask", json={"question": "How has his blood pressure trended?"},
                          headers={"X-Chartcite-Session": handle}).get_json()
     assert result["chart"] and len(result["chart"]["points"]) >= 2
