@@ -399,27 +399,32 @@ class ElasticsearchBackend(Backend):
         from elasticsearch.helpers import scan
 
         query = {"query": {"bool": {"filter": [{"term": {"kind": "resource"}}, {"term": {"patient_id": patient_id}}]}}}
-        try:
-            return [hit["_source"]["data"] for hit in scan(self.es, index=self.records_index(tenant), query=query)]
-        except NotFoundError:
-            return []
+
+        def read():
+            try:
+                return [hit["_source"]["data"] for hit in scan(self.es, index=self.records_index(tenant), query=query)]
+            except NotFoundError:
+                return []
+        return self._call(read)
+
+    def _get_record(self, tenant: str, doc_id: str) -> dict | None:
+        """A document of the records index, or None; every other failure through the error mapping."""
+        from elasticsearch import NotFoundError
+
+        def get():
+            try:
+                return self.es.get(index=self.records_index(tenant), id=doc_id)["_source"]
+            except NotFoundError:
+                return None
+        return self._call(get)
 
     def get_resource(self, tenant: str, patient_id: str, ref: str) -> dict | None:
-        from elasticsearch import NotFoundError
-
-        try:
-            doc = self.es.get(index=self.records_index(tenant), id=f"{patient_id}|{ref}")
-        except NotFoundError:
-            return None
-        return doc["_source"]["data"] if doc["_source"]["patient_id"] == patient_id else None
+        doc = self._get_record(tenant, f"{patient_id}|{ref}")
+        return doc["data"] if doc and doc["patient_id"] == patient_id else None
 
     def get_patient(self, tenant: str, patient_id: str) -> dict | None:
-        from elasticsearch import NotFoundError
-
-        try:
-            return self.es.get(index=self.records_index(tenant), id=f"patient|{patient_id}")["_source"]["data"]
-        except NotFoundError:
-            return None
+        doc = self._get_record(tenant, f"patient|{patient_id}")
+        return doc["data"] if doc else None
 
     def list_patients(self, tenant: str) -> list[dict]:
         index = self.records_index(tenant)
