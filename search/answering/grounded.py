@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from search.nlp.annotate import RecordTerm
-from search.answering.answer import NO_EVIDENCE
+from search.answering.answer import NO_EVIDENCE, citation_of
 from search.models.llm import ChatClient, LlmError, generate
 from search.answering.phi import Identifiers
 from search.retrieval.pipeline import Retrieval
@@ -53,8 +53,7 @@ def grounded_answer(client: ChatClient, retrieval: Retrieval, extractive: dict, 
             if c not in numbers:
                 ev = retrieval.evidence[c - 1]
                 numbers[c] = len(citations) + 1
-                citations.append({"n": numbers[c], "ref": ev.chunk.ref, "resource_type": ev.chunk.resource_type,
-                                  "date": ev.chunk.date[:10], "label": ev.chunk.label, "snippet": ev.chunk.text[:240]})
+                citations.append(citation_of(ev, numbers[c]))
             marks.append(numbers[c])
         statements.append({"text": item["statement"], "citations": marks})
     for conflict in (s for s in extractive["statements"] if s.get("conflict")):
