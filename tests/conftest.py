@@ -94,20 +94,21 @@ def clean_env(**settings) -> dict:
     return env
 
 
-def es_url() -> str:
-    url = os.environ.get("CHARTCITE_ES_URL", "")
+def configured(variable: str, what: str) -> str:
+    """A service URL `make test` exports, or a loud failure saying how to start the service."""
+    url = os.environ.get(variable, "")
     if not url:
-        pytest.fail("Elasticsearch is not configured: run the suite with `make test` (it starts a test node), "
+        pytest.fail(f"{what} is not configured: run the suite with `make test` (it starts one), "
                     "or `eval $(scripts/services.sh up)` first")
     return url
+
+
+def es_url() -> str:
+    return configured("CHARTCITE_ES_URL", "Elasticsearch")
 
 
 def redis_url() -> str:
-    url = os.environ.get("CHARTCITE_REDIS_URL", "")
-    if not url:
-        pytest.fail("Redis is not configured: run the suite with `make test` (it starts a test server), "
-                    "or `eval $(scripts/services.sh up)` first")
-    return url
+    return configured("CHARTCITE_REDIS_URL", "Redis")
 
 
 def make_service(kind: str, data_dir: Path):

@@ -16,18 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import clean_env, es_url
+from .conftest import clean_env, es_url, redis_url
 
 REPO = Path(__file__).resolve().parent.parent
 SMALL = "8ef99ca1-5615-7aa6-d383-47fe931a1f14"
 LARGE = "df0d0a6e-c262-824e-a4ff-c5b2d6ad334c"     # 962 resources: long enough to be interrupted
-
-
-def redis_url() -> str:
-    url = os.environ.get("CHARTCITE_REDIS_URL", "")
-    if not url:
-        pytest.fail("Redis is not configured: run the suite with `make test`, or `eval $(scripts/services.sh up)` first")
-    return url
 
 
 @pytest.fixture()
