@@ -108,6 +108,21 @@ def evaluate(service, tenant: str, questions_path: str, ks: list[int], pipelines
     return report
 
 
+def recall_after_stages(service, tenant: str, questions_path: str, k: int, pipeline: str = "full") -> dict[str, float]:
+    """Recall@k of the ranking after each stage of a pipeline (over the answerable questions):
+    where a gold record enters the candidates, and which stage lifts it into the top k."""
+    from search.retrieval.pipeline import retrieve
+
+    totals: dict[str, list[float]] = defaultdict(list)
+    for q in (q for q in load_questions(questions_path) if q["answerable"] and q["gold"]):
+        retrieval = retrieve(service.backend, service.embedder, q["question"], tenant, q["patient_id"], k=k,
+                             pipeline=pipeline, reranker=service.reranker)
+        for stage, ranked in retrieval.ranked_after.items():
+            found = {ref for refs in ranked[:k] for ref in refs}
+            totals[stage].append(sum(1 for group in q["gold"] if found & set(group)) / len(q["gold"]))
+    return {stage: round(statistics.fmean(values), 4) for stage, values in totals.items()}
+
+
 def summarise(rows: list[dict], ks: list[int], latencies: list[float]) -> dict:
     answerable = [r for r in rows if r["answerable"]]
     unanswerable = [r for r in rows if not r["answerable"]]

@@ -269,9 +269,10 @@ def print_stage_table(stages: list[dict]) -> None:
 @command("eval", "recall@k, MRR, facts and abstention per question set (one or more files)",
          arg("questions", nargs="+"), arg("--k", default="3,5,10"), arg("--pipeline", default="dense,hybrid,full"),
          arg("--ablate", default="", help="also run full without these stages: filter,recovery,rerank"),
-         arg("--backend", choices=("embedded", "elasticsearch"), help="overrides CHARTCITE_BACKEND"), TENANT, JSON)
+         arg("--backend", choices=("embedded", "elasticsearch"), help="overrides CHARTCITE_BACKEND"), TENANT, JSON,
+         arg("--stages", action="store_true", help="also recall@k after every stage of full (first k)"))
 def cmd_eval(args, settings: Settings) -> int:
-    from search.evaluate import evaluate, format_table
+    from search.evaluate import evaluate, format_table, recall_after_stages
 
     ks = [int(k) for k in args.k.split(",")]
     pipelines = [p for p in args.pipeline.split(",") if p]
@@ -279,11 +280,20 @@ def cmd_eval(args, settings: Settings) -> int:
     if args.backend:
         settings.backend = args.backend
     svc = service(settings)
-    reports = {path: evaluate(svc, args.tenant or settings.tenant, path, ks, pipelines, ablate) for path in args.questions}
+    tenant = args.tenant or settings.tenant
+    reports = {path: evaluate(svc, tenant, path, ks, pipelines, ablate) for path in args.questions}
+    if args.stages:
+        for path, report in reports.items():
+            report["recall_after_stage"] = {"k": ks[0], "full": recall_after_stages(svc, tenant, path, ks[0])}
     if args.json:
         print(json.dumps(reports[args.questions[0]] if len(reports) == 1 else reports, indent=2))
         return 0
     print("\n\n".join(f"== {path}\n{format_table(report, ks)}" for path, report in reports.items()))
+    for path, report in reports.items():
+        if "recall_after_stage" in report:
+            after = report["recall_after_stage"]
+            print(f"\nrecall@{after['k']} after each stage of full ({path}): "
+                  + ", ".join(f"{stage} {value:.3f}" for stage, value in after["full"].items()))
     return 0
 
 

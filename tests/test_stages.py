@@ -45,6 +45,20 @@ def test_the_runner_counts_what_each_stage_passes_on():
     assert [(r.name, r.n_in, r.n_out, r.note) for r in reports] == [
         ("scope", 10, 10, ""), ("look", 10, 4, "kept four"), ("narrow", 4, 2, "")]
     assert reports[-1].corpus_ratio == 0.2 and all(r.ms >= 0 for r in reports)
+    assert state.ranked_after == {}            # no stage here ranked any evidence
+
+
+def test_the_runner_keeps_the_ranking_after_each_stage_for_per_stage_recall():
+    from fhir_ingest.contract import Chunk
+    from search.retrieval.pipeline import Evidence
+
+    def rank(state, tools):
+        state.evidence = [Evidence(Chunk("t", "p", "Condition", cid, "0", cid, cid), 1.0) for cid in ("b", "a")]
+        return 2, ""
+
+    state = RetrievalState("q", "t", "p", 5, Scope("t", "p"))
+    run_stages([Stage("fuse", rank)], state, tools=None)
+    assert state.ranked_after == {"fuse": [["Condition/b"], ["Condition/a"]]}
 
 
 def test_select_top_k_keeps_order_and_drops_identical_text():

@@ -182,6 +182,7 @@ class Retrieval:
     scope: Scope                      # the scope after the filter stage
     candidates: list[Evidence] = field(default_factory=list)   # everything the rerank saw
     absent_terms: set[str] = field(default_factory=set)        # clinical words of the question this record never uses
+    ranked_after: dict[str, list[list[str]]] = field(default_factory=dict)   # stage -> each evidence's refs, in order
 
 
 # --- stage 2: analyse ---------------------------------------------------------------------------
@@ -556,6 +557,7 @@ class RetrievalState:
     lexical_hits: list[Hit] = field(default_factory=list)
     evidence: list[Evidence] = field(default_factory=list)
     candidates: list[Evidence] = field(default_factory=list)
+    ranked_after: dict[str, list[list[str]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -579,6 +581,8 @@ def run_stages(stages: list[Stage], state: RetrievalState, tools: Tools) -> list
         if stage.reported:
             n_in = state.corpus if stage.whole_record or not reports else reports[-1].n_out
             reports.append(StageReport(stage.name, n_in, n_out, ms, n_out / state.corpus if state.corpus else 0.0, note))
+            if state.evidence:      # what the ranking looks like after it: recall@k per stage (chartcite eval)
+                state.ranked_after[stage.name] = [ev.chunk.refs or [ev.chunk.ref] for ev in state.evidence]
     return reports
 
 
@@ -747,4 +751,4 @@ def retrieve(backend: Backend, embedder: Embedder, question: str, tenant: str, p
     state = RetrievalState(question, tenant, patient_id, k, Scope(tenant, patient_id))
     reports = run_stages(stages, state, Tools(backend, embedder, reranker))
     return Retrieval(question, pipeline, state.analysis, state.evidence, reports, state.corpus, state.scope,
-                     state.candidates, state.absent)
+                     state.candidates, state.absent, state.ranked_after)
