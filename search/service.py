@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -12,15 +12,16 @@ from fhir_ingest.normalize import INDEXED_TYPES
 from fhir_ingest.reader import read_path
 
 from search.answering.answer import NEW_PATIENT, asked_class, class_entries_answer, compose, context_evidence
-from search.backends.base import Backend, BackendError, Scope
 from search.answering.charts import trend_chart
+from search.answering.grounded import GENERAL_BANNER, GENERAL_REFUSAL, grounded_answer
+from search.answering.phi import Identifiers
+from search.answering.types import Answer
+from search.backends.base import Backend, BackendError, Scope
+from search.indexer import IndexResult, index_record
 from search.models.crossrank import CrossEncoderRanker, load_reranker
 from search.models.embed import Embedder, load_embedder
-from search.indexer import IndexResult, index_record
-from search.answering.grounded import GENERAL_BANNER, GENERAL_REFUSAL, grounded_answer
-from search.nlp.lexicon import clean_text
 from search.models.llm import ChatClient, LlmError, LlmSettings, general_answer, is_general_question
-from search.answering.phi import Identifiers
+from search.nlp.lexicon import clean_text
 from search.retrieval.pipeline import Evidence, fact_key, patient_terms, retrieve
 
 log = logging.getLogger(__name__)
@@ -149,6 +150,11 @@ class SearchService:
 
     def ask(self, tenant: str, patient_id: str, question: str, k: int = 5, pipeline: str = "full",
             question_id: str | None = None, ablate: tuple[str, ...] = (), use_llm: bool = True) -> dict:
+        """The answer as the HTTP API and the command line emit it (the JSON contract)."""
+        return self.answer(tenant, patient_id, question, k, pipeline, question_id, ablate, use_llm).to_dict()
+
+    def answer(self, tenant: str, patient_id: str, question: str, k: int = 5, pipeline: str = "full",
+               question_id: str | None = None, ablate: tuple[str, ...] = (), use_llm: bool = True) -> Answer:
         question = clean_text(question)
         retrieval = retrieve(self.backend, self.embedder, question, tenant, patient_id, k=k, pipeline=pipeline,
                              ablate=ablate, reranker=self.reranker)
@@ -160,33 +166,30 @@ class SearchService:
             return self.general(question, tenant, patient_id, question_id, retrieval, use_llm)
         result = compose(retrieval, patient_id, question_id)
         if retrieval.corpus_size == 0:
-            result["answer"] = self.empty_record_answer(tenant, patient_id)
+            result.answer = self.empty_record_answer(tenant, patient_id)
         else:
             result = self.never_hide_the_class(tenant, patient_id, retrieval, result)
-        result.setdefault("generator", "extractive")
-        result.setdefault("removed_statements", 0)
-        if use_llm and self.llm is not None and not result["abstained"]:
+        if use_llm and self.llm is not None and not result.abstained:
             ids = Identifiers.from_patient(self.resource(tenant, patient_id, f"Patient/{patient_id}"))
             result = grounded_answer(self.llm, retrieval, result, ids, patient_terms(self.backend, tenant, patient_id))
-        result["chart"] = None
-        if not result["abstained"]:
-            cited = {c["ref"] for c in result["citations"]}
+        if not result.abstained:
+            cited = {c.ref for c in result.citations}
             trend = next((e.chunk for e in retrieval.evidence if e.chunk.category == "trend" and e.chunk.ref in cited), None)
             if trend is not None:
-                result["chart"] = trend_chart(self.backend, trend)
+                result.chart = trend_chart(self.backend, trend)
         return result
 
-    def never_hide_the_class(self, tenant: str, patient_id: str, retrieval, result: dict) -> dict:
+    def never_hide_the_class(self, tenant: str, patient_id: str, retrieval, result: Answer) -> Answer:
         """An abstention never stands alone when the record holds what was asked about's class
         (allergies, problems, medications, procedures): those entries are listed, cited, with the
         word that none matches; a fact the question mentioned as context is shown as such."""
         klass = asked_class(retrieval.analysis)
-        result["diagnostics"]["asked_class"] = {"class": klass}
-        if not result["abstained"]:
+        result.diagnostics["asked_class"] = {"class": klass}
+        if not result.abstained:
             return result          # an answer lists nothing more: no count on the common path
         scope = Scope(tenant, patient_id, semantic_types=(klass,)) if klass else None
         held = self.backend.count(scope) if scope else 0
-        result["diagnostics"]["asked_class"]["records"] = held
+        result.diagnostics["asked_class"]["records"] = held
         context = context_evidence(retrieval)
         if not held and context is None:
             return result
@@ -216,23 +219,21 @@ class SearchService:
                 f"the index report says why. I cannot answer from them.")
 
     def general(self, question: str, tenant: str, patient_id: str, question_id: str | None, retrieval,
-                use_llm: bool) -> dict:
+                use_llm: bool) -> Answer:
         """A question about medicine rather than this patient: answered only by a configured
         model, under a banner, with no patient evidence attached."""
-        base = {"id": question_id, "patient_id": patient_id, "question": question, "statements": [], "citations": [],
-                "evidence": [], "chart": None, "removed_statements": 0, "general": True,
-                "diagnostics": {"pipeline": retrieval.pipeline, "stages": [s.to_dict() for s in retrieval.stages]}}
+        refusal = Answer(question_id, patient_id, question, GENERAL_REFUSAL, [], [], [], "low", True,
+                         {"pipeline": retrieval.pipeline, "stages": [s.to_dict() for s in retrieval.stages]},
+                         generator="none", general=True)
         if not use_llm or self.llm is None:
-            return base | {"answer": GENERAL_REFUSAL, "abstained": True, "confidence": "low", "generator": "none"}
+            return refusal
         try:
             # A general question still may name the patient: scrubbed like any other.
             ids = Identifiers.from_patient(self.resource(tenant, patient_id, f"Patient/{patient_id}"))
             text = general_answer(self.llm, question, ids)
         except LlmError:
-            return base | {"answer": "The language model is unavailable; try again later.", "abstained": True,
-                           "confidence": "low", "generator": "none"}
-        return base | {"answer": text, "banner": GENERAL_BANNER, "abstained": False, "confidence": "low",
-                       "generator": self.llm.name}
+            return replace(refusal, answer="The language model is unavailable; try again later.")
+        return replace(refusal, answer=text, banner=GENERAL_BANNER, abstained=False, generator=self.llm.name)
 
     @property
     def catalog(self) -> Backend:

@@ -6,9 +6,10 @@ what the question asks about, the answer is the no-evidence sentence and cites n
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
+from search.answering.types import Answer, Citation, EvidenceItem, Statement
 from search.nlp.annotate import RecordTerm, asserted_keys, default_annotator
 from search.nlp.lexicon import default_lexicon, tokens
 from search.retrieval.pipeline import Analysis, Evidence, Retrieval, concept_overlap, in_window
@@ -129,28 +130,28 @@ def asked_class(analysis: Analysis) -> str:
     return next((kind for kind in kinds if kind in CLASSES), "")
 
 
-def class_entries_answer(result: dict, klass: str, entries: list, context=None) -> dict:
+def class_entries_answer(result: Answer, klass: str, entries: list, context=None) -> Answer:
     """An abstention that lists what the record holds of the asked class, each entry cited, and
     says that none of it matches: a clinician must never read "no evidence" as "none recorded".
     A fact the question mentioned on the way ("her potassium was low") comes first, as context."""
     citations, statements = [], []
     for ev in ([context] if context is not None else []) + entries[:CLASS_LIST_LIMIT]:
         n = len(citations) + 1
-        citations.append(citation_of(ev, n))
+        citations.append(Citation.of(ev, n))
         words = f"For context: {ev.chunk.text}" if ev is context else entry_words(ev)
-        statements.append({"text": words, "citations": [n], "context": True})
+        statements.append(Statement(words, [n], context=True))
     listed = statements[1:] if context is not None else statements
     more = f" (and {len(entries) - CLASS_LIST_LIMIT} more)" if len(entries) > CLASS_LIST_LIMIT else ""
     lead = f"{NO_EVIDENCE} Recorded {CLASSES[klass]}{more}, none of which matches what was asked:" if klass else NO_EVIDENCE
-    answer = " ".join([NO_EVIDENCE] + [f"{s['text']} [{s['citations'][0]}]" for s in statements[:1] if context is not None])
+    answer = " ".join([NO_EVIDENCE] + [f"{s.text} [{s.citations[0]}]" for s in statements[:1] if context is not None])
     if listed:
-        answer += lead.removeprefix(NO_EVIDENCE) + " " + "; ".join(f"{s['text']} [{s['citations'][0]}]" for s in listed) + "."
+        answer += lead.removeprefix(NO_EVIDENCE) + " " + "; ".join(f"{s.text} [{s.citations[0]}]" for s in listed) + "."
     shown = ([context] if context is not None else []) + entries[:CLASS_LIST_LIMIT]
-    have = {e["chunk_id"] for e in result["evidence"]}
-    evidence = result["evidence"] + [evidence_of(ev, len(result["evidence"]) + i + 1)
-                                     for i, ev in enumerate(e for e in shown if e.chunk.chunk_id not in have)]
-    return result | {"answer": answer, "lead": lead, "statements": statements, "citations": citations,
-                     "evidence": evidence, "class_entries": len(listed)}
+    have = {e.chunk_id for e in result.evidence}
+    evidence = result.evidence + [EvidenceItem.of(ev, len(result.evidence) + i + 1)
+                                  for i, ev in enumerate(e for e in shown if e.chunk.chunk_id not in have)]
+    return replace(result, answer=answer, lead=lead, statements=statements, citations=citations, evidence=evidence,
+                   class_entries=len(listed))
 
 
 def context_evidence(retrieval: Retrieval):
@@ -165,16 +166,6 @@ def entry_words(ev) -> str:
     """'Penicillin V (recorded 2015-03-02)': the entry's name from its chip, with its date."""
     name = ev.chunk.label.split(" · ")[-1]
     return f"{name} ({ev.chunk.date[:10]})" if ev.chunk.date else name
-
-
-def citation_of(ev, n: int) -> dict:
-    return {"n": n, "ref": ev.chunk.ref, "resource_type": ev.chunk.resource_type, "date": ev.chunk.date[:10],
-            "label": ev.chunk.label, "snippet": ev.chunk.text[:240]}
-
-
-def evidence_of(ev, rank: int) -> dict:
-    return {"rank": rank, "ref": ev.chunk.ref, "refs": ev.chunk.refs, "chunk_id": ev.chunk.chunk_id,
-            "score": round(ev.score, 4), "label": ev.chunk.label, "text": ev.chunk.text}
 
 
 WHOLE_SECTION_CHARS = 400
@@ -322,33 +313,58 @@ def note_conflict(retrieval: Retrieval, cited: list[Evidence]) -> tuple[Evidence
     return None
 
 
-def compose(retrieval: Retrieval, patient_id: str, question_id: str | None = None) -> dict:
-    base = {"id": question_id, "patient_id": patient_id, "question": retrieval.question}
-    evidence_json = [evidence_of(e, i + 1) for i, e in enumerate(retrieval.evidence)]
-    scope = retrieval.scope
-    diagnostics = {"pipeline": retrieval.pipeline, "corpus_size": retrieval.corpus_size,
-                   "stages": [s.to_dict() for s in retrieval.stages],
-                   "filter": {"semantic_types": list(scope.semantic_types), "date_from": scope.date_from,
-                              "date_to": scope.date_to},
-                   "analysis": {"concepts": retrieval.analysis.names, "intents": retrieval.analysis.intents(),
-                                "date_from": retrieval.analysis.date_from, "date_to": retrieval.analysis.date_to}}
+def compose(retrieval: Retrieval, patient_id: str, question_id: str | None = None) -> Answer:
+    evidence = [EvidenceItem.of(e, i + 1) for i, e in enumerate(retrieval.evidence)]
+    diagnostics = retrieval_diagnostics(retrieval)
+
+    def abstain(text: str) -> Answer:
+        return Answer(question_id, patient_id, retrieval.question, text, [], [], evidence, "low", True, diagnostics)
+
     if retrieval.corpus_size == 0:
-        return {**base, "answer": NEW_PATIENT, "statements": [], "citations": [], "evidence": [],
-                "confidence": "low", "abstained": True, "diagnostics": diagnostics}
+        return replace(abstain(NEW_PATIENT), evidence=[])
     support = judge_support(retrieval)
     best_dense = max((e.dense for e in retrieval.evidence if e.dense is not None), default=0.0)
     diagnostics["support"] = {"supported": support.supported, "coverage": round(support.coverage, 3),
                               "reason": support.reason, "best_dense": round(best_dense, 4)}
     if not support.supported:
-        return {**base, "answer": NO_EVIDENCE, "statements": [], "citations": [], "evidence": evidence_json,
-                "confidence": "low", "abstained": True, "diagnostics": diagnostics}
+        return abstain(NO_EVIDENCE)
+    statements, citations = cited_statements(retrieval)
+    conflict = note_conflict(retrieval, relevant_evidence(retrieval))
+    if conflict is not None:
+        ev, sentence = conflict
+        citations.append(Citation.of(ev, len(citations) + 1))
+        statements.append(Statement(f"Note: the note of {ev.chunk.date[:10]} says \"{sentence}\", which conflicts "
+                                    f"with the structured record above.", [len(citations)], conflict=True))
+        if all(e.chunk_id != ev.chunk.chunk_id for e in evidence):   # found among the candidates
+            evidence.append(EvidenceItem.of(ev, len(evidence) + 1))
+    answer = " ".join(f"{s.text} [{s.citations[0]}]" for s in statements)
+    if support.coverage >= 0.99 and best_dense >= HIGH_CONFIDENCE_SIMILARITY:
+        confidence = "high"
+    elif support.coverage >= 0.5:
+        confidence = "medium"
+    else:
+        confidence = "low"
+    return Answer(question_id, patient_id, retrieval.question, answer, statements, citations, evidence, confidence,
+                  False, diagnostics)
 
+
+def retrieval_diagnostics(retrieval: Retrieval) -> dict:
+    """What the frame's evidence trail and the audit show of how the answer was found."""
+    scope, analysis = retrieval.scope, retrieval.analysis
+    return {"pipeline": retrieval.pipeline, "corpus_size": retrieval.corpus_size,
+            "stages": [s.to_dict() for s in retrieval.stages],
+            "filter": {"semantic_types": list(scope.semantic_types), "date_from": scope.date_from,
+                       "date_to": scope.date_to},
+            "analysis": {"concepts": analysis.names, "intents": analysis.intents(),
+                         "date_from": analysis.date_from, "date_to": analysis.date_to}}
+
+
+def cited_statements(retrieval: Retrieval) -> tuple[list[Statement], list[Citation]]:
+    """One statement per relevant piece of evidence, each citing it, up to the limit."""
     statements, citations, passages = [], [], set()
-    relevant = relevant_evidence(retrieval)
-    for ev in relevant:
+    for ev in relevant_evidence(retrieval):
         if len(statements) == max(MAX_STATEMENTS, retrieval.analysis.last_n):
             break
-        n = len(citations) + 1
         text = statement_for(ev, retrieval.analysis, first=not statements)
         if not text:
             continue
@@ -356,24 +372,6 @@ def compose(retrieval: Retrieval, patient_id: str, question_id: str | None = Non
         if _passage(ev, text) in passages:
             continue
         passages.add(_passage(ev, text))
-        citations.append(citation_of(ev, n))
-        statements.append({"text": text, "citations": [n]})
-    conflict = note_conflict(retrieval, relevant)
-    if conflict is not None:
-        ev, sentence = conflict
-        n = len(citations) + 1
-        citations.append(citation_of(ev, n))
-        statements.append({"text": f"Note: the note of {ev.chunk.date[:10]} says \"{sentence}\", which conflicts "
-                                   f"with the structured record above.", "citations": [n], "conflict": True})
-        if all(e["chunk_id"] != ev.chunk.chunk_id for e in evidence_json):   # found among the candidates
-            evidence_json.append(evidence_of(ev, len(evidence_json) + 1))
-    answer = " ".join(f"{s['text']} [{s['citations'][0]}]" for s in statements)
-    best_dense = max((e.dense for e in retrieval.evidence if e.dense is not None), default=0.0)
-    if support.coverage >= 0.99 and best_dense >= HIGH_CONFIDENCE_SIMILARITY:
-        confidence = "high"
-    elif support.coverage >= 0.5:
-        confidence = "medium"
-    else:
-        confidence = "low"
-    return {**base, "answer": answer, "statements": statements, "citations": citations, "evidence": evidence_json,
-            "confidence": confidence, "abstained": False, "diagnostics": diagnostics}
+        citations.append(Citation.of(ev, len(citations) + 1))
+        statements.append(Statement(text, [len(citations)]))
+    return statements, citations

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import logging
 
-from search.nlp.annotate import RecordTerm
-from search.answering.answer import NO_EVIDENCE, citation_of
-from search.models.llm import ChatClient, LlmError, generate
+from dataclasses import replace
+
+from search.answering.answer import NO_EVIDENCE
 from search.answering.phi import Identifiers
-from search.retrieval.pipeline import Retrieval
+from search.answering.types import Answer, Citation, Statement
 from search.answering.verify import verify_statement
+from search.models.llm import ChatClient, LlmError, generate
+from search.nlp.annotate import RecordTerm
+from search.retrieval.pipeline import Retrieval
 
 log = logging.getLogger(__name__)
 GENERAL_BANNER = "General clinical guidance, not from this patient's record"
@@ -18,17 +21,17 @@ GENERAL_REFUSAL = ("That is a general clinical question, not one about this pati
 LEVELS = ("low", "medium", "high")
 
 
-def grounded_answer(client: ChatClient, retrieval: Retrieval, extractive: dict, ids: Identifiers,
-                    terms: list[RecordTerm]) -> dict:
+def grounded_answer(client: ChatClient, retrieval: Retrieval, extractive: Answer, ids: Identifiers,
+                    terms: list[RecordTerm]) -> Answer:
     """The model's verified statements, or the extractive answer when the model fails."""
     evidence = [(i + 1, ev.chunk.label, ev.chunk.text) for i, ev in enumerate(retrieval.evidence)]
     try:
         draft = generate(client, retrieval.question, evidence, ids)
     except LlmError as exc:
         log.warning("language model failed (%s); extractive answer used", exc)
-        return extractive | {"generator": "extractive", "generator_note": "language model unavailable"}
+        return replace(extractive, generator="extractive", generator_note="language model unavailable")
     if draft is None:
-        return extractive | {"generator": "extractive", "generator_note": "language model output was not valid JSON"}
+        return replace(extractive, generator="extractive", generator_note="language model output was not valid JSON")
     kept, removed = [], []
     for item in draft.statements:
         cited = item["citations"]
@@ -42,27 +45,25 @@ def grounded_answer(client: ChatClient, retrieval: Retrieval, extractive: dict, 
             kept.append(item)
         else:
             removed.append({"statement": item["statement"], "reason": verdict.reason})
-    base = {k: extractive[k] for k in ("id", "patient_id", "question", "evidence", "diagnostics")}
-    base |= {"generator": client.name, "removed_statements": len(removed), "removed": removed}
+    base = replace(extractive, generator=client.name, removed_statements=len(removed), removed=removed)
     if not kept:
-        return base | {"answer": NO_EVIDENCE, "statements": [], "citations": [], "confidence": "low", "abstained": True}
+        return replace(base, answer=NO_EVIDENCE, statements=[], citations=[], confidence="low", abstained=True)
     citations, numbers, statements = [], {}, []
     for item in kept:
         marks = []
         for c in item["citations"]:
             if c not in numbers:
-                ev = retrieval.evidence[c - 1]
                 numbers[c] = len(citations) + 1
-                citations.append(citation_of(ev, numbers[c]))
+                citations.append(Citation.of(retrieval.evidence[c - 1], numbers[c]))
             marks.append(numbers[c])
-        statements.append({"text": item["statement"], "citations": marks})
-    for conflict in (s for s in extractive["statements"] if s.get("conflict")):
-        source = extractive["citations"][conflict["citations"][0] - 1]
-        citations.append(dict(source, n=len(citations) + 1))
-        statements.append(dict(conflict, citations=[len(citations)]))
-    answer = " ".join(s["text"] + "".join(f" [{n}]" for n in s["citations"]) for s in statements)
-    confidence = extractive.get("confidence", "medium")
+        statements.append(Statement(item["statement"], marks))
+    for conflict in (s for s in extractive.statements if s.conflict):
+        source = extractive.citations[conflict.citations[0] - 1]
+        citations.append(source.renumbered(len(citations) + 1))
+        statements.append(replace(conflict, citations=[len(citations)]))
+    answer = " ".join(s.text + "".join(f" [{n}]" for n in s.citations) for s in statements)
+    confidence = extractive.confidence or "medium"
     if removed:   # the model tried to say something the record does not support
         confidence = LEVELS[max(0, LEVELS.index(confidence) - 1)]
-    return base | {"answer": answer, "statements": statements, "citations": citations, "confidence": confidence,
-                   "abstained": False}
+    return replace(base, answer=answer, statements=statements, citations=citations, confidence=confidence,
+                   abstained=False)
