@@ -24,6 +24,7 @@ from fhir_ingest.load import load_resources  # noqa: E402
 from search.nlp.annotate import default_annotator, record_terms_from_chunks  # noqa: E402
 from search.evaluate import percentile  # noqa: E402
 from search.indexer import lexical_text  # noqa: E402
+from search.backends.elastic import ElasticOptions  # noqa: E402
 from search.service import SearchService  # noqa: E402
 
 SHARED = REPO.parent / "shared" / "data"
@@ -33,7 +34,7 @@ def es_service(tmp: Path) -> SearchService:
     url = os.environ.get("CHARTCITE_ES_URL")
     if not url:
         sys.exit("CHARTCITE_ES_URL is not set: run `eval $(scripts/services.sh up)` first")
-    return SearchService("elasticsearch", tmp / "unused.sqlite", es={"urls": [url]})
+    return SearchService("elasticsearch", tmp / "unused.sqlite", es=ElasticOptions((url,)))
 
 
 def bulk_rate(svc: SearchService, files: list[Path]) -> str:

@@ -17,6 +17,7 @@ from search.answering.grounded import GENERAL_BANNER, GENERAL_REFUSAL, grounded_
 from search.answering.phi import Identifiers
 from search.answering.types import Answer
 from search.backends.base import Backend, BackendError, Scope
+from search.backends.elastic import ElasticOptions
 from search.indexer import IndexResult, index_record
 from search.models.crossrank import CrossEncoderRanker, load_reranker
 from search.models.embed import Embedder, load_embedder
@@ -34,14 +35,14 @@ class IndexSummary:
 
 
 class SearchService:
-    def __init__(self, backend_kind: str, index_path: Path, model_path: str = "", es: dict | None = None,
-                 reranker_path: str = "", llm: dict | None = None):
+    def __init__(self, backend_kind: str, index_path: Path, model_path: str = "", es: ElasticOptions | None = None,
+                 reranker_path: str = "", llm: LlmSettings | None = None):
         self.backend_kind = backend_kind
-        self.llm = ChatClient(LlmSettings(**llm)) if llm and llm.get("url") else None
+        self.llm = ChatClient(llm) if llm and llm.url else None
         self.reranker_path = reranker_path
         self.index_path = Path(index_path)
         self.model_path = model_path or None
-        self.es_options = es or {}
+        self.es_options = es or ElasticOptions()
         self._embedder: Embedder | None = None
         self._warm = False
         self._loading = threading.Lock()
@@ -87,11 +88,10 @@ class SearchService:
     def _elastic(self, model: str | None, dimension: int = 0, check_model: bool = True):
         from search.backends.elastic import ElasticsearchBackend
 
-        options = dict(self.es_options)
-        urls = options.pop("urls", None)
-        if not urls:
+        if not self.es_options.urls:
             raise BackendError("the Elasticsearch backend needs at least one URL (CHARTCITE_ES_URL)")
-        return ElasticsearchBackend(urls, model, dimension, check_model=check_model, **options)
+        return ElasticsearchBackend(list(self.es_options.urls), model, dimension, check_model=check_model,
+                                    **self.es_options.connection())
 
     def reindex(self, tenant: str, progress: Callable[[str, int, int], None] | None = None) -> int:
         """Rebuild the tenant's index with the configured model into a new versioned index and swap

@@ -154,13 +154,16 @@ class Settings:
         """What search.SearchService needs to open the configured backend."""
         if self.backend == "elasticsearch" and not self.es_url:
             raise SettingsError("CHARTCITE_BACKEND=elasticsearch needs CHARTCITE_ES_URL (e.g. http://127.0.0.1:9250)")
+        from search.backends.elastic import ElasticOptions
+        from search.models.llm import LlmSettings
+
+        llm = LlmSettings(self.llm_url, self.llm_model or "default", self.llm_api_key, self.llm_timeout_seconds) \
+            if self.llm_url else None
+        es = ElasticOptions(tuple(u.strip() for u in self.es_url.split(",") if u.strip()), self.es_api_key,
+                            self.es_username, self.es_password, self.es_ca_certs, self.es_verify_certs,
+                            self.es_shards, self.es_replicas)
         return {"backend_kind": self.backend, "index_path": self.index_path, "model_path": self.model,
-                "reranker_path": self.reranker,
-                "llm": {"url": self.llm_url, "model": self.llm_model or "default", "api_key": self.llm_api_key,
-                        "timeout": self.llm_timeout_seconds} if self.llm_url else None,
-                "es": {"urls": [u.strip() for u in self.es_url.split(",") if u.strip()], "api_key": self.es_api_key,
-                       "username": self.es_username, "password": self.es_password, "ca_certs": self.es_ca_certs,
-                       "verify_certs": self.es_verify_certs, "shards": self.es_shards, "replicas": self.es_replicas}}
+                "reranker_path": self.reranker, "llm": llm, "es": es}
 
     def masked(self) -> dict:
         out = {}

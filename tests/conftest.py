@@ -113,11 +113,12 @@ def redis_url() -> str:
 
 def make_service(kind: str, data_dir: Path):
     """A SearchService on the embedded index or on the real test Elasticsearch node."""
+    from search.backends.elastic import ElasticOptions
     from search.service import SearchService
 
     if kind == "embedded":
         return SearchService("embedded", data_dir / "index.sqlite")
-    return SearchService("elasticsearch", data_dir / "unused.sqlite", es={"urls": [es_url()]})
+    return SearchService("elasticsearch", data_dir / "unused.sqlite", es=ElasticOptions((es_url(),)))
 
 
 def drop_tenants(service, tenants) -> None:

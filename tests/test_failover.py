@@ -90,6 +90,7 @@ def cluster():
 def test_losing_a_node_mid_sync_loses_nothing_and_questions_carry_on(cluster, tmp_path, synthea_dir, embedder):
     import redis
 
+    from search.backends.elastic import ElasticOptions
     from search.service import SearchService
     from workers.progress import RedisJobStore
 
@@ -113,7 +114,7 @@ def test_losing_a_node_mid_sync_loses_nothing_and_questions_carry_on(cluster, tm
 
     processes = []
     log = tmp_path / "workers.log"
-    svc = SearchService("elasticsearch", tmp_path / "unused.sqlite", es={"urls": [cluster[0].url]})
+    svc = SearchService("elasticsearch", tmp_path / "unused.sqlite", es=ElasticOptions((cluster[0].url,)))
     try:
         processes += [start_worker(env, log), start_worker(env, log)]
         serve_log = tmp_path / "serve.log"

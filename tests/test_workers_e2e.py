@@ -72,6 +72,7 @@ def expected_chunk_ids(tenant, synthea_dir, pid, embedder) -> set[str]:
 
 
 def test_worker_syncs_and_a_killed_sync_converges_on_rerun(env, tmp_path, synthea_dir, embedder):
+    from search.backends.elastic import ElasticOptions
     from search.service import SearchService
     from workers.progress import RedisJobStore
 
@@ -79,7 +80,7 @@ def test_worker_syncs_and_a_killed_sync_converges_on_rerun(env, tmp_path, synthe
     jobs = RedisJobStore(redis_url())
     log = tmp_path / "worker.log"
     worker = start_worker(settings_env, log)
-    svc = SearchService("elasticsearch", tmp_path / "unused.sqlite", es={"urls": [es_url()]})
+    svc = SearchService("elasticsearch", tmp_path / "unused.sqlite", es=ElasticOptions((es_url(),)))
     try:
         enqueue(settings_env, tenant, SMALL)
         wait_job(jobs, tenant, SMALL, {"done"})

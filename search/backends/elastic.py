@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
+from dataclasses import dataclass, field
 from itertools import chain
 
 import numpy as np
@@ -45,6 +46,25 @@ class PorterText:
 
     def __call__(self, text: str) -> str:
         return " ".join(self.stemmer.stemWords(tokens(text)))
+
+
+@dataclass(frozen=True)
+class ElasticOptions:
+    """How to reach the cluster and how to shape new indices (CHARTCITE_ES_* settings)."""
+    urls: tuple[str, ...] = ()
+    api_key: str = field(default="", repr=False)      # credentials never appear in a repr or a traceback
+    username: str = ""
+    password: str = field(default="", repr=False)
+    ca_certs: str = ""
+    verify_certs: bool = True
+    shards: int = 1
+    replicas: int = 0
+
+    def connection(self) -> dict:
+        """The keyword arguments of ElasticsearchBackend besides the URLs."""
+        return {"api_key": self.api_key, "username": self.username, "password": self.password,
+                "ca_certs": self.ca_certs, "verify_certs": self.verify_certs, "shards": self.shards,
+                "replicas": self.replicas}
 
 
 class ElasticsearchBackend(Backend):
