@@ -1,7 +1,8 @@
 """Latency of `ask` over the dev questions with the model warm: p50/p95 per pipeline.
 
-Indexes the dev questions' patients into a temporary embedded index first (not timed).
-Usage: python bench/ask.py [QUESTIONS.jsonl] [--repeat N]
+Indexes the dev questions' patients into a temporary embedded index first (not timed). The last
+line is for scripts: `ask: p50_ms=… p95_ms=… backend=embedded` (the full pipeline).
+Usage: python bench/ask.py [QUESTIONS.jsonl] [--repeat N] [--patients N]
 """
 from __future__ import annotations
 
@@ -27,9 +28,13 @@ def main() -> None:
     parser.add_argument("questions", nargs="?", default=str(shared / "questions" / "dev.jsonl"))
     parser.add_argument("--synthea", default=str(shared / "synthea"))
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--patients", type=int, default=0, help="only the questions of the first N patients")
     args = parser.parse_args()
     questions = [json.loads(line) for line in open(args.questions) if line.strip()]
     ids = sorted({q["patient_id"] for q in questions})
+    if args.patients:
+        ids = ids[: args.patients]
+        questions = [q for q in questions if q["patient_id"] in ids]
     with tempfile.TemporaryDirectory() as tmp:
         svc = SearchService("embedded", Path(tmp) / "index.sqlite")
         svc.index_paths("bench", [Path(args.synthea) / f"{pid}.json.gz" for pid in ids])
@@ -46,6 +51,7 @@ def main() -> None:
             print(f"{pipeline:8} {percentile(latencies, .5):8.1f} {percentile(latencies, .95):8.1f} "
                   f"{max(latencies):8.1f} {1000 * len(latencies) / sum(latencies):7.1f}")
         svc.close()
+    print(f"ask: p50_ms={percentile(latencies, .5):.1f} p95_ms={percentile(latencies, .95):.1f} backend=embedded")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 
 Prints resources/s, chunks/s, embedded texts/s and peak RSS for indexing every patient bundle
 into a fresh embedded index, then the raw encode rate of the same model on the same texts
-(the ceiling). Usage: python bench/ingest.py [SYNTHEA_DIR] [--limit N]
+(the ceiling), and a last line a script can read:
+`ingest: texts_per_s=… raw_fp32_texts_per_s=… ratio=… rss_mb=…`.
+Usage: python bench/ingest.py [SYNTHEA_DIR] [--patients N]
 """
 from __future__ import annotations
 
@@ -30,11 +32,11 @@ def peak_rss_mb() -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("synthea", nargs="?", default=str(REPO.parent / "shared" / "data" / "synthea"))
-    parser.add_argument("--limit", type=int, default=0, help="only the first N patient files")
+    parser.add_argument("--patients", type=int, default=0, help="only the first N shared patients (default: all)")
     args = parser.parse_args()
     files = sorted(Path(args.synthea).glob("*.json.gz"))
-    if args.limit:
-        files = files[: args.limit]
+    if args.patients:
+        files = files[: args.patients]
     with tempfile.TemporaryDirectory() as tmp:
         svc = SearchService("embedded", Path(tmp) / "index.sqlite")
         t = time.perf_counter()
@@ -70,6 +72,9 @@ def main() -> None:
     print(f"raw encode    {encode_s:7.1f}s  {len(texts) / encode_s:7.1f} texts/s  (the model's ceiling on these texts)")
     print(f"re-index      {reindex_s:7.1f}s  embedded {again.embedded} of {again.chunks} (unchanged chunks are skipped)")
     print(f"peak RSS      {peak_rss_mb():7.0f} MB")
+    rate, raw = result.embedded / index_s, len(texts) / encode_s
+    print(f"ingest: texts_per_s={rate:.1f} raw_fp32_texts_per_s={raw:.1f} ratio={rate / raw:.2f} "
+          f"rss_mb={peak_rss_mb():.0f}")
 
 
 if __name__ == "__main__":

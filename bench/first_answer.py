@@ -1,0 +1,105 @@
+"""Time to first answer: from the launch request to the first question that comes back with cited
+evidence, for a patient chartcite has never indexed, as a clinician waits for it.
+
+For the median and the largest shared record, each on a fresh data directory and a fresh
+`chartcite serve` (gunicorn): cold (the launch arrives as soon as the process answers /healthz,
+model still loading) and warm (the launch arrives once /readyz says ready). The clinician asks
+"What are the active problems?" every half second until the answer cites the record. Also reports
+when the whole record is indexed. Last line, for scripts: `first_answer: cold_s=… warm_s=…`
+(the median record).
+
+Usage: python bench/first_answer.py [--synthea DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+REPO = Path(__file__).resolve().parent.parent
+QUESTION = "What are the active problems?"
+
+
+def median_and_largest(synthea: Path) -> list[tuple[str, str, int]]:
+    with open(synthea / "MANIFEST.tsv") as fh:
+        rows = sorted(((int(r["n_resources"]), r["patient_id"]) for r in csv.DictReader(fh, delimiter="\t")))
+    (mid_n, mid), (big_n, big) = rows[len(rows) // 2], rows[-1]
+    return [("median", mid, mid_n), ("largest", big, big_n)]
+
+
+def wait(url: str, process: subprocess.Popen, seconds: float = 300) -> None:
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if process.poll() is not None:
+            sys.exit(f"chartcite serve exited with {process.returncode}")
+        try:
+            if requests.get(url, timeout=5).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.1)
+    sys.exit(f"{url} did not answer 200 in {seconds}s")
+
+
+def one_run(synthea: Path, patient: str, warm: bool) -> tuple[float, float]:
+    """(seconds to the first cited answer, seconds until the record is fully indexed)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp) / "source"
+        source.mkdir()
+        shutil.copy(synthea / f"{patient}.json.gz", source)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CHARTCITE_")}
+        env |= {"CHARTCITE_DATA_DIR": str(Path(tmp) / "data"), "CHARTCITE_DEMO_SOURCE": str(source),
+                "CHARTCITE_DEMO_LAUNCH": "true", "CHARTCITE_LOG_LEVEL": "WARNING"}
+        port = 5900 + os.getpid() % 90
+        base = f"http://127.0.0.1:{port}"
+        server = subprocess.Popen([sys.executable, "-m", "smart_app.cli", "serve", "--port", str(port)], cwd=REPO,
+                                  env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait(f"{base}/{'readyz' if warm else 'healthz'}", server)
+            started = time.perf_counter()
+            page = requests.post(f"{base}/demo/launch", data={"patient_id": patient}, timeout=300)
+            headers = {"X-Chartcite-Session": re.search(r'name="chartcite-session" content="([^"]+)"', page.text).group(1)}
+            first = None
+            while True:
+                if first is None:
+                    body = requests.post(f"{base}/api/ask", json={"question": QUESTION}, headers=headers, timeout=300)
+                    if body.status_code == 200 and body.json().get("citations"):
+                        first = time.perf_counter() - started
+                job = requests.get(f"{base}/api/status", headers=headers, timeout=60).json().get("job") or {}
+                if job.get("state") == "done" and first is not None:
+                    return first, time.perf_counter() - started
+                if job.get("state") == "failed":
+                    sys.exit(f"indexing failed: {job.get('message')}")
+                time.sleep(0.5)
+        finally:
+            server.terminate()
+            server.wait(60)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--synthea", default=str(REPO.parent / "shared" / "data" / "synthea"))
+    args = parser.parse_args()
+    synthea = Path(args.synthea)
+    figures = {}
+    for name, patient, resources in median_and_largest(synthea):
+        for mode in ("cold", "warm"):
+            first, whole = one_run(synthea, patient, warm=mode == "warm")
+            figures[(name, mode)] = first
+            print(f"{name:8} record ({resources} resources), {mode}: first cited answer {first:6.1f} s, "
+                  f"whole record indexed {whole:6.1f} s")
+    print(f"first_answer: cold_s={figures[('median', 'cold')]:.1f} warm_s={figures[('median', 'warm')]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
