@@ -78,3 +78,79 @@ def test_select_top_k_keeps_order_and_drops_identical_text():
 def test_the_rerank_weights_are_named():
     assert RERANK_WEIGHTS["fused"] == 1.0 and RERANK_WEIGHTS["negated"] < 0
     assert set(RERANK_WEIGHTS) >= {"concepts", "in_window", "latest", "kind", "visit"}
+
+
+# --- single stages against a hand-made backend (no model, no index) ---------------------------------
+
+class Record:
+    """A tiny stand-in for a Backend: four chunks and canned rankings."""
+
+    def __init__(self):
+        from fhir_ingest.contract import Chunk
+
+        self.chunks = {c.chunk_id: c for c in (
+            Chunk("t", "p", "Condition", "asthma", "0", "Asthma.", "Asthma", "2020-01-01", "problem"),
+            Chunk("t", "p", "Condition", "htn", "0", "Hypertension.", "HTN", "2021-01-01", "problem"),
+            Chunk("t", "p", "Observation", "bp", "0", "Blood pressure 150/90.", "BP", "2022-01-01", "vital"),
+            Chunk("t", "p", "Condition", "copd", "0", "COPD.", "COPD", "2019-01-01", "problem"))}
+        self.ids = list(self.chunks)
+
+    def count(self, scope):
+        return len(self.chunks)
+
+    def search_vector(self, scope, vector, n):
+        from search.backends.base import Hit
+        return [Hit(self.ids[1], 0.9), Hit(self.ids[0], 0.8)][:n]
+
+    def search_text(self, scope, query, n):
+        from search.backends.base import Hit
+        return [Hit(self.ids[0], 5.0), Hit(self.ids[2], 4.0)][:n]
+
+    def get_chunks(self, tenant, ids):
+        return [self.chunks[i] for i in ids if i in self.chunks]
+
+    def search_concepts(self, scope, keys, n):
+        from search.backends.base import Hit
+        return [Hit(self.ids[3], 1.0), Hit(self.ids[0], 1.0)]
+
+    def latest(self, scope, n):
+        return []
+
+
+class Embedder:
+    def encode_query(self, text):
+        return [0.0]
+
+
+def fresh_state(k: int = 5) -> RetrievalState:
+    return RetrievalState("what problems?", "t", "p", k, Scope("t", "p"))
+
+
+def test_scope_recall_and_fusion_stages():
+    from search.retrieval.pipeline import RRF_K, Tools, count_scope, fuse_dense, fuse_rrf, recall_dense
+
+    record = Record()
+    tools, state = Tools(record, Embedder()), fresh_state()
+    assert count_scope(state, tools) == (4, "") and state.corpus == 4
+    assert recall_dense(state, tools) == (2, "") and state.lexical_hits == []
+    state.lexical_hits = record.search_text(state.scope, "", 50)
+    assert fuse_rrf(state, tools) == (3, "")
+    # Reciprocal rank fusion: asthma is 2nd by vector and 1st by text, so first overall.
+    assert [e.chunk.resource_id for e in state.evidence] == ["asthma", "htn", "bp"]
+    assert state.evidence[0].score == 1 / (RRF_K + 2) + 1 / (RRF_K + 1)
+    assert state.evidence[0].dense == 0.8 and state.evidence[0].lexical_rank == 0
+    assert fuse_dense(state, tools) == (2, "") and [e.chunk.resource_id for e in state.evidence] == ["htn", "asthma"]
+
+
+def test_recovery_adds_concept_chunks_neither_recall_found_at_the_floor():
+    from search.retrieval.pipeline import Tools, fuse_rrf, recover_concepts
+
+    record = Record()
+    tools, state = Tools(record, Embedder()), fresh_state()
+    state.dense_hits = record.search_vector(state.scope, None, 50)
+    fuse_rrf(state, tools)
+    state.analysis = type("A", (), {"keys": {"lex:copd"}, "wants_latest": False})()
+    floor = min(e.score for e in state.evidence)
+    assert recover_concepts(state, tools) == (3, "+1")
+    recovered = state.evidence[-1]
+    assert recovered.chunk.resource_id == "copd" and recovered.recovered and recovered.score == floor
