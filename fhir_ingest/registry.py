@@ -121,10 +121,25 @@ def check_request_scopes(text: str) -> str:
     return " ".join(dict.fromkeys(scopes))
 
 
+def create_tables(engine, metadata) -> None:
+    """The tables, created if missing by however many processes start at once (gunicorn workers,
+    Celery workers): one that loses the race ("table ... already exists") finds them made."""
+    from sqlalchemy.exc import OperationalError, ProgrammingError
+
+    for attempt in range(3):
+        try:
+            metadata.create_all(engine)
+            return
+        except (OperationalError, ProgrammingError) as exc:
+            if "already exists" not in str(exc) or attempt == 2:
+                raise
+
+
 def add_missing_columns(engine, metadata) -> list[str]:
     """Columns a newer chartcite added to an existing table, added in place (nullable, with their
     default), so an upgrade keeps the registrations. Returns what was added."""
     from sqlalchemy import inspect, text
+    from sqlalchemy.exc import OperationalError, ProgrammingError
 
     inspector, added = inspect(engine), []
     for table in metadata.sorted_tables:
@@ -138,8 +153,14 @@ def add_missing_columns(engine, metadata) -> list[str]:
             default = column.default.arg if column.default is not None and not callable(column.default.arg) else None
             clause = f" DEFAULT {default!r}" if isinstance(default, str) else (
                 f" DEFAULT {int(default)}" if isinstance(default, (bool, int, float)) else "")
-            with engine.begin() as conn:
-                conn.execute(text(f'ALTER TABLE {table.name} ADD COLUMN {column.name} {kind}{clause}'))
+            try:
+                with engine.begin() as conn:
+                    conn.execute(text(f'ALTER TABLE {table.name} ADD COLUMN {column.name} {kind}{clause}'))
+            except (OperationalError, ProgrammingError) as exc:
+                # Another process starting at the same moment added it first.
+                if "duplicate column" not in str(exc) and "already exists" not in str(exc):
+                    raise
+                continue
             added.append(f"{table.name}.{column.name}")
     return added
 
@@ -147,7 +168,7 @@ def add_missing_columns(engine, metadata) -> list[str]:
 class Registry:
     def __init__(self, url: str, token_key: str):
         self.engine = create_engine(url, future=True)
-        Base.metadata.create_all(self.engine)
+        create_tables(self.engine, Base.metadata)
         add_missing_columns(self.engine, Base.metadata)
         self.fernet = Fernet(token_key.encode())
         self._frame_origins: tuple[float, list[str]] | None = None

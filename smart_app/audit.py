@@ -12,6 +12,8 @@ from functools import lru_cache
 from sqlalchemy import Float, String, Text, create_engine, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
+from fhir_ingest.registry import create_tables
+
 
 class Base(DeclarativeBase):
     pass
@@ -37,7 +39,7 @@ class AuditEntry(Base):
 class AuditTrail:
     def __init__(self, url: str):
         self.engine = create_engine(url, future=True)
-        Base.metadata.create_all(self.engine)
+        create_tables(self.engine, Base.metadata)
 
     def record(self, kind: str, tenant: str, clinician: str, patient_id: str, question: str = "", **data) -> int:
         with Session(self.engine) as s:

@@ -9,6 +9,7 @@ loaded there: torch's thread pools do not survive a fork, so each worker loads i
 """
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import shutil
@@ -36,7 +37,15 @@ class ChartciteServer(BaseApplication):
     def load(self):
         from .app import create_app
 
-        return create_app(self.settings)
+        # Workers build the app one at a time: each opens stores that create their tables on
+        # first use, and two doing it at the same moment raced ("table audit already exists",
+        # and gunicorn stops when a worker fails to boot). Model loading runs after, in parallel.
+        with open(self.settings.data_dir / ".boot.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                return create_app(self.settings)
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def gunicorn_options(settings: Settings, host: str, port: int, cert: str | None, key: str | None) -> dict:

@@ -65,3 +65,27 @@ def test_an_older_registry_database_is_upgraded_in_place(tmp_path):
     registry = Registry(f"sqlite:///{path}", Fernet.generate_key().decode())
     [ehr] = registry.ehrs()
     assert ehr.name == "old" and ehr.write_back is False
+
+
+def open_stores_together(folder: str, key: str, barrier) -> None:
+    from fhir_ingest.registry import Registry
+    from smart_app.audit import AuditTrail
+
+    barrier.wait()           # every process creates the tables at the same moment
+    Registry(f"sqlite:///{folder}/registry.sqlite", key)
+    AuditTrail(f"sqlite:///{folder}/audit.sqlite")
+
+
+def test_processes_starting_together_all_open_the_stores(tmp_path):
+    """Found in CI: two gunicorn workers creating the audit table at once, one failed to boot
+    ("table audit already exists") and gunicorn stopped."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    barrier, key = context.Barrier(6), Fernet.generate_key().decode()
+    processes = [context.Process(target=open_stores_together, args=(str(tmp_path), key, barrier)) for _ in range(6)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(120)
+    assert [p.exitcode for p in processes] == [0] * 6
