@@ -62,6 +62,7 @@ bench: install
 	$(PY) bench/ingest.py
 	$(PY) bench/ask.py
 	$(PY) bench/load.py
+	$(PY) bench/first_answer.py
 	@scripts/services.sh up > .services.env
 	@set -a; . ./.services.env; set +a; status=0; $(PY) bench/elastic.py && \
 	  $(PY) bench/load.py --backend elasticsearch || status=$$?; \
