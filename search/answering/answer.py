@@ -328,8 +328,9 @@ def compose(retrieval: Retrieval, patient_id: str, question_id: str | None = Non
                               "reason": support.reason, "best_dense": round(best_dense, 4)}
     if not support.supported:
         return abstain(NO_EVIDENCE)
-    statements, citations = cited_statements(retrieval)
-    conflict = note_conflict(retrieval, relevant_evidence(retrieval))
+    relevant = relevant_evidence(retrieval)
+    statements, citations = cited_statements(retrieval, relevant)
+    conflict = note_conflict(retrieval, relevant)
     if conflict is not None:
         ev, sentence = conflict
         citations.append(Citation.of(ev, len(citations) + 1))
@@ -359,10 +360,10 @@ def retrieval_diagnostics(retrieval: Retrieval) -> dict:
                          "date_from": analysis.date_from, "date_to": analysis.date_to}}
 
 
-def cited_statements(retrieval: Retrieval) -> tuple[list[Statement], list[Citation]]:
+def cited_statements(retrieval: Retrieval, relevant: list[Evidence]) -> tuple[list[Statement], list[Citation]]:
     """One statement per relevant piece of evidence, each citing it, up to the limit."""
     statements, citations, passages = [], [], set()
-    for ev in relevant_evidence(retrieval):
+    for ev in relevant:
         if len(statements) == max(MAX_STATEMENTS, retrieval.analysis.last_n):
             break
         text = statement_for(ev, retrieval.analysis, first=not statements)
