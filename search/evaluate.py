@@ -9,6 +9,7 @@ question's facts (a drug, a value as stored, a date) the answer text states.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import time
 from collections import defaultdict
@@ -41,6 +42,62 @@ def facts_stated(result: dict, facts: list[str]) -> float:
         return 1.0
     text = result["answer"].lower()
     return sum(1 for fact in facts if fact.lower() in text) / len(facts)
+
+
+MARK = re.compile(r"\s*\[\d+\]")
+WORD = re.compile(r"[A-Za-z0-9][\w.%/+'-]*")
+# A sentence ends at . ! or ? (its citation marks go with it) before a space and a capital, a
+# digit, a quote or a dash; "6.31" and "mg/dL." inside a line do not end one.
+SENTENCE_END = re.compile(r"(?<=[.!?])((?:\s*\[\d+\])*)\s+(?=[A-Z0-9\"“(—-])")
+QUOTED = re.compile(r"\"[^\"]*\"|“[^”]*”")
+
+
+def answer_words(text: str) -> int:
+    """Words a clinician reads: the citation marks are not words."""
+    return len(WORD.findall(MARK.sub("", text)))
+
+
+def sentences(text: str) -> list[str]:
+    """The answer's sentences with their marks; a quoted passage stays inside its sentence."""
+    shielded = QUOTED.sub(lambda m: m.group(0).replace(".", "\x00").replace("!", "\x01").replace("?", "\x02"), text)
+    parts, start = [], 0
+    for m in SENTENCE_END.finditer(shielded):
+        parts.append(shielded[start:m.end(1)])
+        start = m.end()
+    parts.append(shielded[start:])
+    restore = str.maketrans({"\x00": ".", "\x01": "!", "\x02": "?"})
+    return [p.translate(restore).strip() for p in parts if p.strip()]
+
+
+def clauses(text: str) -> list[str]:
+    """Sentences split at semicolons outside quotes: each is a claim that needs its own [n]."""
+    out = []
+    for sentence in sentences(text):
+        shielded = QUOTED.sub(lambda m: m.group(0).replace(";", "\x00"), sentence)
+        out += [c.replace("\x00", ";").strip() for c in shielded.split(";") if c.strip()]
+    return out
+
+
+def uncited_clauses(result: dict) -> int:
+    """Clauses of an answer that carry no [n]: a statement the clinician cannot open. An
+    abstention cites nothing by design and counts none."""
+    if result["abstained"]:
+        return 0
+    return sum(1 for clause in clauses(result["answer"]) if not MARK.search(clause) and WORD.search(clause))
+
+
+def first_sentence_facts(result: dict, facts: list[str]) -> float:
+    """The share of the expected facts the answer's first sentence states."""
+    if not facts:
+        return 1.0
+    first = (sentences(result["answer"]) or [""])[0].lower()
+    return sum(1 for fact in facts if fact.lower() in first) / len(facts)
+
+
+def answer_figures(result: dict, facts: list[str]) -> dict:
+    """How the answer reads: facts stated, facts in its first sentence, words, uncited clauses."""
+    return {"facts": facts_stated(result, facts), "first_facts": first_sentence_facts(result, facts),
+            "words": answer_words(result["answer"]), "uncited": uncited_clauses(result)}
 
 
 def class_present_no_evidence(result: dict) -> bool:
@@ -102,7 +159,7 @@ def evaluate(service, tenant: str, questions_path: str, ks: list[int], pipelines
                          "recall": {k: recall_at(result, q["gold"], k) for k in ks},
                          "rr": reciprocal_rank(result, q["gold"]) if q["answerable"] else 0.0,
                          "abstained": result["abstained"], "corpus_ratio": ratio, "filter_recall": filter_recall,
-                         "facts": facts_stated(result, q.get("facts") or []),
+                         **answer_figures(result, q.get("facts") or []),
                          "class_no_evidence": class_present_no_evidence(result)})
         report["pipelines"][label] = summarise(rows, ks, latencies)
     return report
@@ -136,6 +193,10 @@ def summarise(rows: list[dict], ks: list[int], latencies: list[float]) -> dict:
         "corpus_ratio": mean([r.get("corpus_ratio", 1.0) for r in answerable]),
         "filter_recall": mean([r.get("filter_recall", 1.0) for r in answerable]),
         "facts": mean([r["facts"] for r in answerable]),
+        "first_facts": mean([r["first_facts"] for r in answerable]),
+        "words_p50": percentile([r["words"] for r in answerable], 0.5),
+        "words_p90": percentile([r["words"] for r in answerable], 0.9),
+        "uncited_clauses": sum(r["uncited"] for r in rows),
         "abstention_accuracy": mean([1.0 if r["abstained"] else 0.0 for r in unanswerable]),
         "false_abstention": mean([1.0 if r["abstained"] else 0.0 for r in answerable]),
         "class_present_no_evidence": sum(1 for r in rows if r.get("class_no_evidence")),
@@ -151,12 +212,13 @@ def summarise(rows: list[dict], ks: list[int], latencies: list[float]) -> dict:
 def format_table(report: dict, ks: list[int]) -> str:
     lines = [f"questions: {report['questions']}", ""]
     head = (f"{'pipeline':16} {'corpus':>7} {'filt-R':>7} " + " ".join(f"{'R@' + str(k):>6}" for k in ks)
-            + f" {'MRR':>6} {'facts':>6} {'abstain':>8} {'false-abst':>10} {'class-NE':>8} {'p50 ms':>8} {'p95 ms':>8}")
+            + f" {'MRR':>6} {'facts':>6} {'1st-s':>6} {'words':>5} {'w-p90':>5} {'uncit':>5} {'abstain':>8} {'false-abst':>10} {'class-NE':>8} {'p50 ms':>8} {'p95 ms':>8}")
     lines.append(head)
     for name, p in report["pipelines"].items():
         lines.append(f"{name:16} {p.get('corpus_ratio', 1.0):>7.3f} {p.get('filter_recall', 1.0):>7.3f} "
                      + " ".join(f"{p['recall'][str(k)]:>6.3f}" for k in ks)
-                     + f" {p['mrr']:>6.3f} {p.get('facts', 0):>6.3f} {p['abstention_accuracy']:>8.2f} {p['false_abstention']:>10.2f}"
+                     + f" {p['mrr']:>6.3f} {p.get('facts', 0):>6.3f} {p.get('first_facts', 0):>6.3f} {p.get('words_p50', 0):>5.0f}"
+                     + f" {p.get('words_p90', 0):>5.0f} {p.get('uncited_clauses', 0):>5} {p['abstention_accuracy']:>8.2f} {p['false_abstention']:>10.2f}"
                      + f" {p.get('class_present_no_evidence', 0):>8}"
                      + f" {p['p50_ms']:>8.1f} {p['p95_ms']:>8.1f}")
     names = list(report["pipelines"])

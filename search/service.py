@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
@@ -164,7 +165,7 @@ class SearchService:
         measurement = any(c["semantic_type"] in ("lab", "vital") for c in analysis.concepts)
         if is_general_question(question, about_record, measurement):
             return self.general(question, tenant, patient_id, question_id, retrieval, use_llm)
-        result = compose(retrieval, patient_id, question_id)
+        result = compose(retrieval, patient_id, question_id, read=self.reader(tenant, patient_id))
         if retrieval.corpus_size == 0:
             result.answer = self.empty_record_answer(tenant, patient_id)
         else:
@@ -172,12 +173,19 @@ class SearchService:
         if use_llm and self.llm is not None and not result.abstained:
             ids = Identifiers.from_patient(self.resource(tenant, patient_id, f"Patient/{patient_id}"))
             result = grounded_answer(self.llm, retrieval, result, ids, patient_terms(self.backend, tenant, patient_id))
-        if not result.abstained:
+        if not result.abstained and result.chart is None:
             cited = {c.ref for c in result.citations}
             trend = next((e.chunk for e in retrieval.evidence if e.chunk.category == "trend" and e.chunk.ref in cited), None)
             if trend is not None:
                 result.chart = trend_chart(self.backend, trend)
         return result
+
+    def reader(self, tenant: str, patient_id: str):
+        """The patient's stored resources by reference, each read once per answer."""
+        @lru_cache(maxsize=256)
+        def read(ref: str) -> dict | None:
+            return self.backend.get_resource(tenant, patient_id, ref) if ref else None
+        return read
 
     def never_hide_the_class(self, tenant: str, patient_id: str, retrieval, result: Answer) -> Answer:
         """An abstention never stands alone when the record holds what was asked about's class

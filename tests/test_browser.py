@@ -5,7 +5,9 @@ whose page embeds chartcite in an iframe.
 """
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,7 +23,27 @@ from .fhir_servers import free_port, wait_for
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 PID = "8ef99ca1-5615-7aa6-d383-47fe931a1f14"
+CARDIAC = "5c028667-bfa9-f625-b66f-b3473ffc597e"      # an older man with an MI history, on antiplatelets
+RANGED = "range-k"                                      # hand-made below: potassium with a reference range
 REPO = Path(__file__).resolve().parent.parent
+
+
+def ranged_bundle() -> dict:
+    """A patient whose potassium results carry a reference range (Synthea's never do), as US Core
+    shapes a laboratory Observation."""
+    def potassium(i: int, value: float, day: str) -> dict:
+        return {"resourceType": "Observation", "id": f"k{i}", "status": "final",
+                "category": [{"coding": [{"system": "http://terminology.hl7.org/CodeSystem/observation-category",
+                                          "code": "laboratory"}]}],
+                "code": {"coding": [{"system": "http://loinc.org", "code": "2823-3",
+                                     "display": "Potassium [Moles/volume] in Serum or Plasma"}]},
+                "subject": {"reference": f"Patient/{RANGED}"}, "effectiveDateTime": day,
+                "valueQuantity": {"value": value, "unit": "mmol/L", "system": "http://unitsofmeasure.org", "code": "mmol/L"},
+                "referenceRange": [{"low": {"value": 3.5, "unit": "mmol/L"}, "high": {"value": 5.1, "unit": "mmol/L"}}]}
+    resources = [{"resourceType": "Patient", "id": RANGED, "gender": "female", "birthDate": "1950-02-03",
+                  "name": [{"family": "Range", "given": ["Kay"]}]}]
+    resources += [potassium(i, v, d) for i, (v, d) in enumerate([(4.1, "2023-03-01"), (4.9, "2024-03-05"), (5.6, "2025-03-02")])]
+    return {"resourceType": "Bundle", "type": "collection", "entry": [{"resource": r} for r in resources]}
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +52,9 @@ def servers(tmp_path_factory, synthea_dir):
         pytest.fail("Debian's chromium is not installed: run `make install-test` (apt-get install chromium)")
     app_port, ehr_port = free_port(), free_port()
     source = tmp_path_factory.mktemp("source")
-    shutil.copy(synthea_dir / f"{PID}.json.gz", source)
+    for pid in (PID, CARDIAC):
+        shutil.copy(synthea_dir / f"{pid}.json.gz", source)
+    (source / f"{RANGED}.json").write_text(json.dumps(ranged_bundle()))
     env = clean_env(data_dir=tmp_path_factory.mktemp("data"), demo_source=source, demo_launch="true",
                     frame_ancestors=f"http://localhost:{ehr_port}")
     log_path = tmp_path_factory.mktemp("logs") / "serve.log"
@@ -84,4 +108,68 @@ def test_clinician_asks_inside_the_ehr_iframe_and_opens_a_citation(servers, tmp_
         assert f'"id": "{chip_ref.split("/")[1]}"' in frame.locator("#panel-raw").inner_text()
         shot = REPO / "docs" / "frame.png" if os.environ.get("CHARTCITE_UPDATE_SCREENSHOT") else tmp_path / "frame.png"
         page.screenshot(path=str(shot))
+        browser.close()
+
+
+def launch(page, servers, pid):
+    page.goto(f"http://localhost:{servers['ehr']}/index.html")
+    frame = page.frame_locator("#app")
+    frame.locator(f"button[data-patient='{pid}']").click()
+    frame.locator("#ask-form[data-ready='yes']").wait_for(timeout=180_000)
+    return frame
+
+
+def ask(frame, question):
+    frame.locator("#question").fill(question)
+    frame.locator("#ask-button").click()
+    lead = frame.locator("#answer .statement.lead").first
+    lead.wait_for(timeout=60_000)
+    return lead
+
+
+@pytest.mark.browser
+def test_the_answer_comes_first_in_clinical_words_with_a_readable_chart(servers, tmp_path):
+    """Issue 15: the answer sentence first, each clause citing, dates as a clinician writes them;
+    a trend chart with axes, dates, values and the reference range; a copy button for the note."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync"])
+        page = browser.new_page(viewport={"width": 1220, "height": 760})
+        frame = launch(page, servers, CARDIAC)
+
+        lead = ask(frame, "Is he on a blood thinner?")
+        text = lead.inner_text()
+        assert text.startswith("Yes — ") and "clopidogrel 75 mg" in text.lower(), text
+        assert lead.locator(".cite").count() >= 2                 # each clause carries its own mark
+        assert "Apr 2005" in text and "2005-04-03" not in text    # clinical dates in the frame
+        assert "Intent: order" not in frame.locator("#answer").inner_text()
+
+        lead = ask(frame, "How has his kidney function changed?")
+        text = lead.inner_text()
+        assert text.startswith("eGFR rose from") and "results:" in text, text
+        chart = frame.locator("#chart svg")
+        chart.wait_for(timeout=10_000)
+        ticks = [t for t in frame.locator("#chart svg text.tick").all_inner_texts()]
+        assert any(re.fullmatch(r"\d{1,2} [A-Z][a-z]{2} \d{4}", t) for t in ticks), ticks       # dates on x
+        assert any(re.fullmatch(r"-?\d+(\.\d+)?", t) for t in ticks), ticks                    # values on y
+        assert frame.locator("#chart svg text.axis-title").inner_text().startswith("mL/min")    # the unit
+        assert frame.locator("#chart svg circle title").count() >= 3                          # hoverable points
+        assert frame.locator("#chart svg text.point-label").count() >= 3                      # labelled points
+        caption = frame.locator("#chart figcaption").inner_text()
+        assert caption.startswith("eGFR") and "…" not in caption and "Glomerular filtration rate" in caption
+        assert "mL/min" in frame.locator("#chart-desc").inner_text()                           # a text alternative
+        frame.locator("#copy-answer").click()
+        copied = frame.locator("#copy-text").input_value()
+        assert copied.startswith("eGFR rose from") and "[1]" in copied and "Sources" in copied and "Observation/" in copied
+        shot = REPO / "docs" / "answer-first.png" if os.environ.get("CHARTCITE_UPDATE_SCREENSHOT") else tmp_path / "a.png"
+        page.screenshot(path=str(shot))
+
+        frame = launch(page, servers, RANGED)
+        lead = ask(frame, "potassium trend?")
+        assert lead.inner_text().startswith("K+ rose from 4.1 mmol/L"), lead.inner_text()
+        assert frame.locator("#chart svg rect.range-band").count() == 1
+        assert "reference range 3.5–5.1" in frame.locator("#chart-desc").inner_text()
         browser.close()

@@ -9,6 +9,9 @@ import re
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
+from search.answering.charts import series_chart
+from search.answering.facts import Fact, Reader
+from search.answering.lead import SUPPORTING, Draft, first_sentence, note_words
 from search.answering.types import Answer, Citation, EvidenceItem, Statement
 from search.nlp.annotate import RecordTerm, asserted_keys, default_annotator
 from search.nlp.lexicon import default_lexicon, tokens
@@ -200,7 +203,7 @@ def note_units(text: str) -> list[str]:
 
 def _join_list(unit: list[str]) -> str:
     lead = [] if unit[0].startswith("- ") else unit[:1]
-    items = [line[2:].strip() for line in unit if line.startswith("- ")]
+    items = list(dict.fromkeys(line[2:].strip() for line in unit if line.startswith("- ")))
     return " ".join(lead + (["; ".join(items)] if items else []))
 
 
@@ -313,7 +316,8 @@ def note_conflict(retrieval: Retrieval, cited: list[Evidence]) -> tuple[Evidence
     return None
 
 
-def compose(retrieval: Retrieval, patient_id: str, question_id: str | None = None) -> Answer:
+def compose(retrieval: Retrieval, patient_id: str, question_id: str | None = None,
+            read: Reader | None = None) -> Answer:
     evidence = [EvidenceItem.of(e, i + 1) for i, e in enumerate(retrieval.evidence)]
     diagnostics = retrieval_diagnostics(retrieval)
 
@@ -329,7 +333,11 @@ def compose(retrieval: Retrieval, patient_id: str, question_id: str | None = Non
     if not support.supported:
         return abstain(NO_EVIDENCE)
     relevant = relevant_evidence(retrieval)
-    statements, citations = cited_statements(retrieval, relevant)
+    chart = None
+    if read is None:
+        statements, citations = cited_statements(retrieval, relevant)
+    else:
+        statements, citations, chart = clinical_statements(retrieval, relevant, read)
     conflict = note_conflict(retrieval, relevant)
     if conflict is not None:
         ev, sentence = conflict
@@ -338,7 +346,7 @@ def compose(retrieval: Retrieval, patient_id: str, question_id: str | None = Non
                                     f"with the structured record above.", [len(citations)], conflict=True))
         if all(e.chunk_id != ev.chunk.chunk_id for e in evidence):   # found among the candidates
             evidence.append(EvidenceItem.of(ev, len(evidence) + 1))
-    answer = " ".join(f"{s.text} [{s.citations[0]}]" for s in statements)
+    answer = " ".join(s.cited_text() for s in statements)
     if support.coverage >= 0.99 and best_dense >= HIGH_CONFIDENCE_SIMILARITY:
         confidence = "high"
     elif support.coverage >= 0.5:
@@ -346,7 +354,7 @@ def compose(retrieval: Retrieval, patient_id: str, question_id: str | None = Non
     else:
         confidence = "low"
     return Answer(question_id, patient_id, retrieval.question, answer, statements, citations, evidence, confidence,
-                  False, diagnostics)
+                  False, diagnostics, chart=chart)
 
 
 def retrieval_diagnostics(retrieval: Retrieval) -> dict:
@@ -375,4 +383,61 @@ def cited_statements(retrieval: Retrieval, relevant: list[Evidence]) -> tuple[li
         passages.add(_passage(ev, text))
         citations.append(Citation.of(ev, len(citations) + 1))
         statements.append(Statement(text, [len(citations)]))
+    return statements, citations
+
+
+def clinical_statements(retrieval: Retrieval, relevant: list[Evidence],
+                        read: Reader) -> tuple[list[Statement], list[Citation], dict | None]:
+    """The answer first, in clinical words, then a few short supporting sentences; every clause
+    cites. Evidence that cannot be put in clinical words keeps its own words."""
+    analysis = retrieval.analysis
+    lead = first_sentence(analysis, relevant, read, lambda ev: _passage(ev, statement_for(ev, analysis, first=True)))
+    drafts: list[Draft] = [lead.draft] if lead.draft else []
+    facts = {ev.chunk.chunk_id: f for f in lead.facts for ev in [f.ev]}
+    said = {ev.chunk.chunk_id for d in drafts for ev in d.sources()}
+    # A later order of a drug the first sentence names, a test it already charts: said once.
+    said_names = {(f.kind, f.series or f.name) for f in lead.facts if f.ev.chunk.chunk_id in said}
+    stated_series = bool(lead.series) and lead.draft is not None
+    for ev in relevant:
+        if len(drafts) == 1 + SUPPORTING + (0 if lead.draft else 1):
+            break
+        fact = facts.get(ev.chunk.chunk_id)
+        if ev.chunk.chunk_id in said or (stated_series and ev.chunk.semantic_type in ("lab", "vital")) \
+                or (fact is not None and (fact.kind, fact.series or fact.name) in said_names):
+            continue
+        words = supporting_words(ev, fact, analysis, first=not drafts)
+        if words and all(words != c for d in drafts for c, _ in d.clauses):
+            drafts.append(Draft([(words, [ev])]))
+            said.add(ev.chunk.chunk_id)
+    return numbered(drafts) + (series_chart(lead.series[0]) if lead.series else None,)
+
+
+def supporting_words(ev: Evidence, fact: Fact | None, analysis: Analysis, first: bool) -> str:
+    if fact is not None:
+        return fact.words
+    if ev.chunk.semantic_type == "note":
+        passage = _passage(ev, statement_for(ev, analysis, first=first))
+        return note_words(ev, passage) if passage else ""
+    return one_sentence(statement_for(ev, analysis, first=first))
+
+
+def one_sentence(text: str) -> str:
+    """A record's own words as one cited sentence: its full stops and semicolons become commas."""
+    return re.sub(r"(?<![0-9])\.\s+(?=\S)|;\s+", ", ", text.strip()).rstrip(".")
+
+
+def numbered(drafts: list[Draft]) -> tuple[list[Statement], list[Citation]]:
+    citations: list[Citation] = []
+    numbers: dict[str, int] = {}
+
+    def number(ev: Evidence) -> int:
+        if ev.chunk.chunk_id not in numbers:
+            numbers[ev.chunk.chunk_id] = len(citations) + 1
+            citations.append(Citation.of(ev, len(citations) + 1))
+        return numbers[ev.chunk.chunk_id]
+
+    statements = []
+    for draft in drafts:
+        text = draft.text(number)
+        statements.append(Statement(text, [number(ev) for ev in draft.sources()], lead=draft.lead))
     return statements, citations

@@ -36,3 +36,16 @@ def trend_chart(backend: Backend, chunk: Chunk) -> dict | None:
     if len(points) < 2 or len({len(p["values"]) for p in points}) != 1:
         return None
     return {"title": title, "unit": unit, "points": points}
+
+
+def series_chart(series) -> dict | None:
+    """A chart a clinician can read: dates on x, values with the unit on y, each point's value,
+    the reference range as a band when the record gives one, systolic and diastolic together."""
+    points = [{"date": p.date, "values": p.values, "ref": p.ref, "text": p.text} for p, _ in series.points]
+    if len(points) < 2 or len({len(p["values"]) for p in points}) != 1:
+        return None
+    unit = series.points[-1][0].unit
+    names = ["systolic", "diastolic"] if len(points[0]["values"]) == 2 else [series.name]
+    low, high = series.range or (None, None)
+    return {"title": series.name, "full_title": series.coded or series.name, "unit": unit, "points": points,
+            "series": names, "range": {"low": low, "high": high} if series.range else None}

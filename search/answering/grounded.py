@@ -56,12 +56,12 @@ def grounded_answer(client: ChatClient, retrieval: Retrieval, extractive: Answer
                 numbers[c] = len(citations) + 1
                 citations.append(Citation.of(retrieval.evidence[c - 1], numbers[c]))
             marks.append(numbers[c])
-        statements.append(Statement(item["statement"], marks))
+        statements.append(Statement(item["statement"], marks, lead=not statements))
     for conflict in (s for s in extractive.statements if s.conflict):
         source = extractive.citations[conflict.citations[0] - 1]
         citations.append(source.renumbered(len(citations) + 1))
         statements.append(replace(conflict, citations=[len(citations)]))
-    answer = " ".join(s.text + "".join(f" [{n}]" for n in s.citations) for s in statements)
+    answer = " ".join(s.cited_text() for s in statements)
     confidence = extractive.confidence or "medium"
     if removed:   # the model tried to say something the record does not support
         confidence = LEVELS[max(0, LEVELS.index(confidence) - 1)]

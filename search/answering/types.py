@@ -2,9 +2,11 @@
 one place it becomes the JSON the HTTP API and the command line emit (`Answer.to_dict`)."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 SNIPPET_CHARS = 240
+MARK = re.compile(r"\[\d+\]")
 
 
 @dataclass
@@ -39,13 +41,19 @@ class Statement:
     citations: list[int]
     context: bool = False
     conflict: bool = False
+    lead: bool = False      # the answer's first sentence, its clauses carrying their own [n] marks
+
+    def cited_text(self) -> str:
+        """The sentence with its marks: inline where each clause cites its own, else at the end."""
+        if MARK.search(self.text):
+            return self.text
+        return f"{self.text} " + " ".join(f"[{n}]" for n in self.citations)
 
     def to_dict(self) -> dict:
         out = {"text": self.text, "citations": list(self.citations)}
-        if self.context:
-            out["context"] = True
-        if self.conflict:
-            out["conflict"] = True
+        for name in ("context", "conflict", "lead"):
+            if getattr(self, name):
+                out[name] = True
         return out
 
 

@@ -185,8 +185,10 @@ def generate(client: ChatClient, question: str, evidence: list[tuple[int, str, s
         {"role": "system", "content": RULES},
         {"role": "user", "content": f"Question: {safe_question}\n\nEvidence:\n{evidence_block(chosen, ids)}\n\n"
                                     "Answer in JSON: an object whose key statements is a list; each item has "
-                                    "statement (one sentence answering the question, in your words, from the evidence) "
-                                    "and citations (the ids of the evidence it comes from)."}]
+                                    "statement (one sentence, in your words, from the evidence) and citations (the ids "
+                                    "of the evidence it comes from). The first statement answers the question directly "
+                                    "in clinical words: yes or no, the value with its unit and date, or the current "
+                                    "items; at most three short supporting statements follow."}]
     chosen_ids = [e[0] for e in chosen]
     statements = ask_json(client, write_messages, parse_statements,
                           '{"statements": [{"statement": "...", "citations": [1]}]}', statements_schema(chosen_ids))

@@ -87,15 +87,68 @@
     });
   });
 
-  // A statement with its [n] marks, each opening the record it cites.
-  function citedParagraph(text, citations) {
-    const p = el("p", { class: "statement" }, text + " ");
-    citations.forEach((n) => {
-      const mark = el("a", { class: "cite", href: "#", "data-n": String(n) }, "[" + n + "]");
-      mark.addEventListener("click", (e) => { e.preventDefault(); openCitation(n); });
-      p.appendChild(mark);
+  // Dates as a clinician writes them ("12 Mar 2024"); the API keeps ISO dates (unambiguous, and
+  // what the record holds), the frame shows the clinical form with the ISO date on hover.
+  const MONTHS = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+  const ISO_DATE = /\b(\d{4})-(\d{2})-(\d{2})\b/g;
+  function clinicalDate(iso) {
+    const m = /^(\d{4})-(\d{2})-(\d{2})/.exec(iso || "");
+    return m ? Number(m[3]) + " " + MONTHS[Number(m[2]) - 1] + " " + m[1] : (iso || "");
+  }
+  function relativeAge(iso) {
+    const then = new Date(iso + "T00:00:00"), days = Math.round((Date.now() - then) / 86400000);
+    if (isNaN(days) || days < 0) return "";
+    if (days < 1) return "today";
+    if (days < 60) return days + " day" + (days === 1 ? "" : "s") + " ago";
+    if (days < 730) return Math.round(days / 30.44) + " months ago";
+    return Math.floor(days / 365.25) + " years ago";
+  }
+  function datedText(text, withAge) {
+    return text.replace(ISO_DATE, (iso) => clinicalDate(iso) + (withAge === iso ? " (" + relativeAge(iso) + ")" : ""));
+  }
+  function newestDate(text) {
+    const dates = text.match(ISO_DATE) || [];
+    return dates.sort().pop() || null;
+  }
+
+  // A statement with its [n] marks, each opening the record it cites: inline where each clause
+  // cites its own record, else after the sentence.
+  function citedParagraph(text, citations, lead) {
+    const p = el("p", { class: lead ? "statement lead" : "statement" });
+    const age = lead ? newestDate(text) : null;
+    const inline = /\[\d+\]/.test(text);
+    const parts = inline ? text.split(/(\[\d+\])/) : [text + " "];
+    parts.forEach((part) => {
+      const mark = /^\[(\d+)\]$/.exec(part);
+      if (mark) p.appendChild(citeMark(Number(mark[1])));
+      else if (part) p.appendChild(document.createTextNode(datedText(part, age)));
     });
+    if (!inline) citations.forEach((n) => p.appendChild(citeMark(n)));
     return p;
+  }
+  function citeMark(n) {
+    const mark = el("a", { class: "cite", href: "#", "data-n": String(n) }, "[" + n + "]");
+    mark.addEventListener("click", (e) => { e.preventDefault(); openCitation(n); });
+    return mark;
+  }
+
+  // "Copy answer with citations": plain text for a note, with each source's date and kind.
+  function copyText(result) {
+    const lines = result.statements.map((s) => datedText(/\[\d+\]/.test(s.text) ? s.text : s.text + " " + s.citations.map((n) => "[" + n + "]").join(" ")));
+    const sources = result.citations.map((c) => "[" + c.n + "] " + c.label.replace(ISO_DATE, clinicalDate) + " (" + c.ref + ")");
+    return (result.lead ? result.lead + "\n" : "") + lines.join("\n") + (sources.length ? "\n\nSources (" + "chartcite, " + clinicalDate(new Date().toISOString().slice(0, 10)) + "):\n" + sources.join("\n") : "");
+  }
+  function offerCopy(result) {
+    const button = el("button", { type: "button", id: "copy-answer", class: "link small" }, "Copy answer with citations");
+    const box = el("textarea", { id: "copy-text", readonly: "readonly", rows: "6", hidden: "hidden" });
+    box.value = copyText(result);
+    button.addEventListener("click", () => {
+      box.hidden = false; box.select();
+      const done = () => { button.textContent = "Copied — paste it into the note"; };
+      if (navigator.clipboard && window.isSecureContext) navigator.clipboard.writeText(box.value).then(done, () => { document.execCommand("copy"); done(); });
+      else { document.execCommand("copy"); done(); }
+    });
+    return [button, box];
   }
 
   // --- summary drafts: shown for reading, saved only on "Save draft" -----------------------------
@@ -175,7 +228,20 @@
       // An abstention may list what the record holds of the asked class: the lead, then each entry cited.
       answer.appendChild(el("p", { class: "abstain" }, result.lead || result.answer));
     }
-    result.statements.forEach((s) => answer.appendChild(citedParagraph(s.text, s.citations)));
+    // The answer sentence first; supporting sentences after it, beyond three behind "more".
+    const supporting = [];
+    result.statements.forEach((s) => {
+      if (s.lead) answer.appendChild(citedParagraph(s.text, s.citations, true));
+      else supporting.push(citedParagraph(s.text, s.citations, false));
+    });
+    supporting.slice(0, 3).forEach((p) => answer.appendChild(p));
+    if (supporting.length > 3) {
+      const more = el("details", { class: "more" });
+      more.appendChild(el("summary", {}, (supporting.length - 3) + " more"));
+      supporting.slice(3).forEach((p) => more.appendChild(p));
+      answer.appendChild(more);
+    }
+    if (result.statements.length && !result.general) offerCopy(result).forEach((node) => answer.appendChild(node));
     const chips = $("chips");
     result.citations.forEach((c) => {
       const chip = el("button", { type: "button", class: "chip", "data-ref": c.ref });
@@ -208,38 +274,79 @@
     $("trail").hidden = false;
   }
 
-  // A small line chart for a trend (BP, A1c, weight) beside the text.
+  // A chart a clinician can read: dates on the x axis, values with the unit on the y axis, each
+  // point labelled (and hoverable), the reference range as a band, systolic and diastolic
+  // together, and the same values as text for screen readers.
+  const NS = "http://www.w3.org/2000/svg";
+  function svgEl(tag, attrs, text) {
+    const node = document.createElementNS(NS, tag);
+    Object.entries(attrs || {}).forEach(([k, v]) => node.setAttribute(k, v));
+    if (text !== undefined) node.textContent = text;
+    return node;
+  }
+  function niceTicks(lo, hi, count) {
+    const step0 = (hi - lo) / count, mag = Math.pow(10, Math.floor(Math.log10(step0 || 1)));
+    const step = [1, 2, 2.5, 5, 10].map((m) => m * mag).find((st) => st >= step0) || step0;
+    const ticks = [];
+    for (let v = Math.ceil(lo / step) * step; v <= hi + 1e-9; v += step) ticks.push(Number(v.toFixed(6)));
+    return ticks;
+  }
   function renderChart(chart) {
     const box = $("chart");
     box.textContent = "";
     if (!chart || !chart.points || chart.points.length < 2) { box.hidden = true; return; }
-    const W = 360, H = 120, P = 28, NS = "http://www.w3.org/2000/svg";
-    const svg = document.createElementNS(NS, "svg");
-    svg.setAttribute("width", W); svg.setAttribute("height", H); svg.setAttribute("role", "img");
-    svg.setAttribute("aria-label", chart.title);
-    const values = chart.points.flatMap((p) => p.values);
-    const lo = Math.min(...values), hi = Math.max(...values), span = hi - lo || 1;
-    const x = (i) => P + (i * (W - 2 * P)) / (chart.points.length - 1);
-    const y = (v) => H - P + 8 - ((v - lo) / span) * (H - 2 * P);
-    const series = chart.points[0].values.length;
-    for (let s = 0; s < series; s++) {
-      const line = document.createElementNS(NS, "polyline");
-      line.setAttribute("points", chart.points.map((p, i) => x(i) + "," + y(p.values[s])).join(" "));
-      line.setAttribute("fill", "none"); line.setAttribute("stroke", s ? "#8aa4c8" : "#1f6feb"); line.setAttribute("stroke-width", "2");
-      svg.appendChild(line);
-      chart.points.forEach((p, i) => {
-        const dot = document.createElementNS(NS, "circle");
-        dot.setAttribute("cx", x(i)); dot.setAttribute("cy", y(p.values[s])); dot.setAttribute("r", "3");
-        dot.setAttribute("fill", s ? "#8aa4c8" : "#1f6feb");
-        const tip = document.createElementNS(NS, "title"); tip.textContent = p.date + ": " + p.values[s] + " " + (chart.unit || "");
-        dot.appendChild(tip); svg.appendChild(dot);
-      });
+    const W = 460, H = 210, L = 52, R = 18, T = 14, B = 40;
+    const pts = chart.points, names = chart.series || [chart.title];
+    const times = pts.map((p) => Date.parse(p.date + "T00:00:00Z"));
+    const t0 = Math.min(...times), t1 = Math.max(...times);
+    const x = (i) => L + (t1 > t0 ? (times[i] - t0) / (t1 - t0) : i / (pts.length - 1)) * (W - L - R);
+    const values = pts.flatMap((p) => p.values);
+    const band = chart.range || null;
+    const bounds = values.concat(band ? [band.low, band.high].filter((v) => v !== null && v !== undefined) : []);
+    let lo = Math.min(...bounds), hi = Math.max(...bounds);
+    const pad = (hi - lo) * 0.12 || Math.abs(hi) * 0.1 || 1; lo -= pad; hi += pad;
+    const y = (v) => T + (1 - (v - lo) / (hi - lo)) * (H - T - B);
+    const svg = svgEl("svg", { width: W, height: H, viewBox: "0 0 " + W + " " + H, role: "img", "aria-labelledby": "chart-title chart-desc" });
+    if (band) {
+      const top = y(band.high !== null && band.high !== undefined ? band.high : hi), bottom = y(band.low !== null && band.low !== undefined ? band.low : lo);
+      svg.appendChild(svgEl("rect", { class: "range-band", x: L, y: top, width: W - L - R, height: Math.max(0, bottom - top) }));
+      svg.appendChild(svgEl("text", { class: "range-label", x: W - R - 4, y: top + 11, "text-anchor": "end" }, "reference range"));
     }
-    const label = document.createElementNS(NS, "text");
-    label.setAttribute("x", P); label.setAttribute("y", 14); label.setAttribute("font-size", "11");
-    label.textContent = chart.title + (chart.unit ? " (" + chart.unit + ")" : "") + "  " + chart.points[0].date + " → " + chart.points[chart.points.length - 1].date;
-    svg.appendChild(label);
-    box.appendChild(svg);
+    niceTicks(lo, hi, 4).forEach((v) => {
+      svg.appendChild(svgEl("line", { class: "grid", x1: L, x2: W - R, y1: y(v), y2: y(v) }));
+      svg.appendChild(svgEl("text", { class: "tick", x: L - 6, y: y(v) + 4, "text-anchor": "end" }, String(v)));
+    });
+    svg.appendChild(svgEl("line", { class: "axis", x1: L, x2: L, y1: T, y2: H - B }));
+    svg.appendChild(svgEl("line", { class: "axis", x1: L, x2: W - R, y1: H - B, y2: H - B }));
+    svg.appendChild(svgEl("text", { class: "axis-title", x: 12, y: (T + H - B) / 2, transform: "rotate(-90 12 " + (T + H - B) / 2 + ")", "text-anchor": "middle" }, chart.unit || chart.title));
+    const labelled = pts.length <= 6 ? pts.map((_, i) => i) : [0, Math.floor((pts.length - 1) / 2), pts.length - 1];
+    labelled.forEach((i) => {
+      svg.appendChild(svgEl("text", { class: "tick", x: x(i), y: H - B + 16, "text-anchor": i === 0 ? "start" : i === pts.length - 1 ? "end" : "middle" }, clinicalDate(pts[i].date)));
+    });
+    const colours = ["#1f6feb", "#b35900"];
+    names.forEach((name, s) => {
+      svg.appendChild(svgEl("polyline", { points: pts.map((p, i) => x(i) + "," + y(p.values[s])).join(" "), fill: "none", stroke: colours[s], "stroke-width": 2 }));
+      pts.forEach((p, i) => {
+        const dot = svgEl("circle", { cx: x(i), cy: y(p.values[s]), r: 3.5, fill: colours[s], "data-date": p.date });
+        dot.appendChild(svgEl("title", {}, clinicalDate(p.date) + ": " + name + " " + p.values[s] + " " + (chart.unit || "")));
+        svg.appendChild(dot);
+        if (pts.length <= 8) svg.appendChild(svgEl("text", { class: "point-label", x: x(i), y: y(p.values[s]) + (s ? 15 : -7), "text-anchor": "middle" }, String(p.values[s])));
+      });
+      if (names.length > 1) {
+        svg.appendChild(svgEl("rect", { x: L + 8 + s * 90, y: H - 14, width: 10, height: 3, fill: colours[s] }));
+        svg.appendChild(svgEl("text", { class: "tick", x: L + 22 + s * 90, y: H - 10 }, name));
+      }
+    });
+    const figure = el("figure", { class: "chart-figure" });
+    figure.appendChild(svg);
+    const caption = el("figcaption", { id: "chart-title" }, chart.title + (chart.unit ? " (" + chart.unit + ")" : "") + ", "
+      + clinicalDate(pts[0].date) + " – " + clinicalDate(pts[pts.length - 1].date) + ", " + pts.length + " results");
+    if (chart.full_title && chart.full_title !== chart.title) caption.appendChild(el("span", { class: "muted small full-title" }, " · " + chart.full_title));
+    figure.appendChild(caption);
+    figure.appendChild(el("p", { id: "chart-desc", class: "sr-only" }, pts.map((p) => clinicalDate(p.date) + ": "
+      + (names.length > 1 ? names.map((n, s) => n + " " + p.values[s]).join(", ") : p.values[0]) + " " + (chart.unit || "")).join("; ")
+      + (band ? "; reference range " + (band.low ?? "") + "–" + (band.high ?? "") : "")));
+    box.appendChild(figure);
     box.hidden = false;
   }
 

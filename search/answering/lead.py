@@ -1,0 +1,317 @@
+"""The answer first: one sentence that answers the question in clinical words, every clause citing
+the record it came from; then a few short supporting sentences.
+
+The sentence is chosen by what the best evidence is (a measurement, an order, a problem, an
+allergy, a procedure, a visit, a note) and by what the question wants (the latest value, a trend,
+a list, a reason). It says only what the cited resources say: values as recorded, their dates,
+statuses. "Yes —" leads only a question that asks whether the record has something; "No —" only
+when the record itself states the negative (a refuted allergy, a stopped order, a vaccine not given).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from search.answering.facts import Fact, Reader, fact_of, series_facts
+from search.nlp.annotate import asserted_keys, default_annotator
+from search.retrieval.pipeline import Analysis, Evidence
+
+ASKS_IF_RECORDED = re.compile(
+    r"^\s*(?:(?:is|are|was|were)\s+(?:he|she|they|the patient|pt)\s+(?:ever\s+|currently\s+|still\s+|now\s+)?"
+    r"(?:on|taking|allergic|anemic|diabetic|hypertensive|pregnant|immunized|vaccinated)\b"
+    r"|(?:does|do|did)\s+(?:he|she|they|the patient|pt)\s+(?:ever\s+|still\s+)?(?:have|take|carry|use|get|receive|had)\b"
+    r"|(?:has|have|had)\s+(?:he|she|they|the patient|pt)\s+(?:ever\s+)?(?:had|been|got|gotten|received|taken)\b"
+    r"|any\b)", re.I)
+# "How have his BPs been?", "Is her weight going up?": several values asked for, whatever the
+# retrieval analysis made of the wording.
+SEVERAL_VALUES = re.compile(r"\b(?:trend\w*|changed?|going (?:up|down)|over time|rising|falling|improv\w*|worse\w*|"
+                            r"how (?:has|have|is|are) (?:his|her|their|the)\b.*\b(?:been|doing|changed|going)|"
+                            r"BPs|readings|values|results|levels|draws)\b", re.I)
+FAMILY = {"immunization": ("immunization", "procedure"), "procedure": ("procedure", "immunization")}
+ASKED_KINDS = ("medication", "allergy", "problem", "procedure", "immunization", "encounter")
+MAX_CLAUSES = 4
+SUPPORTING = 3            # short sentences after the first in the answer text; the frame lists the rest
+LIST_ALL_VALUES = 6       # a trend of at most this many results lists every value
+STABLE = 0.03             # first and last within 3%: "stable"
+
+
+@dataclass
+class Lead:
+    draft: Draft | None
+    facts: list[Fact]
+    series: list[Series] = field(default_factory=list)     # the measurements the sentence states
+
+
+@dataclass
+class Draft:
+    """A sentence before numbering: clauses, each with the evidence it cites."""
+    clauses: list[tuple[str, list[Evidence]]]
+    prefix: str = ""
+    lead: bool = False
+    sep: str = "; "
+
+    def text(self, number) -> str:
+        parts = [f"{words} " + " ".join(f"[{number(ev)}]" for ev in _unique(sources)) for words, sources in self.clauses]
+        body = self.prefix + self.sep.join(parts)
+        if not body[1:2].isupper():          # "eGFR", "K+" keep their case
+            body = body[:1].upper() + body[1:]
+        return body + ("" if body.endswith((".", "?", "!")) else ".")
+
+    def sources(self) -> list[Evidence]:
+        return _unique([ev for _, sources in self.clauses for ev in sources])
+
+
+def _unique(evidence: list[Evidence]) -> list[Evidence]:
+    seen, out = set(), []
+    for ev in evidence:
+        if ev.chunk.chunk_id not in seen:
+            seen.add(ev.chunk.chunk_id)
+            out.append(ev)
+    return out
+
+
+@dataclass
+class Series:
+    name: str
+    points: list = field(default_factory=list)     # (Point, Evidence)
+    coded: str = ""                                # the full coded name, for the chart's title
+    range: tuple | None = None                     # the newest result's reference range
+
+    def add(self, fact: Fact) -> None:
+        self.coded = self.coded or fact.coded
+        if fact.range and (not self.points or fact.date >= self.points[-1][0].date):
+            self.range = fact.range
+        known = {(p.date, p.text) for p, _ in self.points}
+        for point in fact.points:
+            if (point.date, point.text) not in known:
+                self.points.append((point, fact.ev))
+                known.add((point.date, point.text))
+        self.points.sort(key=lambda pe: pe[0].date)
+
+
+def affirms(question: str) -> bool:
+    return bool(ASKS_IF_RECORDED.search(question))
+
+
+def first_sentence(analysis: Analysis, relevant: list[Evidence], read: Reader, note_passage) -> Lead:
+    """The lead sentence and the facts of the relevant evidence; no sentence when none can be
+    written in clinical words (the caller keeps the evidence's own words)."""
+    facts = [f for f in (fact_of(ev, read) for ev in relevant) if f is not None]
+    top = relevant[0]
+    kind = asked_kind(analysis, facts, top)
+    if kind == "measurement":
+        measured = measurement_series(analysis, relevant, facts, read)
+        if measured:
+            sentence, shown = measurement_sentence(analysis, measured)
+            return Lead(sentence, facts, shown)
+        kind = next((f.kind for f in facts if f.ev is top), "")
+    if kind == "note" or (not kind and top.chunk.semantic_type == "note"):
+        passage = note_passage(top)
+        return Lead(Draft([(note_words(top, passage), [top])], lead=True) if passage else None, facts)
+    same = on_point(analysis, [f for f in facts if f.kind == kind])
+    if not same:
+        return Lead(None, facts)
+    if kind == "medication":
+        return Lead(medication_sentence(analysis, same), facts)
+    if kind == "encounter":
+        return Lead(encounter_sentence(analysis, same), facts)
+    return Lead(listing_sentence(analysis, same), facts)
+
+
+def wants_several(analysis: Analysis) -> bool:
+    return analysis.wants_trend or analysis.last_n > 1 or bool(SEVERAL_VALUES.search(analysis.question))
+
+
+def asked_kind(analysis: Analysis, facts: list[Fact], top: Evidence) -> str:
+    """What the first sentence is about: the kind of record the question names ("meds",
+    "procedures"), else the kind of the first thing it asks about (a test, a drug, an allergy),
+    else the best evidence's kind — always one the relevant evidence has."""
+    on_point = [f for f in facts if asserts_asked(analysis, f)] or facts
+    have = {f.kind for f in on_point} | ({"measurement"} if any(
+        ev.chunk.semantic_type in ("lab", "vital") for ev in [f.ev for f in facts] + [top]) else set())
+    if top.chunk.semantic_type == "note":
+        have.add("note")
+    named = [k for k in analysis.kinds if k in ASKED_KINDS]
+    asked = [("measurement" if c["semantic_type"] in ("lab", "vital") else c["semantic_type"])
+             for c in sorted(analysis.concepts, key=lambda c: c.get("start", 0)) if c.get("role") != "context"]
+    if analysis.wants_note_content:
+        asked.insert(0, "note")
+    for kind in named + asked + (["measurement"] if wants_several(analysis) else []):
+        # A vaccine may be recorded as a Procedure ("injection of tetanus antitoxin"), and back.
+        for candidate in FAMILY.get(kind, (kind,)):
+            if candidate in have:
+                return candidate
+    if top.chunk.semantic_type in ("lab", "vital"):
+        return "measurement"
+    return next((f.kind for f in facts if f.ev is top), "note" if top.chunk.semantic_type == "note" else "")
+
+
+def note_words(ev: Evidence, passage: str) -> str:
+    return f'the note of {ev.chunk.date[:10]} says: "{passage}"'
+
+
+def asserts_asked(analysis: Analysis, fact: Fact) -> bool:
+    """The fact's record asserts what the question asks about (not only its context)."""
+    return bool(asserted_keys(fact.ev.chunk.concepts) & (analysis.required_keys or analysis.keys))
+
+
+def on_point(analysis: Analysis, facts: list[Fact]) -> list[Fact]:
+    return [f for f in facts if asserts_asked(analysis, f)] or facts
+
+
+def prefix_for(analysis: Analysis, facts: list[Fact]) -> str:
+    """"Yes —" only when the question asks whether the record has something and what the sentence
+    lists is that thing; "No —" only when every entry is the record's own negative."""
+    if not affirms(analysis.question) or not facts or not all(asserts_asked(analysis, f) for f in facts[:1]):
+        return ""
+    if facts and all(f.negative for f in facts):
+        return "No — "
+    return "Yes — " if any(not f.negative for f in facts) else ""
+
+
+def listing_sentence(analysis: Analysis, facts: list[Fact]) -> Draft:
+    """Problems, allergies, procedures, vaccines: current entries first, one clause each; one
+    thing done on several dates is one clause, newest first (only the newest when asked for the last)."""
+    ordered = [f for f in facts if f.current and not f.negative] + [f for f in facts if not (f.current and not f.negative)]
+    by_name: dict[str, list[Fact]] = {}
+    for f in _distinct(ordered, lambda f: f.words):
+        by_name.setdefault(f.name.lower(), []).append(f)
+    clauses, firsts = [], []
+    for group in list(by_name.values())[:MAX_CLAUSES]:
+        group.sort(key=lambda f: f.date, reverse=True)
+        if analysis.wants_latest or len(group) == 1 or f"on {group[0].date}" not in group[0].words:
+            group = group[:1] if analysis.wants_latest else group
+            clauses += [(f.words, [f.ev]) for f in group]
+        else:
+            dates = [f.date for f in group]
+            clauses.append((f"{group[0].name} on {', '.join(dates[:-1])} and {dates[-1]}", [f.ev for f in group]))
+        firsts.append(group[0])
+    return Draft(clauses[:MAX_CLAUSES], prefix_for(analysis, firsts), lead=True)
+
+
+def _distinct(facts: list[Fact], key) -> list[Fact]:
+    seen, out = set(), []
+    for f in facts:
+        if key(f) not in seen:
+            seen.add(key(f))
+            out.append(f)
+    return out
+
+
+def medication_sentence(analysis: Analysis, facts: list[Fact]) -> Draft:
+    """Current orders (active, newest per drug) first; a reason when asked why; older orders only
+    when nothing is current or the question asks about ever."""
+    per_drug: dict[str, Fact] = {}
+    for f in sorted(facts, key=lambda f: (f.current, f.date), reverse=True):
+        per_drug.setdefault(f.series or f.name, f)
+    drugs = sorted(per_drug.values(), key=lambda f: facts.index(f))
+    current = [f for f in drugs if f.current]
+    if analysis.wants_why:
+        f = drugs[0]
+        words = f.words + (f", for {f.reason}" if f.reason else "")
+        return Draft([(words, [f.ev])], lead=True)
+    shown = current if current and not analysis.wants_ever else drugs
+    shown = shown[:MAX_CLAUSES]
+    prefix = prefix_for(analysis, shown) if current or any(f.negative for f in shown) else ""
+    return Draft([(f.words, [f.ev]) for f in shown], prefix, lead=True)
+
+
+def encounter_sentence(analysis: Analysis, facts: list[Fact]) -> Draft:
+    """Visits, newest first by relevance; several of one kind are counted."""
+    groups: dict[str, list[Fact]] = {}
+    for f in _distinct(facts, lambda f: f.words):
+        groups.setdefault(f.name, []).append(f)
+    clauses = []
+    for name, group in list(groups.items())[:MAX_CLAUSES]:
+        if len(group) > 2:
+            dated = sorted(group, key=lambda f: f.date)
+            clauses.append((f"{name} on {len(group)} dates: " + ", ".join(f.date for f in dated)
+                            + (f" (for {dated[-1].reason})" if dated[-1].reason else ""), [f.ev for f in dated]))
+        else:
+            clauses += [(f.words, [f.ev]) for f in group]
+    return Draft(clauses[:MAX_CLAUSES], prefix_for(analysis, facts[:1]), lead=True)
+
+
+# --- measurements ----------------------------------------------------------------------------
+
+def measurement_series(analysis: Analysis, relevant: list[Evidence], facts: list[Fact], read: Reader) -> list[Series]:
+    """The asked tests' values, one series per test: from single results, trend chunks and
+    panels (only the panel's results the question asks about, unless it asks for the panel)."""
+    found: list[Fact] = [f for f in facts if f.kind == "measurement"]
+    for ev in relevant:
+        if ev.chunk.category == "trend" or (ev.chunk.semantic_type == "lab" and ev.chunk.category == "panel"):
+            found += series_facts(ev, read)
+    if not found:
+        return []
+    asked = asked_tests(analysis, found)
+    series: dict[str, Series] = {}
+    for f in found:
+        if f.series in asked or not asked:
+            series.setdefault(f.series, Series(f.series)).add(f)
+    return [s for s in series.values() if s.points]
+
+
+def asked_tests(analysis: Analysis, facts: list[Fact]) -> set[str]:
+    """The tests among the facts that the question names (its concepts against each test's coded
+    name); empty when it names none of them (then every test found is shown)."""
+    keys = analysis.required_keys or analysis.keys
+    if not keys:
+        return set()
+    coded = {f.series: f.coded or f.series for f in facts}
+    annotated = default_annotator().annotate(list(coded.values()))
+    asked = {name for name, concepts in zip(coded, annotated) if asserted_keys(concepts) & keys}
+    for name, chunk in {f.series: f.ev.chunk for f in facts}.items():
+        if chunk.category != "panel" and chunk.category != "trend" and asserted_keys(chunk.concepts) & keys:
+            asked.add(name)
+    return asked
+
+
+def in_window(analysis: Analysis, points: list) -> list:
+    kept = [(p, ev) for p, ev in points if (not analysis.date_from or p.date >= analysis.date_from[:10])
+            and (not analysis.date_to or p.date <= analysis.date_to[:10])]
+    if analysis.last_n:
+        kept = kept[-analysis.last_n:]
+    return kept
+
+
+def measurement_sentence(analysis: Analysis, series: list[Series]) -> tuple[Draft, list[Series]]:
+    """The sentence and, for the chart, each stated series as the sentence states it (a trend's
+    window; a latest value beside its history)."""
+    clauses, shown = [], []
+    for s in series[:3]:
+        points = in_window(analysis, s.points) or s.points[-1:]
+        if wants_several(analysis) and len(points) > 1:
+            clauses.append(trend_clause(s.name, points))
+            shown.append(Series(s.name, points, s.coded, s.range))
+        else:
+            clauses += latest_clauses(s.name, points, s.points, windowed=bool(analysis.date_from or analysis.date_to))
+            shown.append(s)
+    return Draft(clauses, lead=True), shown
+
+
+def latest_clauses(name: str, points: list, history: list, windowed: bool) -> list[tuple[str, list[Evidence]]]:
+    point, ev = points[-1]
+    flag = f" ({point.flag})" if point.flag else ""
+    clauses = [(f"{name} {point.text}{flag} on {point.date}", [ev])]
+    earlier = [(p, e) for p, e in history if p.date < point.date]
+    if earlier and not windowed:
+        before, before_ev = earlier[-1]
+        clauses.append((f"previous {before.text} on {before.date}", [before_ev]))
+    return clauses
+
+
+def trend_clause(name: str, points: list) -> tuple[str, list[Evidence]]:
+    (first, _), (last, _) = points[0], points[-1]
+    a, b = first.values[0], last.values[0]
+    change = (b - a) / abs(a) if a else 0.0
+    verb = "was stable" if abs(change) < STABLE else "rose" if change > 0 else "fell"
+    values = [p.text.split(" ")[0] for p, _ in points]
+    if len(points) <= LIST_ALL_VALUES:
+        detail = f"{len(points)} results: {' → '.join(values)}"
+    else:
+        low = min(points, key=lambda pe: pe[0].values[0])[0]
+        high = max(points, key=lambda pe: pe[0].values[0])[0]
+        detail = (f"{len(points)} results, lowest {low.text.split(' ')[0]} on {low.date}, highest "
+                  f"{high.text.split(' ')[0]} on {high.date}, last three {' → '.join(values[-3:])}")
+    words = f"{name} {verb} from {first.text} on {first.date} to {last.text} on {last.date} ({detail})"
+    return words, [ev for _, ev in points]
