@@ -152,20 +152,20 @@ def test_the_answer_comes_first_in_clinical_words_with_a_readable_chart(servers,
         assert text.startswith("eGFR rose from") and "results:" in text, text
         chart = frame.locator("#chart svg")
         chart.wait_for(timeout=10_000)
-        ticks = [t for t in frame.locator("#chart svg text.tick").all_inner_texts()]
+        ticks = [t for t in frame.locator("#chart svg text.tick").all_text_contents()]
         assert any(re.fullmatch(r"\d{1,2} [A-Z][a-z]{2} \d{4}", t) for t in ticks), ticks       # dates on x
         assert any(re.fullmatch(r"-?\d+(\.\d+)?", t) for t in ticks), ticks                    # values on y
-        assert frame.locator("#chart svg text.axis-title").inner_text().startswith("mL/min")    # the unit
+        assert frame.locator("#chart svg text.axis-title").text_content().startswith("mL/min")    # the unit
         assert frame.locator("#chart svg circle title").count() >= 3                          # hoverable points
         assert frame.locator("#chart svg text.point-label").count() >= 3                      # labelled points
         caption = frame.locator("#chart figcaption").inner_text()
         assert caption.startswith("eGFR") and "…" not in caption and "Glomerular filtration rate" in caption
         assert "mL/min" in frame.locator("#chart-desc").inner_text()                           # a text alternative
+        shot = REPO / "docs" / "answer-first.png" if os.environ.get("CHARTCITE_UPDATE_SCREENSHOT") else tmp_path / "a.png"
+        page.screenshot(path=str(shot))
         frame.locator("#copy-answer").click()
         copied = frame.locator("#copy-text").input_value()
         assert copied.startswith("eGFR rose from") and "[1]" in copied and "Sources" in copied and "Observation/" in copied
-        shot = REPO / "docs" / "answer-first.png" if os.environ.get("CHARTCITE_UPDATE_SCREENSHOT") else tmp_path / "a.png"
-        page.screenshot(path=str(shot))
 
         frame = launch(page, servers, RANGED)
         lead = ask(frame, "potassium trend?")

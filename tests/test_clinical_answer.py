@@ -91,7 +91,7 @@ def test_current_medications_are_active_orders_newest_per_drug_and_old_ones_are_
     keys = ["lex:antiplatelet"]
     text, _, _ = answer_to("Is he on a blood thinner?", [(r, "medication", keys) for r in orders],
                            [("lex:antiplatelet", "medication")])
-    assert text == (f"Yes — Clopidogrel 75 mg oral tablet, marked active, ordered {OLD} (may be outdated) [1]; "
+    assert text == (f"Yes — Clopidogrel 75 mg oral tablet, marked active but ordered {OLD}, may be outdated [1]; "
                     f"aspirin 81 mg oral tablet, once daily, active since {RECENT} [2].")
 
 

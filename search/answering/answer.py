@@ -11,7 +11,7 @@ from functools import lru_cache
 
 from search.answering.charts import series_chart
 from search.answering.facts import Fact, Reader
-from search.answering.lead import SUPPORTING, Draft, first_sentence, note_words
+from search.answering.lead import ALLERGY_WORDS, SUPPORTING, Draft, first_sentence, note_words
 from search.answering.types import Answer, Citation, EvidenceItem, Statement
 from search.nlp.annotate import RecordTerm, asserted_keys, default_annotator
 from search.nlp.lexicon import default_lexicon, tokens
@@ -116,9 +116,6 @@ def clinical_words() -> frozenset[str]:
 
 # --- the clinical classes a "no evidence" must never hide ----------------------------------------
 
-# The lexicon's entry for the words "allergy", "allergic", "intolerance"...: every other concept of
-# an allergy question (latex, peanuts, a drug class) is the allergen asked about.
-ALLERGY_WORDS = "lex:allergy"
 CLASSES = {"allergy": "allergies", "problem": "problems and diagnoses", "medication": "medications",
            "procedure": "procedures"}
 CLASS_LIST_LIMIT = 8
@@ -405,6 +402,8 @@ def clinical_statements(retrieval: Retrieval, relevant: list[Evidence],
         if ev.chunk.chunk_id in said or (stated_series and ev.chunk.semantic_type in ("lab", "vital")) \
                 or (fact is not None and (fact.kind, fact.series or fact.name) in said_names):
             continue
+        if drafts and ev.chunk.semantic_type == "note" and any(d.sources()[0].chunk.semantic_type == "note" for d in drafts):
+            continue       # one note passage is enough beside the record's structured facts
         words = supporting_words(ev, fact, analysis, first=not drafts)
         if words and all(words != c for d in drafts for c, _ in d.clauses):
             drafts.append(Draft([(words, [ev])]))
@@ -412,18 +411,34 @@ def clinical_statements(retrieval: Retrieval, relevant: list[Evidence],
     return numbered(drafts) + (series_chart(lead.series[0]) if lead.series else None,)
 
 
+SUPPORTING_WORDS = 30     # a supporting sentence in the record's own words; the side panel has the rest
+FIRST_WORDS = 60
+
+
 def supporting_words(ev: Evidence, fact: Fact | None, analysis: Analysis, first: bool) -> str:
+    """The fact in clinical words, else the record's own words, cut short unless they are the
+    answer itself (a note passage the question asked for)."""
     if fact is not None:
         return fact.words
     if ev.chunk.semantic_type == "note":
         passage = _passage(ev, statement_for(ev, analysis, first=first))
-        return note_words(ev, passage) if passage else ""
-    return one_sentence(statement_for(ev, analysis, first=first))
+        return note_words(ev, passage if first else shortened(passage, SUPPORTING_WORDS)) if passage else ""
+    return shortened(one_sentence(statement_for(ev, analysis, first=first)), FIRST_WORDS if first else SUPPORTING_WORDS)
 
 
 def one_sentence(text: str) -> str:
     """A record's own words as one cited sentence: its full stops and semicolons become commas."""
-    return re.sub(r"(?<![0-9])\.\s+(?=\S)|;\s+", ", ", text.strip()).rstrip(".")
+    return re.sub(r"[.!?]\s+(?=\S)|;\s+", ", ", text.strip()).rstrip(".")
+
+
+def shortened(text: str, words: int) -> str:
+    """The beginning (what the record is) and the end (a report's impression, a plan's last
+    line), the middle left to the side panel."""
+    parts = text.split()
+    if len(parts) <= words:
+        return text
+    head, tail = parts[: words * 2 // 3], parts[-(words // 3):]
+    return " ".join(head).rstrip(",;:") + " … " + " ".join(tail)
 
 
 def numbered(drafts: list[Draft]) -> tuple[list[Statement], list[Citation]]:

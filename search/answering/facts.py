@@ -78,7 +78,7 @@ def medication_fact(ev: Evidence, r: dict, read: Reader) -> Fact:
     reason = reason_words(r, read)
     since = f"active since {when}" if status in CURRENT_ORDER else f"{status or 'ordered'}, ordered {when}"
     if status in CURRENT_ORDER and years_before_today(when) > 3:
-        since = f"marked active, ordered {when} (may be outdated)"
+        since = f"marked active but ordered {when}, may be outdated"
     words = ", ".join(b for b in (drug_name(name), dose, since) if b)
     return Fact(ev, "medication", drug_name(name), words, when, status, status in CURRENT_ORDER,
                 status in STOPPED_ORDER, reason, series=ingredient(name))

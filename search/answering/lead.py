@@ -27,6 +27,9 @@ ASKS_IF_RECORDED = re.compile(
 SEVERAL_VALUES = re.compile(r"\b(?:trend\w*|changed?|going (?:up|down)|over time|rising|falling|improv\w*|worse\w*|"
                             r"how (?:has|have|is|are) (?:his|her|their|the)\b.*\b(?:been|doing|changed|going)|"
                             r"BPs|readings|values|results|levels|draws)\b", re.I)
+# The lexicon's entry for the words "allergy", "allergic", "intolerance"...: every other concept of
+# an allergy question (latex, peanuts, a drug class) is the allergen asked about.
+ALLERGY_WORDS = "lex:allergy"
 FAMILY = {"immunization": ("immunization", "procedure"), "procedure": ("procedure", "immunization")}
 ASKED_KINDS = ("medication", "allergy", "problem", "procedure", "immunization", "encounter")
 MAX_CLAUSES = 4
@@ -51,7 +54,8 @@ class Draft:
     sep: str = "; "
 
     def text(self, number) -> str:
-        parts = [f"{words} " + " ".join(f"[{number(ev)}]" for ev in _unique(sources)) for words, sources in self.clauses]
+        parts = [f"{words.rstrip(' ,;:')} " + " ".join(f"[{number(ev)}]" for ev in _unique(sources))
+                 for words, sources in self.clauses]
         body = self.prefix + self.sep.join(parts)
         if not body[1:2].isupper():          # "eGFR", "K+" keep their case
             body = body[:1].upper() + body[1:]
@@ -152,11 +156,21 @@ def note_words(ev: Evidence, passage: str) -> str:
 
 def asserts_asked(analysis: Analysis, fact: Fact) -> bool:
     """The fact's record asserts what the question asks about (not only its context)."""
-    return bool(asserted_keys(fact.ev.chunk.concepts) & (analysis.required_keys or analysis.keys))
+    asked = analysis.required_keys or analysis.keys
+    return bool(asserted_keys(fact.ev.chunk.concepts) & (asked - {ALLERGY_WORDS} or asked))
 
 
 def on_point(analysis: Analysis, facts: list[Fact]) -> list[Fact]:
-    return [f for f in facts if asserts_asked(analysis, f)] or facts
+    """The facts that assert the most of what was asked ("hep B vaccine": the hepatitis B
+    vaccine, not every vaccine), else all of them."""
+    asked = analysis.required_keys or analysis.keys
+    asked = asked - {ALLERGY_WORDS} or asked
+    # One concept may be matched twice (the lexicon's key and the record's own code for the same
+    # words): count the lexicon's concepts when there are any.
+    asked = {k for k in asked if k.startswith("lex:")} or asked
+    hits = {id(f): len(asserted_keys(f.ev.chunk.concepts) & asked) for f in facts}
+    best = max(hits.values(), default=0)
+    return [f for f in facts if hits[id(f)] == best] if best else facts
 
 
 def prefix_for(analysis: Analysis, facts: list[Fact]) -> str:

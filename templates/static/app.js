@@ -104,7 +104,12 @@
     return Math.floor(days / 365.25) + " years ago";
   }
   function datedText(text, withAge) {
-    return text.replace(ISO_DATE, (iso) => clinicalDate(iso) + (withAge === iso ? " (" + relativeAge(iso) + ")" : ""));
+    let aged = false;      // the age follows the date's first mention only
+    return text.replace(ISO_DATE, (iso) => {
+      const age = withAge === iso && !aged ? " (" + relativeAge(iso) + ")" : "";
+      aged = aged || Boolean(age);
+      return clinicalDate(iso) + age;
+    });
   }
   function newestDate(text) {
     const dates = text.match(ISO_DATE) || [];
@@ -115,13 +120,16 @@
   // cites its own record, else after the sentence.
   function citedParagraph(text, citations, lead) {
     const p = el("p", { class: lead ? "statement lead" : "statement" });
-    const age = lead ? newestDate(text) : null;
+    let age = lead ? newestDate(text) : null;
     const inline = /\[\d+\]/.test(text);
     const parts = inline ? text.split(/(\[\d+\])/) : [text + " "];
     parts.forEach((part) => {
       const mark = /^\[(\d+)\]$/.exec(part);
       if (mark) p.appendChild(citeMark(Number(mark[1])));
-      else if (part) p.appendChild(document.createTextNode(datedText(part, age)));
+      else if (part) {
+        p.appendChild(document.createTextNode(datedText(part, age)));
+        if (age && part.includes(age)) age = null;
+      }
     });
     if (!inline) citations.forEach((n) => p.appendChild(citeMark(n)));
     return p;
@@ -140,7 +148,7 @@
   }
   function offerCopy(result) {
     const button = el("button", { type: "button", id: "copy-answer", class: "link small" }, "Copy answer with citations");
-    const box = el("textarea", { id: "copy-text", readonly: "readonly", rows: "6", hidden: "hidden" });
+    const box = el("textarea", { id: "copy-text", readonly: "readonly", rows: "4", hidden: "hidden" });
     box.value = copyText(result);
     button.addEventListener("click", () => {
       box.hidden = false; box.select();
@@ -246,7 +254,7 @@
     result.citations.forEach((c) => {
       const chip = el("button", { type: "button", class: "chip", "data-ref": c.ref });
       chip.appendChild(el("b", {}, String(c.n)));
-      chip.appendChild(document.createTextNode(c.label));
+      chip.appendChild(document.createTextNode(c.label.replace(ISO_DATE, clinicalDate)));
       chip.addEventListener("click", () => openCitation(c.n));
       chips.appendChild(chip);
     });
@@ -330,7 +338,8 @@
         const dot = svgEl("circle", { cx: x(i), cy: y(p.values[s]), r: 3.5, fill: colours[s], "data-date": p.date });
         dot.appendChild(svgEl("title", {}, clinicalDate(p.date) + ": " + name + " " + p.values[s] + " " + (chart.unit || "")));
         svg.appendChild(dot);
-        if (pts.length <= 8) svg.appendChild(svgEl("text", { class: "point-label", x: x(i), y: y(p.values[s]) + (s ? 15 : -7), "text-anchor": "middle" }, String(p.values[s])));
+        if (pts.length <= 8) svg.appendChild(svgEl("text", { class: "point-label", x: x(i) + (i === 0 ? 4 : i === pts.length - 1 ? -4 : 0), y: y(p.values[s]) + (s ? 15 : -7),
+          "text-anchor": i === 0 ? "start" : i === pts.length - 1 ? "end" : "middle" }, String(p.values[s])));
       });
       if (names.length > 1) {
         svg.appendChild(svgEl("rect", { x: L + 8 + s * 90, y: H - 14, width: 10, height: 3, fill: colours[s] }));
