@@ -24,7 +24,7 @@ def _withdrawn(r: dict) -> bool:
     return status_code(r, "status") in WITHDRAWN or status_code(r, "verificationStatus") in WITHDRAWN | {"refuted"}
 
 
-def _flag(r: dict) -> str:
+def observation_flag(r: dict) -> str:
     """The interpretation the record gives, else high/low against its reference range."""
     given = ", ".join(concept_text(i) for i in r.get("interpretation") or [] if concept_text(i))
     if given:
@@ -83,7 +83,7 @@ def context_bundle(resources: list[dict]) -> dict:
     labs, vitals = [], []
     for (category, name), r in sorted(latest.items(), key=lambda kv: kv[0][1]):
         item = {"ref": ref(r), "name": name, "value": chunker.observation_value(r), "date": day(clinical_date(r)),
-                "flag": _flag(r) if not blood_pressure(r) else ""}
+                "flag": observation_flag(r) if not blood_pressure(r) else ""}
         (labs if category == "laboratory" else vitals).append(item)
     encounters = sorted(by_type.get("Encounter", []), key=clinical_date, reverse=True)[:LAST_ENCOUNTERS]
     return {

@@ -13,6 +13,7 @@ from datetime import date
 from typing import Callable
 
 from fhir_ingest.chunk import blood_pressure, clinical_date
+from fhir_ingest.context import observation_flag
 from fhir_ingest.normalize import codings, concept_text, ref_id, status_code
 
 from search.answering.clinical import (condition_name, dosage_words, drug_name, observation_name, unit,
@@ -115,17 +116,7 @@ def observation_points(r: dict, ref: str) -> Point | None:
 
 
 def flag_words(r: dict) -> str:
-    given = [concept_text(i) for i in r.get("interpretation") or [] if concept_text(i)]
-    if given:
-        return ", ".join(given).lower()
-    value = (r.get("valueQuantity") or {}).get("value")
-    low, high = reference_range(r) or (None, None)
-    if isinstance(value, (int, float)):
-        if low is not None and value < low:
-            return "low"
-        if high is not None and value > high:
-            return "high"
-    return ""
+    return observation_flag(r).lower()
 
 
 def reference_range(r: dict) -> tuple[float | None, float | None] | None:
