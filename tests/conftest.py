@@ -45,7 +45,7 @@ def dev_questions() -> list[dict]:
 
 @pytest.fixture(scope="session")
 def embedder():
-    from search.models.embed import load_embedder
+    from search.models.embedders import load_embedder
 
     return load_embedder(None)
 

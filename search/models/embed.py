@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -79,15 +78,17 @@ class Embedder:
         # one padded to the longest note piece.
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         for start in range(0, len(order), self.batch_size):
-            batch = [texts[i] for i in order[start:start + self.batch_size]]
-            out.append(self.model.encode(batch, batch_size=self.batch_size, convert_to_numpy=True,
-                                         normalize_embeddings=True, show_progress_bar=False))
+            out.append(self.encode_batch([texts[i] for i in order[start:start + self.batch_size]]))
             if progress:
                 progress(min(start + self.batch_size, len(order)), len(order))
         vectors = np.concatenate(out).astype(np.float32)
         result = np.empty_like(vectors)
         result[order] = vectors
         return result
+
+    def encode_batch(self, batch: list[str]) -> np.ndarray:
+        return self.model.encode(batch, batch_size=self.batch_size, convert_to_numpy=True, normalize_embeddings=True,
+                                 show_progress_bar=False)
 
     def encode_query(self, text: str) -> np.ndarray:
         return self.encode([text])[0]
@@ -105,7 +106,6 @@ def _fingerprint(path: str) -> str:
     return h.hexdigest()[:8]
 
 
-@lru_cache(maxsize=4)
-def load_embedder(model_path: str | None) -> Embedder:
-    """One model per process: loading costs seconds and hundreds of MB."""
-    return Embedder(model_path)
+def default_model_cache() -> Path:
+    """Where built model files are kept, once per machine (CHARTCITE_MODEL_CACHE overrides)."""
+    return Path.home() / ".cache" / "chartcite" / "models"

@@ -1,0 +1,50 @@
+"""The int8 embedding backend (issue 16): the same model under ONNX Runtime, close to fp32, named
+apart so an index never mixes the two, built once and reused."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from search.models.embedders import load_embedder
+
+TEXTS = ["Lab result on 2023-02-01: Hemoglobin A1c/Hemoglobin.total in Blood = 6.31 %.",
+         "Medication order (active) on 2005-04-03: Clopidogrel 75 MG Oral Tablet.",
+         "Allergy / intolerance (active, confirmed): Shellfish (substance). Reactions: Anaphylaxis (severe).",
+         "History and physical note of 2025-07-20: Chief Complaint: Memory Loss; Confusion",
+         "Encounter (emergency) on 1986-10-10: Emergency room admission (procedure). Reason: Seizure disorder."]
+
+
+def test_int8_vectors_stay_close_to_fp32_and_count_the_same_tokens(embedder):
+    fp32 = load_embedder(None, "fp32")
+    assert embedder.name.endswith("+onnx-int8") and fp32.name == embedder.name.removesuffix("+onnx-int8")
+    assert embedder.dimension == fp32.dimension and embedder.max_tokens == fp32.max_tokens
+    a, b = embedder.encode(TEXTS), fp32.encode(TEXTS)
+    assert np.allclose(np.linalg.norm(a, axis=1), 1.0, atol=1e-4)
+    cosine = (a * b).sum(axis=1)
+    assert cosine.min() >= 0.97, cosine          # per-channel quantisation; per-tensor fell to 0.84
+    assert [embedder.count_tokens(t) for t in TEXTS] == [fp32.count_tokens(t) for t in TEXTS]
+    # The order of the texts in a batch does not change a text's vector (padding is masked out).
+    assert np.allclose(embedder.encode(TEXTS[::-1])[::-1], a, atol=1e-5)
+
+
+def test_the_int8_model_is_built_once_and_reused(tmp_path):
+    from search.models.onnx_embed import OnnxInt8Embedder, int8_model
+
+    first = OnnxInt8Embedder(None, tmp_path)
+    built = int8_model(Path(first.path), tmp_path)
+    assert built.exists() and list(tmp_path.glob("*.tmp")) == []
+    stamp = built.stat().st_mtime_ns
+    OnnxInt8Embedder(None, tmp_path)
+    assert built.stat().st_mtime_ns == stamp
+
+
+def test_an_index_built_at_one_precision_refuses_the_other(tmp_path, embedder):
+    from search.backends.base import ModelMismatch
+    from search.backends.embedded import EmbeddedBackend
+
+    EmbeddedBackend(tmp_path / "index.sqlite", embedder.name, embedder.dimension).close()
+    fp32 = load_embedder(None, "fp32")
+    with pytest.raises(ModelMismatch, match=r"\+onnx-int8"):
+        EmbeddedBackend(tmp_path / "index.sqlite", fp32.name, fp32.dimension)
