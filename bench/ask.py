@@ -2,7 +2,7 @@
 
 Indexes the dev questions' patients into a temporary embedded index first (not timed). The last
 line is for scripts: `ask: p50_ms=… p95_ms=… backend=embedded` (the full pipeline).
-Usage: python bench/ask.py [QUESTIONS.jsonl] [--repeat N] [--patients N]
+Usage: python bench/ask.py [QUESTIONS.jsonl] [--repeat N] [--patients N] [--es-url http://127.0.0.1:9250]
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from search.evaluate import percentile  # noqa: E402
+from search.backends.elastic import ElasticOptions  # noqa: E402
 from search.service import SearchService  # noqa: E402
 
 
@@ -29,6 +30,7 @@ def main() -> None:
     parser.add_argument("--synthea", default=str(shared / "synthea"))
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--patients", type=int, default=0, help="only the questions of the first N patients")
+    parser.add_argument("--es-url", default="", help="ask through this Elasticsearch node instead of the embedded backend")
     args = parser.parse_args()
     questions = [json.loads(line) for line in open(args.questions) if line.strip()]
     ids = sorted({q["patient_id"] for q in questions})
@@ -36,7 +38,8 @@ def main() -> None:
         ids = ids[: args.patients]
         questions = [q for q in questions if q["patient_id"] in ids]
     with tempfile.TemporaryDirectory() as tmp:
-        svc = SearchService("embedded", Path(tmp) / "index.sqlite")
+        backend = "elasticsearch" if args.es_url else "embedded"
+        svc = SearchService(backend, Path(tmp) / "index.sqlite", es=ElasticOptions((args.es_url,)) if args.es_url else None)
         svc.index_paths("bench", [Path(args.synthea) / f"{pid}.json.gz" for pid in ids])
         svc.ask("bench", ids[0], "warm-up question")
         print(f"{len(questions)} questions x {args.repeat}, {len(ids)} patients, model warm")
@@ -51,7 +54,7 @@ def main() -> None:
             print(f"{pipeline:8} {percentile(latencies, .5):8.1f} {percentile(latencies, .95):8.1f} "
                   f"{max(latencies):8.1f} {1000 * len(latencies) / sum(latencies):7.1f}")
         svc.close()
-    print(f"ask: p50_ms={percentile(latencies, .5):.1f} p95_ms={percentile(latencies, .95):.1f} backend=embedded")
+    print(f"ask: p50_ms={percentile(latencies, .5):.1f} p95_ms={percentile(latencies, .95):.1f} backend={backend}")
 
 
 if __name__ == "__main__":

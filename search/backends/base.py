@@ -31,6 +31,16 @@ class Hit:
     score: float
 
 
+@dataclass(frozen=True)
+class Search:
+    """One search of a batch: `text` (query: the words), `vector` (query: the question's vector),
+    `concepts` (query: concept keys) or `latest`, inside a scope."""
+    kind: str
+    scope: Scope
+    query: object = None
+    n: int = 10
+
+
 @dataclass
 class IndexCheck:
     """What `chartcite check` reports: counts of each part of the index, and anything that disagrees."""
@@ -76,6 +86,13 @@ class Backend(ABC):
     @abstractmethod
     def latest(self, scope: Scope, n: int) -> list[Hit]:
         """The newest chunks in scope."""
+
+    def search_many(self, searches: list[Search]) -> list[list[Hit]]:
+        """Several searches of one tenant at once; a backend with a network between it and the
+        process answers them in one round trip."""
+        run = {"text": self.search_text, "vector": self.search_vector, "concepts": self.search_concepts}
+        return [self.latest(s.scope, s.n) if s.kind == "latest" else run[s.kind](s.scope, s.query, s.n)
+                for s in searches]
 
     @abstractmethod
     def has_terms(self, tenant: str, patient_id: str | None, terms: list[str]) -> set[str]:

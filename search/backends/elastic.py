@@ -20,7 +20,8 @@ import numpy as np
 from fhir_ingest.contract import Chunk
 
 from search.nlp.annotate import asserted_keys
-from search.backends.base import Backend, BackendError, BackendUnavailable, Hit, IndexCheck, ModelMismatch, Scope
+from search.backends.base import (Backend, BackendError, BackendUnavailable, Hit, IndexCheck, ModelMismatch, Scope,
+                                  Search)
 from search.backends.embedded import text_hash
 from search.nlp.lexicon import tokens
 
@@ -105,18 +106,22 @@ class ElasticsearchBackend(Backend):
         except ESConnectionError as exc:
             raise BackendUnavailable(f"cannot reach Elasticsearch at {', '.join(self.urls)}: {exc.message}") from exc
         except ApiError as exc:
-            if exc.meta.status == 429:
-                raise BackendUnavailable("Elasticsearch is overloaded (429 Too Many Requests); retry later") from exc
-            if exc.meta.status == 503:
-                # A shard with no copy available (a node just left and its replica is not yet
-                # promoted): the whole answer waits rather than come from part of the record.
-                raise BackendUnavailable("Elasticsearch has shards unavailable (a node left the cluster); "
-                                         "retry in a few seconds") from exc
-            error = exc.body.get("error") if isinstance(exc.body, dict) else exc.body
-            reason = error.get("reason") if isinstance(error, dict) else str(error)
-            raise BackendError(f"Elasticsearch refused the request ({exc.meta.status}): {reason}") from exc
+            self._raise_for(exc.meta.status, exc.body.get("error") if isinstance(exc.body, dict) else exc.body, exc)
         except TransportError as exc:
             raise BackendUnavailable(f"Elasticsearch transport error: {exc}") from exc
+
+    @staticmethod
+    def _raise_for(status: int, error, cause: Exception | None = None):
+        """An Elasticsearch refusal (a whole request's, or one search's inside an `_msearch`)."""
+        if status == 429:
+            raise BackendUnavailable("Elasticsearch is overloaded (429 Too Many Requests); retry later") from cause
+        if status == 503:
+            # A shard with no copy available (a node just left and its replica is not yet
+            # promoted): the whole answer waits rather than come from part of the record.
+            raise BackendUnavailable("Elasticsearch has shards unavailable (a node left the cluster); "
+                                     "retry in a few seconds") from cause
+        reason = error.get("reason") if isinstance(error, dict) else str(error)
+        raise BackendError(f"Elasticsearch refused the request ({status}): {reason}") from cause
 
     def _has_module(self, name: str) -> bool:
         info = self._call(lambda: self.es.nodes.info(metric="plugins"))
@@ -337,39 +342,66 @@ class ElasticsearchBackend(Backend):
 
     def _search(self, tenant: str, **body) -> list[dict]:
         alias = self._ensure(tenant)
-        # One round trip: a tenant with no index yet has no hits (ignore_unavailable), where an
-        # exists check before every search used to double the round trips of a question. Never
-        # hits from part of the shards: a missing shard is part of this patient's record.
         return self._call(lambda: self.es.search(index=alias, ignore_unavailable=True, allow_no_indices=True,
                                                  allow_partial_search_results=False, **body))["hits"]["hits"]
 
+    def search_many(self, searches: list[Search]) -> list[list[Hit]]:
+        """One `_msearch` for the lot. A tenant with no index yet has no hits (ignore_unavailable);
+        never hits from part of the shards: a missing shard is part of this patient's record."""
+        bodies = [self._body(s) for s in searches]
+        wanted = [(s, b) for s, b in zip(searches, bodies) if b is not None]
+        responses = []
+        if wanted:
+            alias = self._ensure(searches[0].scope.tenant)
+            header = {"index": alias, "ignore_unavailable": True, "allow_no_indices": True,
+                      "allow_partial_search_results": False}
+            lines = [line for _, body in wanted for line in (header, body)]
+            responses = self._call(lambda: self.es.msearch(searches=lines))["responses"]
+        answered = iter(responses)
+        return [self._hits(s, next(answered)) if b is not None else [] for s, b in zip(searches, bodies)]
+
+    def _body(self, s: Search) -> dict | None:
+        """The search body for one search, or None when there is nothing to search for."""
+        filters = self._filters(s.scope)
+        if s.kind == "text":
+            text = self._lexical(str(s.query))
+            if not text.strip():
+                return None
+            return {"size": s.n, "_source": False, "query": {"bool": {
+                "filter": filters, "must": [{"match": {"lexical": {"query": text, "operator": "or"}}}]}}}
+        if s.kind == "vector":
+            return {"size": s.n, "_source": False, "knn": {
+                "field": "vector", "query_vector": [float(x) for x in s.query], "k": s.n, "num_candidates": MAX_RESULT,
+                "filter": {"bool": {"filter": filters}}}}
+        if s.kind == "concepts":
+            if not s.query:
+                return None
+            should = [{"constant_score": {"filter": {"term": {"concepts": key}}, "boost": 1.0}} for key in s.query]
+            return {"size": s.n, "_source": False, "sort": [{"_score": "desc"}, {"date": "desc"}],
+                    "query": {"bool": {"filter": filters, "should": should, "minimum_should_match": 1}}}
+        return {"size": s.n, "_source": False, "sort": [{"date": "desc"}, {"chunk_id": "asc"}],
+                "query": {"bool": {"filter": filters}}}
+
+    def _hits(self, s: Search, response: dict) -> list[Hit]:
+        if "error" in response:
+            self._raise_for(response.get("status", 500), response["error"])
+        hits = response["hits"]["hits"]
+        if s.kind == "vector":
+            # ES reports cosine as (1 + cos) / 2; give callers the cosine itself, like the embedded backend.
+            return [Hit(h["_id"], 2.0 * float(h["_score"]) - 1.0) for h in hits]
+        return [Hit(h["_id"], float(h["_score"] or 0.0) if s.kind != "latest" else 0.0) for h in hits]
+
     def search_text(self, scope: Scope, query: str, n: int) -> list[Hit]:
-        text = self._lexical(query)
-        if not text.strip():
-            return []
-        hits = self._search(scope.tenant, size=n, source=False, query={"bool": {
-            "filter": self._filters(scope), "must": [{"match": {"lexical": {"query": text, "operator": "or"}}}]}})
-        return [Hit(h["_id"], float(h["_score"])) for h in hits]
+        return self.search_many([Search("text", scope, query, n)])[0]
 
     def search_vector(self, scope: Scope, vector: np.ndarray, n: int) -> list[Hit]:
-        hits = self._search(scope.tenant, size=n, source=False, knn={
-            "field": "vector", "query_vector": [float(x) for x in vector], "k": n, "num_candidates": MAX_RESULT,
-            "filter": {"bool": {"filter": self._filters(scope)}}})
-        # ES reports cosine as (1 + cos) / 2; give callers the cosine itself, like the embedded backend.
-        return [Hit(h["_id"], 2.0 * float(h["_score"]) - 1.0) for h in hits]
+        return self.search_many([Search("vector", scope, vector, n)])[0]
 
     def search_concepts(self, scope: Scope, concept_keys: list[str], n: int) -> list[Hit]:
-        if not concept_keys:
-            return []
-        should = [{"constant_score": {"filter": {"term": {"concepts": key}}, "boost": 1.0}} for key in concept_keys]
-        hits = self._search(scope.tenant, size=n, source=False, sort=[{"_score": "desc"}, {"date": "desc"}],
-                            query={"bool": {"filter": self._filters(scope), "should": should, "minimum_should_match": 1}})
-        return [Hit(h["_id"], float(h["_score"] or 0.0)) for h in hits]
+        return self.search_many([Search("concepts", scope, concept_keys, n)])[0]
 
     def latest(self, scope: Scope, n: int) -> list[Hit]:
-        hits = self._search(scope.tenant, size=n, source=False, sort=[{"date": "desc"}, {"chunk_id": "asc"}],
-                            query={"bool": {"filter": self._filters(scope)}})
-        return [Hit(h["_id"], 0.0) for h in hits]
+        return self.search_many([Search("latest", scope, None, n)])[0]
 
     def has_terms(self, tenant: str, patient_id: str | None, terms: list[str]) -> set[str]:
         alias = self._ensure(tenant)
@@ -398,9 +430,11 @@ class ElasticsearchBackend(Backend):
         if not chunk_ids:
             return []
         alias = self._ensure(tenant)
-        if not self._call(lambda: self.es.indices.exists_alias(name=alias)):
-            return []
-        docs = self._call(lambda: self.es.mget(index=alias, ids=chunk_ids, source=["data", "tenant"]))["docs"]
+        # One round trip: a tenant with no index yet answers 404, meaning no chunks (an exists
+        # check first doubled every read of a question's evidence).
+        found = self._call(lambda: self.es.options(ignore_status=404).mget(index=alias, ids=chunk_ids,
+                                                                          source=["data", "tenant"]))
+        docs = found.get("docs", [])
         by_id = {d["_id"]: Chunk.from_dict(d["_source"]["data"]) for d in docs
                  if d.get("found") and d["_source"]["tenant"] == tenant}
         return [by_id[c] for c in chunk_ids if c in by_id]

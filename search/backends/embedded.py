@@ -45,6 +45,7 @@ CREATE TABLE IF NOT EXISTS chunk_concepts (
     tenant TEXT NOT NULL, patient_id TEXT NOT NULL, concept TEXT NOT NULL, chunk_id TEXT NOT NULL,
     PRIMARY KEY (tenant, patient_id, concept, chunk_id)
 );
+CREATE INDEX IF NOT EXISTS chunk_concepts_chunk ON chunk_concepts (chunk_id);
 CREATE TABLE IF NOT EXISTS resources (
     tenant TEXT NOT NULL, patient_id TEXT NOT NULL, ref TEXT NOT NULL, data TEXT NOT NULL,
     PRIMARY KEY (tenant, patient_id, ref)
@@ -130,14 +131,25 @@ class EmbeddedBackend(Backend):
             # Every resource a chunk draws on: deleting any of them removes the chunk (a trend, a panel).
             refs.extend((chunk.tenant, ref, cid) for ref in chunk.refs)
             concepts.extend((chunk.tenant, chunk.patient_id, key, cid) for key in asserted_keys(chunk.concepts))
-        ids = [(r[0],) for r in rows]
         with self._transaction() as db:
-            db.executemany("DELETE FROM chunks_fts WHERE chunk_id = ?", ids)
+            # Only a chunk indexed before has rows to replace: the full-text table cannot index
+            # chunk_id, so deleting by it scans the table, once per chunk (quadratic on a fresh index).
+            replaced = self._present(db, [r[0] for r in rows])
+            db.executemany("DELETE FROM chunks_fts WHERE chunk_id = ?", replaced)
             db.executemany("INSERT OR REPLACE INTO chunks VALUES (?,?,?,?,?,?,?,?,?)", rows)
             db.executemany("INSERT INTO chunks_fts (lexical, chunk_id, tenant, patient_id) VALUES (?,?,?,?)", fts)
             db.executemany("INSERT OR IGNORE INTO chunk_refs VALUES (?,?,?)", refs)
-            db.executemany("DELETE FROM chunk_concepts WHERE chunk_id = ?", ids)
+            db.executemany("DELETE FROM chunk_concepts WHERE chunk_id = ?", replaced)
             db.executemany("INSERT OR IGNORE INTO chunk_concepts VALUES (?,?,?,?)", concepts)
+
+    @staticmethod
+    def _present(db, chunk_ids: list[str]) -> list[tuple[str]]:
+        found = []
+        for start in range(0, len(chunk_ids), 500):
+            batch = chunk_ids[start:start + 500]
+            marks = ",".join("?" * len(batch))
+            found += db.execute(f"SELECT chunk_id FROM chunks WHERE chunk_id IN ({marks})", batch).fetchall()
+        return [(row[0],) for row in found]
 
     def delete_chunks(self, tenant: str, chunk_ids: list[str]) -> int:
         if not chunk_ids:

@@ -77,14 +77,21 @@ class Embedder:
         # Sorting by length keeps padding small: a batch of short lab lines is far cheaper than
         # one padded to the longest note piece.
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-        for start in range(0, len(order), self.batch_size):
-            out.append(self.encode_batch([texts[i] for i in order[start:start + self.batch_size]]))
+        done = 0
+        for batch in self.batches([texts[i] for i in order]):
+            out.append(self.encode_batch(batch))
+            done += len(batch)
             if progress:
-                progress(min(start + self.batch_size, len(order)), len(order))
+                progress(done, len(order))
         vectors = np.concatenate(out).astype(np.float32)
         result = np.empty_like(vectors)
         result[order] = vectors
         return result
+
+    def batches(self, ordered: list[str]):
+        """Texts shortest first, in batches of `batch_size`."""
+        for start in range(0, len(ordered), self.batch_size):
+            yield ordered[start:start + self.batch_size]
 
     def encode_batch(self, batch: list[str]) -> np.ndarray:
         return self.model.encode(batch, batch_size=self.batch_size, convert_to_numpy=True, normalize_embeddings=True,

@@ -20,7 +20,7 @@ from fhir_ingest.contract import Chunk
 
 from search.nlp.abbreviations import expansions
 from search.nlp.annotate import RecordTerm, asserted_keys, default_annotator
-from search.backends.base import Backend, Hit, Scope
+from search.backends.base import Backend, Hit, Scope, Search
 from search.models.crossrank import CrossEncoderRanker
 from search.models.embed import Embedder
 from search.nlp.lexicon import content_tokens, tokens
@@ -558,6 +558,9 @@ class RetrievalState:
     evidence: list[Evidence] = field(default_factory=list)
     candidates: list[Evidence] = field(default_factory=list)
     ranked_after: dict[str, list[list[str]]] = field(default_factory=dict)
+    # Asked for with recall, in the same round trip, for the recovery stage (None: not asked).
+    recovery_hits: list[Hit] | None = None
+    chunk_cache: dict[str, Chunk] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -649,12 +652,32 @@ def recall_hybrid(state: RetrievalState, tools: Tools) -> tuple[int, str]:
 
 
 def recall_expanded(state: RetrievalState, tools: Tools) -> tuple[int, str]:
-    """Both recalls with the question's concepts and their synonyms added."""
+    """Both recalls with the question's concepts and their synonyms added, and the recovery
+    stage's searches with them: one round trip to a networked backend instead of four."""
     analysis = state.analysis
     dense_text = f"{state.question} {' '.join(analysis.names + analysis.expansions)}".strip()
-    state.dense_hits = tools.backend.search_vector(state.scope, tools.embedder.encode_query(dense_text), RECALL_N)
-    state.lexical_hits = tools.backend.search_text(state.scope, expanded_query(analysis), RECALL_N)
+    searches = [Search("vector", state.scope, tools.embedder.encode_query(dense_text), RECALL_N),
+                Search("text", state.scope, expanded_query(analysis), RECALL_N)] + recovery_searches(state)
+    results = tools.backend.search_many(searches)
+    state.dense_hits, state.lexical_hits = results[0], results[1]
+    state.recovery_hits = [h for hits in results[2:] for h in hits]
     return _recalled(state), ""
+
+
+def recovery_searches(state: RetrievalState) -> list[Search]:
+    """Chunks asserting the question's concepts; for "her most recent note" without one, the newest."""
+    analysis = state.analysis
+    searches = [Search("concepts", state.scope, sorted(analysis.keys), RECOVERY_N)]
+    if analysis.wants_latest and not analysis.keys:
+        searches.append(Search("latest", state.scope, None, 10))
+    return searches
+
+
+def chunks_of(state: RetrievalState, tools: Tools, ids: list[str]) -> dict[str, Chunk]:
+    """Chunks by id, read once per question."""
+    missing = [c for c in ids if c not in state.chunk_cache]
+    state.chunk_cache.update({c.chunk_id: c for c in tools.backend.get_chunks(state.tenant, missing)})
+    return {c: state.chunk_cache[c] for c in ids if c in state.chunk_cache}
 
 
 def _evidence(state: RetrievalState, tools: Tools, fused: dict[str, float]) -> tuple[int, str]:
@@ -662,7 +685,9 @@ def _evidence(state: RetrievalState, tools: Tools, fused: dict[str, float]) -> t
     dense_rank = {h.chunk_id: i for i, h in enumerate(state.dense_hits)}
     lexical_rank = {h.chunk_id: i for i, h in enumerate(state.lexical_hits)}
     ids = sorted(fused, key=lambda c: (-fused[c], c))
-    chunks = {c.chunk_id: c for c in tools.backend.get_chunks(state.tenant, ids)}
+    # The recovery stage's chunks come in the same read (one mget, not two).
+    prefetch = [h.chunk_id for h in state.recovery_hits or [] if h.chunk_id not in fused]
+    chunks = chunks_of(state, tools, ids + list(dict.fromkeys(prefetch)))
     state.evidence = [Evidence(chunks[c], fused[c], dense_scores.get(c), lexical_rank.get(c), dense_rank.get(c))
                       for c in ids if c in chunks]
     return len(state.evidence), ""
@@ -678,14 +703,14 @@ def fuse_rrf(state: RetrievalState, tools: Tools) -> tuple[int, str]:
 
 def recover_concepts(state: RetrievalState, tools: Tools) -> tuple[int, str]:
     """Chunks that assert a concept of the question but neither recall found."""
-    backend, analysis = tools.backend, state.analysis
     have = {ev.chunk.chunk_id for ev in state.evidence}
-    hits = backend.search_concepts(state.scope, sorted(analysis.keys), RECOVERY_N)
-    if analysis.wants_latest and not analysis.keys:
-        hits += backend.latest(state.scope, 10)   # "her most recent note": the newest in scope
+    hits = state.recovery_hits
+    if hits is None:
+        hits = [h for found in tools.backend.search_many(recovery_searches(state)) for h in found]
     missed = list(dict.fromkeys(h.chunk_id for h in hits if h.chunk_id not in have))
     floor = min((ev.score for ev in state.evidence), default=0.0)
-    state.evidence += [Evidence(c, floor, recovered=True) for c in backend.get_chunks(state.tenant, missed)]
+    chunks = chunks_of(state, tools, missed)
+    state.evidence += [Evidence(chunks[c], floor, recovered=True) for c in missed if c in chunks]
     return len(state.evidence), f"+{len(missed)}"
 
 
