@@ -46,13 +46,15 @@ def bulk_rate(svc: SearchService, files: list[Path]) -> str:
         chunks = PatientChunker(tenant, record.patient_id, record.resources, svc.embedder.budget()).chunks()
         default_annotator().annotate_chunks(chunks, record_terms_from_chunks(chunks))
         batches.append((chunks, svc.embedder.encode([c.text for c in chunks]), [lexical_text(c) for c in chunks]))
-    total = sum(len(b[0]) for b in batches)
+    svc.backend.index(*batches[0])      # creates the tenant's index (once per tenant, not per write)
+    total = sum(len(b[0]) for b in batches[1:])
     t = time.perf_counter()
-    for chunks, vectors, lexicals in batches:
+    for chunks, vectors, lexicals in batches[1:]:
         svc.backend.index(chunks, vectors, lexicals)
     seconds = time.perf_counter() - t
     svc.backend.es.indices.delete(index=f"chartcite-{tenant}-*", allow_no_indices=True)
-    return f"bulk index (no embedding): {total} chunks in {seconds:.1f}s = {total / seconds:.0f} chunks/s"
+    return (f"bulk index (no embedding, a refresh per patient): {total} chunks of {len(batches) - 1} patients "
+            f"in {seconds:.1f}s = {total / seconds:.0f} chunks/s (the first patient, which created the index, untimed)")
 
 
 def ask_latency(questions: list[dict], services: dict[str, SearchService], tenant: str) -> list[str]:
