@@ -151,3 +151,19 @@ def test_the_reading_metrics_count_words_first_sentence_facts_and_uncited_clause
     assert first_sentence_facts(answer, ["6.31", "prediabetic"]) == 0.5
     assert answer_words("HbA1c 6.31% on 2023-02-01 [1] [2].") == 4
     assert uncited_clauses({"abstained": True, "answer": "I don't have evidence for that."}) == 0
+
+
+def test_a_resource_the_sentence_writer_cannot_read_falls_back_to_the_records_words(caplog):
+    from search.answering.answer import clinical_statements
+    from search.retrieval.pipeline import Retrieval
+
+    odd = order("m1", "Clopidogrel 75 MG Oral Tablet", "active", RECENT, dosageInstruction=[{"timing": {"repeat": {
+        "frequency": 1, "period": "one", "periodUnit": "h"}}}])       # a period no writer expects
+    ev = evidence(odd, "medication", ["lex:clopidogrel"])
+    analysis = Analysis("Is he on clopidogrel?", [{"key": "lex:clopidogrel", "semantic_type": "medication",
+                                                   "display": "clopidogrel"}], ["clopidogrel"], ["medication"])
+    retrieval = Retrieval.__new__(Retrieval)
+    retrieval.analysis, retrieval.evidence = analysis, [ev]
+    statements, citations, _ = clinical_statements(retrieval, [ev], {"MedicationRequest/m1": odd}.get)
+    assert statements and statements[0].text.startswith("Text") and citations[0].ref == "MedicationRequest/m1"
+    assert "writing the first sentence failed" in caplog.text

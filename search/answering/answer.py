@@ -5,18 +5,20 @@ what the question asks about, the answer is the no-evidence sentence and cites n
 """
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from search.answering.charts import series_chart
 from search.answering.facts import Fact, Reader
-from search.answering.lead import ALLERGY_WORDS, SUPPORTING, Draft, first_sentence, note_words
+from search.answering.lead import ALLERGY_WORDS, SUPPORTING, Draft, Lead, first_sentence, note_words
 from search.answering.types import Answer, Citation, EvidenceItem, Statement
 from search.nlp.annotate import RecordTerm, asserted_keys, default_annotator
 from search.nlp.lexicon import default_lexicon, tokens
 from search.retrieval.pipeline import Analysis, Evidence, Retrieval, concept_overlap, in_window
 
+log = logging.getLogger(__name__)
 NO_EVIDENCE = "I don't have evidence for that in this patient's record."
 NEW_PATIENT = "This is a new patient; I have no prior records."
 MAX_STATEMENTS = 4
@@ -388,7 +390,11 @@ def clinical_statements(retrieval: Retrieval, relevant: list[Evidence],
     """The answer first, in clinical words, then a few short supporting sentences; every clause
     cites. Evidence that cannot be put in clinical words keeps its own words."""
     analysis = retrieval.analysis
-    lead = first_sentence(analysis, relevant, read, lambda ev: _passage(ev, statement_for(ev, analysis, first=True)))
+    try:
+        lead = first_sentence(analysis, relevant, read, lambda ev: _passage(ev, statement_for(ev, analysis, first=True)))
+    except Exception:      # a resource shape the sentence writer did not foresee: the record's own words
+        log.exception("writing the first sentence failed; the evidence's own words are used")
+        lead = Lead(None, [])
     drafts: list[Draft] = [lead.draft] if lead.draft else []
     facts = {ev.chunk.chunk_id: f for f in lead.facts for ev in [f.ev]}
     said = {ev.chunk.chunk_id for d in drafts for ev in d.sources()}
