@@ -169,7 +169,7 @@ class SearchService:
         measurement = any(c["semantic_type"] in ("lab", "vital") for c in analysis.concepts)
         if is_general_question(question, about_record, measurement):
             return self.general(question, tenant, patient_id, question_id, retrieval, use_llm)
-        result = compose(retrieval, patient_id, question_id, read=self.reader(tenant, patient_id))
+        result = compose(retrieval, patient_id, self.reader(tenant, patient_id), question_id)
         if retrieval.corpus_size == 0:
             result.answer = self.empty_record_answer(tenant, patient_id)
         else:

@@ -21,7 +21,6 @@ from search.retrieval.pipeline import Analysis, Evidence, Retrieval, concept_ove
 log = logging.getLogger(__name__)
 NO_EVIDENCE = "I don't have evidence for that in this patient's record."
 NEW_PATIENT = "This is a new patient; I have no prior records."
-MAX_STATEMENTS = 4
 # Cosine similarities of all-MiniLM-L6-v2 between the question and a chunk (0-1 in practice):
 SEMANTIC_MATCH = 0.35              # with no concept to check, this close is "about the question"
 AS_CLOSE_AS_THE_BEST = 0.05        # a chunk this near the best one also earns a statement
@@ -315,8 +314,8 @@ def note_conflict(retrieval: Retrieval, cited: list[Evidence]) -> tuple[Evidence
     return None
 
 
-def compose(retrieval: Retrieval, patient_id: str, question_id: str | None = None,
-            read: Reader | None = None) -> Answer:
+def compose(retrieval: Retrieval, patient_id: str, read: Reader, question_id: str | None = None) -> Answer:
+    """The extractive answer; `read` gives the patient's stored resources by reference."""
     evidence = [EvidenceItem.of(e, i + 1) for i, e in enumerate(retrieval.evidence)]
     diagnostics = retrieval_diagnostics(retrieval)
 
@@ -332,11 +331,7 @@ def compose(retrieval: Retrieval, patient_id: str, question_id: str | None = Non
     if not support.supported:
         return abstain(NO_EVIDENCE)
     relevant = relevant_evidence(retrieval)
-    chart = None
-    if read is None:
-        statements, citations = cited_statements(retrieval, relevant)
-    else:
-        statements, citations, chart = clinical_statements(retrieval, relevant, read)
+    statements, citations, chart = clinical_statements(retrieval, relevant, read)
     conflict = note_conflict(retrieval, relevant)
     if conflict is not None:
         ev, sentence = conflict
@@ -365,24 +360,6 @@ def retrieval_diagnostics(retrieval: Retrieval) -> dict:
                        "date_to": scope.date_to},
             "analysis": {"concepts": analysis.names, "intents": analysis.intents(),
                          "date_from": analysis.date_from, "date_to": analysis.date_to}}
-
-
-def cited_statements(retrieval: Retrieval, relevant: list[Evidence]) -> tuple[list[Statement], list[Citation]]:
-    """One statement per relevant piece of evidence, each citing it, up to the limit."""
-    statements, citations, passages = [], [], set()
-    for ev in relevant:
-        if len(statements) == max(MAX_STATEMENTS, retrieval.analysis.last_n):
-            break
-        text = statement_for(ev, retrieval.analysis, first=not statements)
-        if not text:
-            continue
-        # Templated notes repeat a section word for word; one citation of it is enough.
-        if _passage(ev, text) in passages:
-            continue
-        passages.add(_passage(ev, text))
-        citations.append(Citation.of(ev, len(citations) + 1))
-        statements.append(Statement(text, [len(citations)]))
-    return statements, citations
 
 
 def clinical_statements(retrieval: Retrieval, relevant: list[Evidence],
