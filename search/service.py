@@ -4,7 +4,6 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, replace
-from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
@@ -34,6 +33,26 @@ log = logging.getLogger(__name__)
 class IndexSummary:
     load: LoadReport
     result: IndexResult
+
+
+class RecordReader:
+    """One patient's stored resources by reference, each read once per answer; `prefetch` reads
+    many in one call (one round trip to Elasticsearch) before they are asked for one by one."""
+
+    def __init__(self, backend: Backend, tenant: str, patient_id: str):
+        self.backend, self.tenant, self.patient_id = backend, tenant, patient_id
+        self.cache: dict[str, dict | None] = {}
+
+    def prefetch(self, refs: list[str]) -> None:
+        missing = [r for r in dict.fromkeys(refs) if r and r not in self.cache]
+        if missing:
+            found = self.backend.get_resources(self.tenant, self.patient_id, missing)
+            self.cache.update({ref: found.get(ref) for ref in missing})
+
+    def __call__(self, ref: str) -> dict | None:
+        if ref and ref not in self.cache:
+            self.cache[ref] = self.backend.get_resource(self.tenant, self.patient_id, ref)
+        return self.cache.get(ref)
 
 
 class SearchService:
@@ -184,12 +203,8 @@ class SearchService:
                 result.chart = trend_chart(self.backend, trend)
         return result
 
-    def reader(self, tenant: str, patient_id: str):
-        """The patient's stored resources by reference, each read once per answer."""
-        @lru_cache(maxsize=256)
-        def read(ref: str) -> dict | None:
-            return self.backend.get_resource(tenant, patient_id, ref) if ref else None
-        return read
+    def reader(self, tenant: str, patient_id: str) -> "RecordReader":
+        return RecordReader(self.backend, tenant, patient_id)
 
     def never_hide_the_class(self, tenant: str, patient_id: str, retrieval, result: Answer) -> Answer:
         """An abstention never stands alone when the record holds what was asked about's class

@@ -234,10 +234,19 @@ def fact_of(ev: Evidence, read: Reader) -> Fact | None:
     return None
 
 
+def prefetch(read: Reader, refs: list[str]) -> None:
+    """Read many resources at once when the reader can (a plain lookup reads them one by one)."""
+    many = getattr(read, "prefetch", None)
+    if many is not None:
+        many(refs)
+
+
 def series_facts(ev: Evidence, read: Reader) -> list[Fact]:
     """The measurements a trend chunk or a lab panel draws on, one fact per result."""
     out = []
-    for ref in ev.chunk.refs[1:] if ev.chunk.category != "trend" else ev.chunk.refs:
+    refs = ev.chunk.refs[1:] if ev.chunk.category != "trend" else ev.chunk.refs
+    prefetch(read, [ref for ref in refs if ref.startswith("Observation/")])
+    for ref in refs:
         r = read(ref) if ref.startswith("Observation/") else None
         fact = measurement_fact(ev, r, ref) if r else None
         if fact is not None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from search.answering.facts import Fact, Reader, fact_of, series_facts
+from search.answering.facts import Fact, Reader, fact_of, prefetch, series_facts
 from search.nlp.annotate import asserted_keys, default_annotator
 from search.retrieval.pipeline import Analysis, Evidence
 
@@ -100,6 +100,7 @@ def affirms(question: str) -> bool:
 def first_sentence(analysis: Analysis, relevant: list[Evidence], read: Reader, note_passage) -> Lead:
     """The lead sentence and the facts of the relevant evidence; no sentence when none can be
     written in clinical words (the caller keeps the evidence's own words)."""
+    prefetch(read, [ev.chunk.ref for ev in relevant])
     facts = [f for f in (fact_of(ev, read) for ev in relevant) if f is not None]
     top = relevant[0]
     kind = asked_kind(analysis, facts, top)

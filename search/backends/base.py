@@ -125,6 +125,12 @@ class Backend(ABC):
     def get_resource(self, tenant: str, patient_id: str, ref: str) -> dict | None:
         """The stored resource, only if it belongs to this patient."""
 
+    def get_resources(self, tenant: str, patient_id: str, refs: list[str]) -> dict[str, dict]:
+        """Several stored resources of one patient by reference (a networked backend reads them
+        in one round trip); those it does not hold are left out."""
+        found = {ref: self.get_resource(tenant, patient_id, ref) for ref in refs}
+        return {ref: resource for ref, resource in found.items() if resource}
+
     @abstractmethod
     def upsert_patient(self, tenant: str, patient_id: str, summary: dict) -> None: ...
 

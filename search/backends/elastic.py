@@ -491,6 +491,14 @@ class ElasticsearchBackend(Backend):
         doc = self._get_record(tenant, f"{patient_id}|{ref}")
         return doc["data"] if doc and doc["patient_id"] == patient_id else None
 
+    def get_resources(self, tenant: str, patient_id: str, refs: list[str]) -> dict[str, dict]:
+        if not refs:
+            return {}
+        ids = [f"{patient_id}|{ref}" for ref in refs]
+        found = self._call(lambda: self.es.options(ignore_status=404).mget(index=self.records_index(tenant), ids=ids))
+        docs = {d["_id"]: d["_source"] for d in found.get("docs", []) if d.get("found")}
+        return {ref: docs[i]["data"] for ref, i in zip(refs, ids) if i in docs and docs[i]["patient_id"] == patient_id}
+
     def get_patient(self, tenant: str, patient_id: str) -> dict | None:
         doc = self._get_record(tenant, f"patient|{patient_id}")
         return doc["data"] if doc else None
