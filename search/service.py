@@ -188,7 +188,8 @@ class SearchService:
         measurement = any(c["semantic_type"] in ("lab", "vital") for c in analysis.concepts)
         if is_general_question(question, about_record, measurement):
             return self.general(question, tenant, patient_id, question_id, retrieval, use_llm)
-        result = compose(retrieval, patient_id, self.reader(tenant, patient_id), question_id)
+        read = self.reader(tenant, patient_id)      # one per answer: each record read once
+        result = compose(retrieval, patient_id, read, question_id)
         if retrieval.corpus_size == 0:
             result.answer = self.empty_record_answer(tenant, patient_id)
         else:
@@ -200,7 +201,7 @@ class SearchService:
             cited = {c.ref for c in result.citations}
             trend = next((e.chunk for e in retrieval.evidence if e.chunk.category == "trend" and e.chunk.ref in cited), None)
             if trend is not None:
-                result.chart = trend_chart(self.backend, trend)
+                result.chart = trend_chart(read, trend)
         return result
 
     def reader(self, tenant: str, patient_id: str) -> "RecordReader":

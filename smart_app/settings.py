@@ -164,8 +164,11 @@ class Settings:
         es = ElasticOptions(tuple(u.strip() for u in self.es_url.split(",") if u.strip()), self.es_api_key,
                             self.es_username, self.es_password, self.es_ca_certs, self.es_verify_certs,
                             self.es_shards, self.es_replicas)
-        if self.embedding_precision not in ("fp32", "int8"):
-            raise SettingsError(f"CHARTCITE_EMBEDDING_PRECISION must be fp32 or int8, not {self.embedding_precision!r}")
+        from search.models.embedders import PRECISIONS
+
+        if self.embedding_precision not in PRECISIONS:
+            raise SettingsError(f"CHARTCITE_EMBEDDING_PRECISION must be one of {', '.join(PRECISIONS)}, "
+                                f"not {self.embedding_precision!r}")
         return {"backend_kind": self.backend, "index_path": self.index_path, "model_path": self.model,
                 "reranker_path": self.reranker, "llm": llm, "es": es, "precision": self.embedding_precision,
                 "model_cache": self.model_cache}

@@ -1,41 +1,12 @@
-"""Series for the frame's small trend chart, read from the observations a trend chunk cites."""
+"""The frame's trend chart: the series a first sentence states, or the observations a cited trend
+chunk draws on, read the same way (search/answering/facts.py)."""
 from __future__ import annotations
 
-from fhir_ingest.chunk import blood_pressure, clinical_date
 from fhir_ingest.contract import Chunk
-from fhir_ingest.normalize import concept_text
 
-from search.backends.base import Backend
-
-
-def observation_values(resource: dict) -> tuple[list[float], str] | None:
-    bp = blood_pressure(resource)
-    if bp:
-        sys_q, dia_q = (component.get("valueQuantity") or {} for component in bp)
-        if sys_q.get("value") is not None and dia_q.get("value") is not None:
-            return [float(sys_q["value"]), float(dia_q["value"])], sys_q.get("unit", "mm[Hg]")
-    q = resource.get("valueQuantity") or {}
-    if q.get("value") is not None:
-        return [float(q["value"])], q.get("unit", "")
-    return None
-
-
-def trend_chart(backend: Backend, chunk: Chunk) -> dict | None:
-    points, unit, title = [], "", ""
-    for ref in chunk.refs:
-        resource = backend.get_resource(chunk.tenant, chunk.patient_id, ref)
-        if not resource:
-            continue
-        parsed = observation_values(resource)
-        if parsed is None:
-            continue
-        values, unit = parsed
-        title = title or concept_text(resource.get("code"))
-        points.append({"date": clinical_date(resource)[:10], "values": values, "ref": ref})
-    points.sort(key=lambda p: p["date"])
-    if len(points) < 2 or len({len(p["values"]) for p in points}) != 1:
-        return None
-    return {"title": title, "unit": unit, "points": points}
+from search.answering.facts import Reader, series_facts
+from search.answering.lead import Series
+from search.retrieval.pipeline import Evidence
 
 
 def series_chart(series) -> dict | None:
@@ -49,3 +20,15 @@ def series_chart(series) -> dict | None:
     low, high = series.range or (None, None)
     return {"title": series.name, "full_title": series.coded or series.name, "unit": unit, "points": points,
             "series": names, "range": {"low": low, "high": high} if series.range else None}
+
+
+def trend_chart(read: Reader, chunk: Chunk) -> dict | None:
+    """The chart of a trend chunk an answer cites (a model-written answer, or one whose first
+    sentence is not about a measurement)."""
+    facts = series_facts(Evidence(chunk, 0.0), read)
+    if not facts:
+        return None
+    series = Series(facts[0].series)
+    for fact in facts:
+        series.add(fact)
+    return series_chart(series)

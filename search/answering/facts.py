@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import date
 from typing import Callable
 
-from fhir_ingest.chunk import blood_pressure, clinical_date
+from fhir_ingest.chunk import blood_pressure, clinical_date, day
 from fhir_ingest.context import observation_flag
 from fhir_ingest.normalize import codings, concept_text, ref_id, status_code
 
@@ -55,10 +55,6 @@ class Fact:
     range: tuple[float | None, float | None] | None = None
     trend: bool = False          # a trend chunk: several values of one test
     coded: str = ""              # the full coded name
-
-
-def day(iso: str) -> str:
-    return (iso or "")[:10]
 
 
 def years_before_today(iso: str) -> float:

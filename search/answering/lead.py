@@ -155,17 +155,21 @@ def note_words(ev: Evidence, passage: str) -> str:
     return f'the note of {ev.chunk.date[:10]} says: "{passage}"'
 
 
-def asserts_asked(analysis: Analysis, fact: Fact) -> bool:
-    """The fact's record asserts what the question asks about (not only its context)."""
+def asked_keys(analysis: Analysis) -> set[str]:
+    """What the question asks about (not its context); of an allergy question, the allergen."""
     asked = analysis.required_keys or analysis.keys
-    return bool(asserted_keys(fact.ev.chunk.concepts) & (asked - {ALLERGY_WORDS} or asked))
+    return asked - {ALLERGY_WORDS} or asked
+
+
+def asserts_asked(analysis: Analysis, fact: Fact) -> bool:
+    """The fact's record asserts what the question asks about."""
+    return bool(asserted_keys(fact.ev.chunk.concepts) & asked_keys(analysis))
 
 
 def on_point(analysis: Analysis, facts: list[Fact]) -> list[Fact]:
     """The facts that assert the most of what was asked ("hep B vaccine": the hepatitis B
     vaccine, not every vaccine), else all of them."""
-    asked = analysis.required_keys or analysis.keys
-    asked = asked - {ALLERGY_WORDS} or asked
+    asked = asked_keys(analysis)
     # One concept may be matched twice (the lexicon's key and the record's own code for the same
     # words): count the lexicon's concepts when there are any.
     asked = {k for k in asked if k.startswith("lex:")} or asked

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import numpy as np
 
-from fhir_ingest.chunk import TextBudget
 from search.models.embed import Embedder, ModelNotFound, _fingerprint, default_model_cache, default_model_path
 
 log = logging.getLogger(__name__)
@@ -123,9 +122,6 @@ class OnnxInt8Embedder(Embedder):
 
     def count_tokens(self, text: str) -> int:
         return len(self.counter.encode(text, add_special_tokens=False).ids)
-
-    def budget(self) -> TextBudget:
-        return TextBudget(self.max_tokens, self.count_tokens)
 
     def batches(self, ordered: list[str]):
         """Batches bounded by padded size rather than count: many short lab lines at once, few
