@@ -69,15 +69,9 @@ class PatientRecord:
         return {"resourceType": "Patient", "id": self.patient_id}
 
 
+# The problem list, medications and allergies: a first sync embeds them first, so the clinician
+# can ask about them by meaning while results, notes and visits are still embedding.
 ESSENTIAL_TYPES = {"Patient", "Condition", "AllergyIntolerance", "MedicationRequest", "Medication", "Immunization"}
-
-
-def essentials(record: PatientRecord) -> PatientRecord:
-    """The problem list, medications and allergies: indexed first on a new patient's sync so the
-    clinician can ask about them while results, notes and visits are still embedding. Never whole:
-    indexing it must not remove the rest of a record held from before."""
-    return PatientRecord(record.patient_id, [r for r in record.resources if r["resourceType"] in ESSENTIAL_TYPES],
-                         complete=False)
 
 
 def merge_resources(held: list[dict], changed: list[dict]) -> list[dict]:

@@ -12,7 +12,7 @@ from datetime import date
 from typing import Callable
 
 from fhir_ingest.chunk import ChunkProblem, PatientChunker
-from fhir_ingest.load import PatientRecord
+from fhir_ingest.load import ESSENTIAL_TYPES, PatientRecord
 from fhir_ingest.normalize import INDEXED_TYPES, SUPPORT_TYPES, human_name
 
 from search.nlp.annotate import canonical_names, default_annotator, record_terms_from_chunks
@@ -23,6 +23,10 @@ from search.backends.embedded import text_hash
 log = logging.getLogger(__name__)
 
 Progress = Callable[[str, int, int], None]   # (phase, done, total)
+
+# Vectors written this many at a time when the words went first: each batch makes more of the
+# record searchable by meaning, and the frame's bar moves with it.
+VECTOR_BATCH = 64
 
 
 @dataclass
@@ -49,7 +53,9 @@ def lexical_text(chunk) -> str:
     return f"{chunk.label}. {chunk.text}" + (" || " + " ; ".join(names) if names else "")
 
 
-def patient_summary(record: PatientRecord, chunk_counts: dict[str, int], terms=()) -> dict:
+def patient_summary(record: PatientRecord, chunk_counts: dict[str, int], terms=(), vectors_pending: int = 0) -> dict:
+    """What the index keeps about the patient: the banner, what the record holds, its terms, and
+    how many of its chunks still wait for their vector (searchable by words only meanwhile)."""
     patient = record.patient
     birth = patient.get("birthDate", "")
     age = None
@@ -63,16 +69,23 @@ def patient_summary(record: PatientRecord, chunk_counts: dict[str, int], terms=(
     counts = {}
     for r in record.resources:
         counts[r["resourceType"]] = counts.get(r["resourceType"], 0) + 1
-    return {
+    summary = {
         "patient_id": record.patient_id, "name": human_name(patient), "gender": patient.get("gender", ""),
         "birth_date": birth, "age": age, "deceased": bool(patient.get("deceasedDateTime") or patient.get("deceasedBoolean")),
         "resource_counts": counts, "chunk_counts": chunk_counts,
         "terms": [[t.phrase, t.key, t.display, t.semantic_type] for t in terms], "indexed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+    if vectors_pending:
+        summary["vectors_pending"] = vectors_pending
+    return summary
 
 
 def index_record(backend: Backend, embedder: Embedder, tenant: str, record: PatientRecord,
-                 progress: Progress | None = None) -> IndexResult:
+                 progress: Progress | None = None, words_first: bool = False) -> IndexResult:
+    """Index the record. `words_first` (a patient's first sync, a clinician waiting): every chunk
+    is written at once without its vector, searchable by its words and concepts within seconds;
+    the vectors follow in batches, problems, medications and allergies first, and the patient
+    summary says how many are still pending until the last one is written."""
     started = time.perf_counter()
     pid = record.patient_id
     chunker = PatientChunker(tenant, pid, record.resources, embedder.budget())
@@ -82,19 +95,38 @@ def index_record(backend: Backend, embedder: Embedder, tenant: str, record: Pati
     lexicals = [lexical_text(c) for c in chunks]
     existing = backend.indexed_texts(tenant, pid)
     changed = [(c, lx) for c, lx in zip(chunks, lexicals) if existing.get(c.chunk_id) != text_hash(c, lx)]
-    if progress:
-        progress("embedding", 0, len(changed))
-    vectors = embedder.encode([c.text for c, _ in changed],
-                              progress=(lambda done, total: progress("embedding", done, total)) if progress else None)
-    backend.index([c for c, _ in changed], vectors, [lx for _, lx in changed])
-    stale = sorted(set(existing) - {c.chunk_id for c in chunks})
-    removed = backend.delete_chunks(tenant, stale)
-    kept = [r for r in record.resources if r["resourceType"] in INDEXED_TYPES | SUPPORT_TYPES]
-    backend.store_resources(tenant, pid, kept)
     counts: dict[str, int] = {}
     for c in chunks:
         counts[c.semantic_type] = counts.get(c.semantic_type, 0) + 1
-    backend.upsert_patient(tenant, pid, patient_summary(record, counts, terms))
+
+    def write_record(pending: int) -> int:
+        """The rest of the record beside its chunks: stale chunks out, source resources, summary."""
+        removed = backend.delete_chunks(tenant, sorted(set(existing) - {c.chunk_id for c in chunks}))
+        kept = [r for r in record.resources if r["resourceType"] in INDEXED_TYPES | SUPPORT_TYPES]
+        backend.store_resources(tenant, pid, kept)
+        backend.upsert_patient(tenant, pid, patient_summary(record, counts, terms, pending))
+        return removed
+
+    def report(done: int) -> None:
+        if progress:
+            progress("embedding", done, len(changed))
+
+    report(0)
+    if words_first and changed:
+        backend.index([c for c, _ in changed], [None] * len(changed), [lx for _, lx in changed])
+        removed = write_record(pending=len(changed))
+        ordered = sorted(changed, key=lambda pair: pair[0].resource_type not in ESSENTIAL_TYPES)
+        for start in range(0, len(ordered), VECTOR_BATCH):
+            batch = ordered[start:start + VECTOR_BATCH]
+            backend.index([c for c, _ in batch], embedder.encode([c.text for c, _ in batch]), [lx for _, lx in batch])
+            done = start + len(batch)
+            # An answer meanwhile says how much is still pending: the summary keeps count.
+            backend.upsert_patient(tenant, pid, patient_summary(record, counts, terms, len(ordered) - done))
+            report(done)
+    else:
+        vectors = embedder.encode([c.text for c, _ in changed], progress=(lambda done, _: report(done)) if progress else None)
+        backend.index([c for c, _ in changed], vectors, [lx for _, lx in changed])
+        removed = write_record(pending=0)
     if progress:
         progress("done", len(changed), len(changed))
     return IndexResult(patients=1, resources=len(record.resources), chunks=len(chunks), embedded=len(changed),

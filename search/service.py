@@ -11,7 +11,8 @@ from fhir_ingest.load import LoadReport, PatientRecord, assembled, merge_resourc
 from fhir_ingest.normalize import INDEXED_TYPES
 from fhir_ingest.reader import read_path
 
-from search.answering.answer import NEW_PATIENT, asked_class, class_entries_answer, compose, context_evidence
+from search.answering.answer import (NEW_PATIENT, asked_class, class_entries_answer, compose, context_evidence,
+                                     while_reading)
 from search.answering.charts import trend_chart
 from search.answering.grounded import GENERAL_BANNER, GENERAL_REFUSAL, grounded_answer
 from search.answering.phi import Identifiers
@@ -143,20 +144,21 @@ class SearchService:
         return len(chunks)
 
     def index_records(self, tenant: str, records: list[PatientRecord],
-                      progress: Callable[[str, int, int], None] | None = None) -> IndexResult:
+                      progress: Callable[[str, int, int], None] | None = None, words_first: bool = False) -> IndexResult:
         total = IndexResult()
         for record in records:
-            total.merge(self.index_record(tenant, record, progress))
+            total.merge(self.index_record(tenant, record, progress, words_first))
         return total
 
     def index_record(self, tenant: str, record: PatientRecord,
-                     progress: Callable[[str, int, int], None] | None = None) -> IndexResult:
+                     progress: Callable[[str, int, int], None] | None = None, words_first: bool = False) -> IndexResult:
         """A whole record replaces what the index holds for the patient; a partial one (a stray
-        resource, an export, the essentials of a first sync) is merged into it and removes nothing."""
+        resource, an export) is merged into it and removes nothing. `words_first`: searchable by
+        words and concepts at once, by meaning as the vectors follow (a first sync)."""
         if not record.complete:
             held = self.held_resources(tenant, record.patient_id)
             record = PatientRecord(record.patient_id, merge_resources(held, record.resources))
-        return index_record(self.backend, self.embedder, tenant, record, progress)
+        return index_record(self.backend, self.embedder, tenant, record, progress, words_first)
 
     def index_paths(self, tenant: str, paths: list[str | Path],
                     on_patient: Callable[[int, int], None] | None = None) -> IndexSummary:
@@ -202,7 +204,7 @@ class SearchService:
             trend = next((e.chunk for e in retrieval.evidence if e.chunk.category == "trend" and e.chunk.ref in cited), None)
             if trend is not None:
                 result.chart = trend_chart(read, trend)
-        return result
+        return while_reading(result, retrieval)
 
     def reader(self, tenant: str, patient_id: str) -> "RecordReader":
         return RecordReader(self.backend, tenant, patient_id)

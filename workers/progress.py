@@ -22,7 +22,7 @@ class Job:
     tenant: str
     patient_id: str
     state: str          # queued | running | done | failed
-    phase: str          # reading | embedding | done
+    phase: str          # reading | fetching | words | embedding | done
     done: int
     total: int
     message: str

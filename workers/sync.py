@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 from fhir_ingest.budget import budget_for
 from fhir_ingest.client import AuthExpired, FhirClient, FhirUnavailable
 from fhir_ingest.contract import PatientNotFound
-from fhir_ingest.load import BundleDirectorySource, LoadReport, essentials
+from fhir_ingest.load import BundleDirectorySource, LoadReport
 from fhir_ingest.registry import Ehr, Registry
 from fhir_ingest.smart_auth import BackendServicesToken, SessionTokens
 from search.backends.base import BackendUnavailable
@@ -103,12 +103,11 @@ def sync_patient(settings, service, tenant: str, patient_id: str, session_id: st
 
     try:
         read = read_patient(settings, registry, service, tenant, patient_id, session_id, progress)
-        if read.records and not service.patient(tenant, patient_id):
-            # A first sync: what a clinician asks about first is searchable within seconds.
-            jobs.set(tenant, patient_id, "running", "essentials", 0, 0)
-            service.index_records(tenant, [essentials(r) for r in read.records])
-        jobs.set(tenant, patient_id, "running", "embedding", 0, 0)
-        result = service.index_records(tenant, read.records, progress)
+        # A first sync: the whole record is searchable by its words within seconds, and by meaning
+        # as the vectors follow (problems, medications and allergies first).
+        first = bool(read.records) and not service.patient(tenant, patient_id)
+        jobs.set(tenant, patient_id, "running", "words" if first else "embedding", 0, 0)
+        result = service.index_records(tenant, read.records, progress, words_first=first)
     except Exception as exc:
         record_patient_failure(jobs, tenant, patient_id, exc)
         raise

@@ -21,6 +21,7 @@ from search.retrieval.pipeline import Analysis, Evidence, Retrieval, concept_ove
 log = logging.getLogger(__name__)
 NO_EVIDENCE = "I don't have evidence for that in this patient's record."
 NEW_PATIENT = "This is a new patient; I have no prior records."
+NO_EVIDENCE_YET = "I don't have evidence for that in the part of this patient's record read so far."
 # Cosine similarities of all-MiniLM-L6-v2 between the question and a chunk (0-1 in practice):
 SEMANTIC_MATCH = 0.35              # with no concept to check, this close is "about the question"
 AS_CLOSE_AS_THE_BEST = 0.05        # a chunk this near the best one also earns a statement
@@ -153,6 +154,20 @@ def class_entries_answer(result: Answer, klass: str, entries: list, context=None
                                   for i, ev in enumerate(e for e in shown if e.chunk.chunk_id not in have)]
     return replace(result, answer=answer, lead=lead, statements=statements, citations=citations, evidence=evidence,
                    class_entries=len(listed))
+
+
+def while_reading(result: Answer, retrieval: Retrieval) -> Answer:
+    """An answer given while the record's first indexing is still embedding: it says so, and an
+    abstention says "so far", since the passages not yet read by meaning may hold the answer."""
+    pending = retrieval.vectors_pending
+    if not pending:
+        return result
+    reading = (f"This record is still being read: {pending} of its {retrieval.corpus_size} passages are found by "
+               f"their words only for now, so this answer may be incomplete. Ask again when reading finishes.")
+    if not result.abstained:
+        return replace(result, reading=reading)
+    return replace(result, reading=reading, answer=result.answer.replace(NO_EVIDENCE, NO_EVIDENCE_YET, 1),
+                   lead=result.lead.replace(NO_EVIDENCE, NO_EVIDENCE_YET, 1) if result.lead else result.lead)
 
 
 def context_evidence(retrieval: Retrieval):

@@ -99,6 +99,7 @@ class Answer:
     class_entries: int | None = None     # how many entries of the asked class it lists
     general: bool = False                # a question about medicine, not this patient
     banner: str | None = None            # shown above a general answer
+    reading: str | None = None           # the record is still being read: what that means for this answer
 
     def to_dict(self) -> dict:
         out = {"id": self.id, "patient_id": self.patient_id, "question": self.question, "answer": self.answer,
@@ -107,7 +108,7 @@ class Answer:
                "evidence": [e.to_dict() for e in self.evidence], "confidence": self.confidence,
                "abstained": self.abstained, "diagnostics": self.diagnostics, "generator": self.generator,
                "removed_statements": self.removed_statements, "chart": self.chart}
-        for name in ("generator_note", "removed", "lead", "class_entries", "banner"):
+        for name in ("generator_note", "removed", "lead", "class_entries", "banner", "reading"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         if self.general:

@@ -13,6 +13,11 @@ import numpy as np
 from fhir_ingest.contract import Chunk
 
 
+# The text hash a chunk written before its vector carries: it never equals a real hash, so a
+# later run embeds the chunk even if the run that wrote it stopped before its vector.
+VECTOR_PENDING = "vector pending"
+
+
 class BackendError(RuntimeError):
     """A clear, user-facing problem with the index (wrong model, unreachable cluster...)."""
 
@@ -62,7 +67,8 @@ class Backend(ABC):
 
     @abstractmethod
     def index(self, chunks: list[Chunk], vectors: np.ndarray, lexical_texts: list[str]) -> None:
-        """Upsert chunks by chunk_id with their vectors and BM25 text."""
+        """Upsert chunks by chunk_id with their vectors and BM25 text. A vector of None writes the
+        chunk without one: found by its words and concepts, not by dense search, until rewritten."""
 
     @abstractmethod
     def delete_refs(self, tenant: str, refs: list[str]) -> int:

@@ -20,8 +20,8 @@ import numpy as np
 from fhir_ingest.contract import Chunk
 
 from search.nlp.annotate import asserted_keys
-from search.backends.base import (Backend, BackendError, BackendUnavailable, Hit, IndexCheck, ModelMismatch, Scope,
-                                  Search)
+from search.backends.base import (VECTOR_PENDING, Backend, BackendError, BackendUnavailable, Hit, IndexCheck,
+                                  ModelMismatch, Scope, Search)
 from search.backends.embedded import text_hash
 from search.nlp.lexicon import tokens
 
@@ -254,12 +254,16 @@ class ElasticsearchBackend(Backend):
     # --- writing ----------------------------------------------------------------------------
     def _doc(self, chunk: Chunk, vector, lexical: str) -> dict:
         chunk.embedding_model = self.embedding_model or chunk.embedding_model
-        return {"chunk_id": chunk.chunk_id, "tenant": chunk.tenant, "patient_id": chunk.patient_id,
-                "resource_type": chunk.resource_type, "ref": chunk.ref, "refs": chunk.refs,
-                "semantic_type": chunk.semantic_type, "category": chunk.category, "codes": chunk.codes,
-                "concepts": sorted(asserted_keys(chunk.concepts)), "date": chunk.date,
-                "text_hash": text_hash(chunk, lexical), "lexical": self._lexical(lexical),
-                "data": chunk.to_dict(), "vector": np.asarray(vector, dtype=np.float32).tolist()}
+        doc = {"chunk_id": chunk.chunk_id, "tenant": chunk.tenant, "patient_id": chunk.patient_id,
+               "resource_type": chunk.resource_type, "ref": chunk.ref, "refs": chunk.refs,
+               "semantic_type": chunk.semantic_type, "category": chunk.category, "codes": chunk.codes,
+               "concepts": sorted(asserted_keys(chunk.concepts)), "date": chunk.date,
+               "text_hash": text_hash(chunk, lexical), "lexical": self._lexical(lexical), "data": chunk.to_dict()}
+        if vector is None:       # kNN passes over a document without a vector
+            doc["text_hash"] = VECTOR_PENDING
+        else:
+            doc["vector"] = np.asarray(vector, dtype=np.float32).tolist()
+        return doc
 
     def _bulk(self, actions) -> int:
         from elasticsearch.helpers import streaming_bulk
@@ -512,7 +516,7 @@ class ElasticsearchBackend(Backend):
         return [h["_source"]["data"] for h in hits]
 
     def check(self, tenant: str) -> IndexCheck:
-        from search.backends.embedded import summary_disagreement
+        from search.backends.embedded import PENDING_PROBLEM, summary_disagreement
 
         alias = self.alias(tenant)
         if not self._call(lambda: self.es.indices.exists(index=alias)):
@@ -523,7 +527,10 @@ class ElasticsearchBackend(Backend):
         actual = {b["key"]: b["doc_count"] for b in per_patient["aggregations"]["patients"]["buckets"]}
         summaries = {p["patient_id"]: p for p in self.list_patients(tenant)}
         counts = {"chunks": per_patient["hits"]["total"]["value"], "patients": len(summaries)}
-        problems = []
+        pending = self._call(lambda: self.es.count(index=alias, query={"bool": {"filter": [
+            {"term": {"tenant": tenant}}, {"term": {"text_hash": VECTOR_PENDING}}]}}))["count"]
+        counts["vectors pending"] = pending
+        problems = [f"{pending} {PENDING_PROBLEM}"] if pending else []
         orphaned = sum(n for pid, n in actual.items() if pid not in summaries)
         if orphaned:
             problems.append(f"{orphaned} chunks of a patient with no summary")

@@ -16,7 +16,7 @@ import numpy as np
 from fhir_ingest.contract import Chunk
 
 from search.nlp.annotate import asserted_keys
-from search.backends.base import Backend, Hit, IndexCheck, ModelMismatch, Scope
+from search.backends.base import VECTOR_PENDING, Backend, Hit, IndexCheck, ModelMismatch, Scope
 from search.nlp.lexicon import tokens
 
 SCHEMA = """
@@ -124,9 +124,10 @@ class EmbeddedBackend(Backend):
         for chunk, vector, lexical in unique.values():
             chunk.embedding_model = self.embedding_model
             cid = chunk.chunk_id
+            pending = vector is None
             rows.append((cid, chunk.tenant, chunk.patient_id, chunk.ref, chunk.semantic_type, chunk.date,
-                         text_hash(chunk, lexical), json.dumps(chunk.to_dict()),
-                         np.asarray(vector, dtype=np.float32).tobytes()))
+                         VECTOR_PENDING if pending else text_hash(chunk, lexical), json.dumps(chunk.to_dict()),
+                         b"" if pending else np.asarray(vector, dtype=np.float32).tobytes()))
             fts.append((lexical, cid, chunk.tenant, chunk.patient_id))
             # Every resource a chunk draws on: deleting any of them removes the chunk (a trend, a panel).
             refs.extend((chunk.tenant, ref, cid) for ref in chunk.refs)
@@ -213,7 +214,8 @@ class EmbeddedBackend(Backend):
 
     def search_vector(self, scope: Scope, vector: np.ndarray, n: int) -> list[Hit]:
         where, args = self._scope_sql(scope)
-        rows = self._db().execute(f"SELECT chunk_id, vector FROM chunks c WHERE {where}", args).fetchall()
+        rows = self._db().execute(f"SELECT chunk_id, vector FROM chunks c WHERE {where} AND length(c.vector) > 0",
+                                  args).fetchall()
         if not rows:
             return []
         matrix = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), -1)
@@ -309,6 +311,7 @@ class EmbeddedBackend(Backend):
             "chunks": one("SELECT count(*) FROM chunks WHERE tenant=?"),
             "lexical rows": one("SELECT count(*) FROM chunks_fts WHERE tenant=?"),
             "vectors": one("SELECT count(*) FROM chunks WHERE tenant=? AND length(vector)=?", vector_bytes),
+            "vectors pending": one("SELECT count(*) FROM chunks WHERE tenant=? AND length(vector)=0"),
             "patients": one("SELECT count(*) FROM patients WHERE tenant=?"),
             "source records": one("SELECT count(*) FROM resources WHERE tenant=?"),
         }
@@ -320,7 +323,8 @@ class EmbeddedBackend(Backend):
             "chunks with several lexical rows": "SELECT count(*) FROM (SELECT chunk_id FROM chunks_fts WHERE tenant=? "
                                                 "GROUP BY chunk_id HAVING count(*) > 1)",
             "chunks without a vector of the index's dimension": "SELECT count(*) FROM chunks WHERE tenant=? AND "
-                                                                f"length(vector) != {vector_bytes}",
+                                                                f"length(vector) NOT IN (0, {vector_bytes})",
+            PENDING_PROBLEM: "SELECT count(*) FROM chunks WHERE tenant=? AND length(vector) = 0",
             "reference rows without a chunk": "SELECT count(*) FROM chunk_refs r WHERE r.tenant=? AND NOT EXISTS "
                                               "(SELECT 1 FROM chunks c WHERE c.chunk_id = r.chunk_id)",
             "concept rows without a chunk": "SELECT count(*) FROM chunk_concepts k WHERE k.tenant=? AND NOT EXISTS "
@@ -344,6 +348,10 @@ class EmbeddedBackend(Backend):
         if conn is not None:
             conn.close()
             self._local.conn = None
+
+
+PENDING_PROBLEM = ("chunks still wait for their vector (found by their words only): indexing is under way, "
+                   "or it stopped; sync the patient again")
 
 
 def summary_disagreement(patient_id: str, summary: dict, chunks: int) -> list[str]:

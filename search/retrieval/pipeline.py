@@ -183,6 +183,7 @@ class Retrieval:
     candidates: list[Evidence] = field(default_factory=list)   # everything the rerank saw
     absent_terms: set[str] = field(default_factory=set)        # clinical words of the question this record never uses
     ranked_after: dict[str, list[list[str]]] = field(default_factory=dict)   # stage -> each evidence's refs, in order
+    vectors_pending: int = 0          # chunks still waiting for their vector (a first sync under way)
 
 
 # --- stage 2: analyse ---------------------------------------------------------------------------
@@ -550,6 +551,7 @@ class RetrievalState:
     k: int
     scope: Scope
     corpus: int = 0
+    vectors_pending: int = 0           # chunks written before their vector: dense recall cannot see them yet
     terms: list[RecordTerm] = field(default_factory=list)
     analysis: Analysis | None = None
     absent: set[str] = field(default_factory=set)
@@ -590,7 +592,10 @@ def run_stages(stages: list[Stage], state: RetrievalState, tools: Tools) -> list
 
 
 def patient_terms(backend: Backend, tenant: str, patient_id: str) -> list[RecordTerm]:
-    summary = backend.get_patient(tenant, patient_id) or {}
+    return terms_of(backend.get_patient(tenant, patient_id) or {})
+
+
+def terms_of(summary: dict) -> list[RecordTerm]:
     return [RecordTerm(*t) for t in summary.get("terms", [])]
 
 
@@ -615,8 +620,10 @@ def analyse_question(state: RetrievalState, tools: Tools) -> tuple[int, str]:
 
 
 def analyse_with_record(state: RetrievalState, tools: Tools) -> tuple[int, str]:
-    """The question read against the record's own terms (read once: the anchor stage uses them too)."""
-    state.terms = patient_terms(tools.backend, state.tenant, state.patient_id)
+    """The question read against the record's own terms (read once: the anchor stage uses them too),
+    and how much of the record is still searchable by its words only."""
+    summary = tools.backend.get_patient(state.tenant, state.patient_id) or {}
+    state.terms, state.vectors_pending = terms_of(summary), int(summary.get("vectors_pending") or 0)
     return analyse_question(state, tools)
 
 
@@ -776,4 +783,4 @@ def retrieve(backend: Backend, embedder: Embedder, question: str, tenant: str, p
     state = RetrievalState(question, tenant, patient_id, k, Scope(tenant, patient_id))
     reports = run_stages(stages, state, Tools(backend, embedder, reranker))
     return Retrieval(question, pipeline, state.analysis, state.evidence, reports, state.corpus, state.scope,
-                     state.candidates, state.absent, state.ranked_after)
+                     state.candidates, state.absent, state.ranked_after, state.vectors_pending)

@@ -60,10 +60,10 @@
       } else if (active) {
         let what = "Indexing this patient's record: reading resources…";
         if (job.phase === "fetching" && job.total) what = "Fetching the record from the EHR: " + job.done + " of " + job.total + " kinds of record";
-        if (job.phase === "essentials") what = "Indexing problems, medications and allergies first…";
-        if (job.phase === "embedding" && job.total) what = "Indexing this patient's record: " + job.done + " of " + job.total + " passages embedded";
+        if (job.phase === "words") what = "Making this patient's record searchable…";
+        if (job.phase === "embedding" && job.total) what = "Reading this patient's record: " + job.done + " of " + job.total + " passages read (problems, medications and allergies first)";
         $("sync-text").textContent = what + (body.indexed
-          ? " — you can ask now; results, notes and visits still syncing may be missing from answers" : "");
+          ? " — you can ask now; passages not yet read are found by their words only" : "");
         $("sync-bar").style.width = (job.percent || 2) + "%";
       }
       $("ask-button").disabled = !body.indexed;
@@ -229,6 +229,8 @@
   function renderAnswer(result) {
     const answer = $("answer");
     answer.textContent = "";
+    // Asked while the record's first indexing is still embedding: said before the answer, not after.
+    if (result.reading) answer.appendChild(el("p", { class: "reading-note", role: "note" }, result.reading));
     if (result.banner) {
       answer.appendChild(el("p", { class: "banner-general" }, result.banner));
       answer.appendChild(el("p", { class: "statement general" }, result.answer));
