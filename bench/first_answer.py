@@ -38,11 +38,11 @@ def median_and_largest(synthea: Path) -> list[tuple[str, str, int]]:
     return [("median", mid, mid_n), ("largest", big, big_n)]
 
 
-def wait(url: str, process: subprocess.Popen, seconds: float = 300) -> None:
+def wait(url: str, process: subprocess.Popen, log: Path, seconds: float = 300) -> None:
     deadline = time.time() + seconds
     while time.time() < deadline:
         if process.poll() is not None:
-            sys.exit(f"chartcite serve exited with {process.returncode}")
+            sys.exit(f"chartcite serve exited with {process.returncode}:\n{log.read_text()[-2000:]}")
         try:
             if requests.get(url, timeout=5).status_code == 200:
                 return
@@ -65,9 +65,9 @@ def one_run(synthea: Path, patient: str, warm: bool) -> tuple[dict[str, tuple[fl
         port = 5900 + os.getpid() % 90
         base = f"http://127.0.0.1:{port}"
         server = subprocess.Popen([sys.executable, "-m", "smart_app.cli", "serve", "--port", str(port)], cwd=REPO,
-                                  env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                  env=env, stdout=(Path(tmp) / "serve.log").open("w"), stderr=subprocess.STDOUT)
         try:
-            wait(f"{base}/{'readyz' if warm else 'healthz'}", server)
+            wait(f"{base}/{'readyz' if warm else 'healthz'}", server, Path(tmp) / "serve.log")
             started = time.perf_counter()
             page = requests.post(f"{base}/demo/launch", data={"patient_id": patient}, timeout=300)
             headers = {"X-Chartcite-Session": re.search(r'name="chartcite-session" content="([^"]+)"', page.text).group(1)}

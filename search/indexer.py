@@ -26,7 +26,7 @@ Progress = Callable[[str, int, int], None]   # (phase, done, total)
 
 # Vectors written this many at a time when the words went first: each batch makes more of the
 # record searchable by meaning, and the frame's bar moves with it.
-VECTOR_BATCH = 64
+VECTOR_BATCH = 128
 
 
 @dataclass
@@ -99,13 +99,13 @@ def index_record(backend: Backend, embedder: Embedder, tenant: str, record: Pati
     for c in chunks:
         counts[c.semantic_type] = counts.get(c.semantic_type, 0) + 1
 
-    def write_record(pending: int) -> int:
-        """The rest of the record beside its chunks: stale chunks out, source resources, summary."""
-        removed = backend.delete_chunks(tenant, sorted(set(existing) - {c.chunk_id for c in chunks}))
-        kept = [r for r in record.resources if r["resourceType"] in INDEXED_TYPES | SUPPORT_TYPES]
-        backend.store_resources(tenant, pid, kept)
+    def remove_stale() -> int:
+        return backend.delete_chunks(tenant, sorted(set(existing) - {c.chunk_id for c in chunks}))
+
+    def store_record(pending: int) -> None:
+        """The source resources (a chunk's first sentence reads them) and the patient summary."""
+        backend.store_resources(tenant, pid, [r for r in record.resources if r["resourceType"] in INDEXED_TYPES | SUPPORT_TYPES])
         backend.upsert_patient(tenant, pid, patient_summary(record, counts, terms, pending))
-        return removed
 
     def report(done: int) -> None:
         if progress:
@@ -113,20 +113,25 @@ def index_record(backend: Backend, embedder: Embedder, tenant: str, record: Pati
 
     report(0)
     if words_first and changed:
+        # The record and a summary counting what is pending go first, so that a question asked
+        # from the first chunk on knows the record is still being read.
+        store_record(pending=len(changed))
         backend.index([c for c, _ in changed], [None] * len(changed), [lx for _, lx in changed])
-        removed = write_record(pending=len(changed))
-        ordered = sorted(changed, key=lambda pair: pair[0].resource_type not in ESSENTIAL_TYPES)
+        removed = remove_stale()
+        # Essentials first; the rest shortest first, so each batch pads little (the model runs
+        # a batch at the length of its longest text).
+        ordered = sorted(changed, key=lambda pair: (pair[0].resource_type not in ESSENTIAL_TYPES, len(pair[0].text)))
         for start in range(0, len(ordered), VECTOR_BATCH):
             batch = ordered[start:start + VECTOR_BATCH]
-            backend.index([c for c, _ in batch], embedder.encode([c.text for c, _ in batch]), [lx for _, lx in batch])
+            backend.add_vectors([c for c, _ in batch], embedder.encode([c.text for c, _ in batch]), [lx for _, lx in batch])
             done = start + len(batch)
-            # An answer meanwhile says how much is still pending: the summary keeps count.
             backend.upsert_patient(tenant, pid, patient_summary(record, counts, terms, len(ordered) - done))
             report(done)
     else:
         vectors = embedder.encode([c.text for c, _ in changed], progress=(lambda done, _: report(done)) if progress else None)
         backend.index([c for c, _ in changed], vectors, [lx for _, lx in changed])
-        removed = write_record(pending=0)
+        removed = remove_stale()
+        store_record(pending=0)
     if progress:
         progress("done", len(changed), len(changed))
     return IndexResult(patients=1, resources=len(record.resources), chunks=len(chunks), embedded=len(changed),

@@ -160,6 +160,10 @@ class SearchService:
             record = PatientRecord(record.patient_id, merge_resources(held, record.resources))
         return index_record(self.backend, self.embedder, tenant, record, progress, words_first)
 
+    def deferred_refresh(self):
+        """Writes in the block become searchable together at its end (a Bulk Data round)."""
+        return self.backend.deferred_refresh()
+
     def index_paths(self, tenant: str, paths: list[str | Path],
                     on_patient: Callable[[int, int], None] | None = None) -> IndexSummary:
         """Index files and folders a patient at a time; the input waits on disk in the data directory
@@ -241,7 +245,10 @@ class SearchService:
     def empty_record_answer(self, tenant: str, patient_id: str) -> str:
         """"New patient" only when the record holds nothing clinical; records read but not indexed
         are a different situation, and a clinician must not mistake one for the other."""
-        counts = (self.patient(tenant, patient_id) or {}).get("resource_counts") or {}
+        summary = self.patient(tenant, patient_id) or {}
+        if summary.get("vectors_pending"):
+            return "This patient's record is being read; ask again in a moment."
+        counts = summary.get("resource_counts") or {}
         clinical = sum(n for rt, n in counts.items() if rt in INDEXED_TYPES)
         if not clinical:
             return NEW_PATIENT

@@ -29,6 +29,9 @@ from .progress import job_store
 
 log = logging.getLogger(__name__)
 
+# A Bulk Data round makes this many patients searchable at a time (one refresh of the index).
+PATIENTS_PER_REFRESH = 25
+
 # Faults that pass: the task is retried with backoff.
 TRANSIENT = (BackendUnavailable, FhirUnavailable, ConnectionError, TimeoutError)
 
@@ -203,11 +206,17 @@ def run_bulk_sync(settings, registry: Registry, ehr: Ehr, service, group_id: str
         removed = service.delete_resources(ehr.name, round_.deleted) if round_.deleted else 0
         chunks = embedded = 0
         patients = assembler.patient_ids()
-        for i, pid in enumerate(patients, start=1):
-            result = service.index_record(ehr.name, assembler.record(pid, whole=round_.whole))
-            chunks, embedded, removed = chunks + result.chunks, embedded + result.embedded, removed + result.removed
-            registry.mark_patient_synced(ehr.name, pid, round_.transaction_time)
-            say("indexing", i, len(patients))
+        for start in range(0, len(patients), PATIENTS_PER_REFRESH):
+            group = patients[start:start + PATIENTS_PER_REFRESH]
+            results = []
+            with service.deferred_refresh():
+                for pid in group:
+                    results.append(service.index_record(ehr.name, assembler.record(pid, whole=round_.whole)))
+                    say("indexing", start + len(results), len(patients))
+            # Marked synced once searchable: a failure before the refresh leaves the group to the next round.
+            for pid, result in zip(group, results):
+                chunks, embedded, removed = chunks + result.chunks, embedded + result.embedded, removed + result.removed
+                registry.mark_patient_synced(ehr.name, pid, round_.transaction_time)
     finally:
         assembler.close()
     summary = {"patients": len(patients), "resources": report.resources_read, "chunks": chunks,

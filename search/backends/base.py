@@ -6,6 +6,7 @@ scoring, so no caller can forget to filter and nothing is post-filtered.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,6 +70,16 @@ class Backend(ABC):
     def index(self, chunks: list[Chunk], vectors: np.ndarray, lexical_texts: list[str]) -> None:
         """Upsert chunks by chunk_id with their vectors and BM25 text. A vector of None writes the
         chunk without one: found by its words and concepts, not by dense search, until rewritten."""
+
+    def add_vectors(self, chunks: list[Chunk], vectors: np.ndarray, lexical_texts: list[str]) -> None:
+        """The vectors of chunks written before them (unchanged otherwise); a backend that can
+        update a vector alone overrides this cheaper path."""
+        self.index(chunks, vectors, lexical_texts)
+
+    def deferred_refresh(self):
+        """A block whose writes (this thread's) become searchable together at its end rather than
+        each at once; a backend whose writes are searchable on commit has nothing to defer."""
+        return nullcontext()
 
     @abstractmethod
     def delete_refs(self, tenant: str, refs: list[str]) -> int:

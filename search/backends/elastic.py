@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import chain
 
@@ -106,6 +108,7 @@ class ElasticsearchBackend(Backend):
         self.check_model = check_model
         self.shards, self.replicas = shards, replicas
         self._ready: set[str] = set()
+        self._deferred = threading.local()     # indices this thread's writes left unrefreshed
         self._call(lambda: self.es.cluster.health(wait_for_status="yellow", timeout="30s"))
         self.english = self._has_module("analysis-common")
         self.stem = None if self.english else PorterText()
@@ -252,6 +255,27 @@ class ElasticsearchBackend(Backend):
         return self.stem(text) if self.stem else text
 
     # --- writing ----------------------------------------------------------------------------
+    @contextmanager
+    def deferred_refresh(self):
+        """This thread's writes inside the block are made searchable by one refresh at its end,
+        not one per write: a Bulk Data round writes many patients nobody is waiting on, and a
+        refresh per patient cost half the bulk rate. Other threads (a launch's sync, questions)
+        are not affected."""
+        self._deferred.indices = set()
+        try:
+            yield
+        finally:
+            indices, self._deferred.indices = self._deferred.indices, None
+            for index in sorted(indices):
+                self._call(lambda: self.es.indices.refresh(index=index))
+
+    def _refresh(self, index: str) -> None:
+        deferred = getattr(self._deferred, "indices", None)
+        if deferred is None:
+            self._call(lambda: self.es.indices.refresh(index=index))
+        else:
+            deferred.add(index)
+
     def _doc(self, chunk: Chunk, vector, lexical: str) -> dict:
         chunk.embedding_model = self.embedding_model or chunk.embedding_model
         doc = {"chunk_id": chunk.chunk_id, "tenant": chunk.tenant, "patient_id": chunk.patient_id,
@@ -296,7 +320,16 @@ class ElasticsearchBackend(Backend):
         actions = ({"_op_type": "index", "_index": index, "_id": c.chunk_id, "_source": self._doc(c, v, lx)}
                    for c, v, lx in zip(chunks, vectors, lexical_texts))
         self._bulk(actions)
-        self._call(lambda: self.es.indices.refresh(index=index))
+        self._refresh(index)
+
+    def add_vectors(self, chunks: list[Chunk], vectors: np.ndarray, lexical_texts: list[str]) -> None:
+        if not chunks:
+            return
+        alias = self._ensure(chunks[0].tenant)
+        self._bulk({"_op_type": "update", "_index": alias, "_id": c.chunk_id,
+                    "doc": {"vector": np.asarray(v, dtype=np.float32).tolist(), "text_hash": text_hash(c, lx)}}
+                   for c, v, lx in zip(chunks, vectors, lexical_texts))
+        self._refresh(alias)
 
     def delete_chunks(self, tenant: str, chunk_ids: list[str]) -> int:
         if not chunk_ids:
@@ -304,7 +337,7 @@ class ElasticsearchBackend(Backend):
         alias = self._ensure(tenant)
         index = self.current_index(tenant)
         removed = self._bulk({"_op_type": "delete", "_index": index, "_id": c} for c in chunk_ids)
-        self._call(lambda: self.es.indices.refresh(index=alias))
+        self._refresh(alias)
         return removed
 
     def delete_refs(self, tenant: str, refs: list[str]) -> int:
@@ -335,13 +368,16 @@ class ElasticsearchBackend(Backend):
               "_source": {"kind": "resource", "patient_id": patient_id, "ref": f"{r['resourceType']}/{r['id']}",
                           "data": r}} for r in resources),
             ({"_op_type": "delete", "_index": index, "_id": i} for i in gone)))
-        self._call(lambda: self.es.indices.refresh(index=index))
+        self._refresh(index)
 
     def upsert_patient(self, tenant: str, patient_id: str, summary: dict) -> None:
         self._ensure(tenant)
         index = self.records_index(tenant)
-        self._call(lambda: self.es.index(index=index, id=f"patient|{patient_id}", refresh=True,
+        deferred = getattr(self._deferred, "indices", None)
+        self._call(lambda: self.es.index(index=index, id=f"patient|{patient_id}", refresh=deferred is None,
                                          document={"kind": "patient", "patient_id": patient_id, "data": summary}))
+        if deferred is not None:
+            deferred.add(index)
 
     # --- reading ----------------------------------------------------------------------------
     @staticmethod

@@ -143,6 +143,14 @@ class EmbeddedBackend(Backend):
             db.executemany("DELETE FROM chunk_concepts WHERE chunk_id = ?", replaced)
             db.executemany("INSERT OR IGNORE INTO chunk_concepts VALUES (?,?,?,?)", concepts)
 
+    def add_vectors(self, chunks: list[Chunk], vectors: np.ndarray, lexical_texts: list[str]) -> None:
+        # The row, its full-text entry, refs and concepts were written with the words: only the
+        # vector and the hash that says the chunk is complete change (no full-text rewrite).
+        rows = [(np.asarray(v, dtype=np.float32).tobytes(), text_hash(c, lx), c.tenant, c.chunk_id)
+                for c, v, lx in zip(chunks, vectors, lexical_texts)]
+        with self._transaction() as db:
+            db.executemany("UPDATE chunks SET vector = ?, text_hash = ? WHERE tenant = ? AND chunk_id = ?", rows)
+
     @staticmethod
     def _present(db, chunk_ids: list[str]) -> list[tuple[str]]:
         found = []
