@@ -243,3 +243,54 @@ def test_dev_questions_full_pipeline_beats_dense(dev_service, dev_questions, cap
     assert figures["full"]["words_p50"] <= 45
     # Never a bare "no evidence" while the record holds entries of the asked class.
     assert figures["full"]["class_present_no_evidence"] == 0
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_writes_in_a_deferred_refresh_block_are_searchable_when_it_ends_even_by_an_error(kind, tmp_path, embedder,
+                                                                                       synthea_dir):
+    """A Bulk Data round refreshes once per group of patients; what it wrote is searchable when the
+    group ends, also when a later patient's failure ends it; another thread's writes meanwhile (a
+    clinician's launch) are searchable at once."""
+    import threading
+
+    from fhir_ingest.load import load_resources
+    from search.backends.base import Scope
+
+    svc = make_service(kind, tmp_path)
+    tenant = f"defer{uuid.uuid4().hex[:8]}"
+    small = ["936988e9-d587-ef42-ebdf-541238540ff3", "0b7496cb-ffc9-0874-03f4-f4841c4dfa63",
+             "243a6f9d-3a82-8e87-3adf-5b1a447a6f30"]
+    records, _ = load_resources([synthea_dir / f"{pid}.json.gz" for pid in small])
+    written = {}
+    try:
+        with pytest.raises(RuntimeError, match="a later patient failed"):
+            with svc.deferred_refresh():
+                for record in records[:2]:
+                    written[record.patient_id] = svc.index_record(tenant, record).chunks
+                launch = threading.Thread(target=lambda: written.update(
+                    {records[2].patient_id: svc.index_record(tenant, records[2]).chunks}))
+                launch.start()
+                launch.join()
+                assert svc.backend.count(Scope(tenant, records[2].patient_id)) == written[records[2].patient_id]
+                raise RuntimeError("a later patient failed")
+        for record in records:
+            assert svc.backend.count(Scope(tenant, record.patient_id)) == written[record.patient_id] > 0
+            assert svc.patient(tenant, record.patient_id)["patient_id"] == record.patient_id
+    finally:
+        drop_tenants(svc, [tenant])
+        svc.close()
+
+
+def test_a_resource_with_an_integer_beyond_64_bits_is_stored_on_elasticsearch_as_read(tmp_path, embedder):
+    """The client writes with orjson, which refuses such integers; the write falls back to the
+    standard json module rather than losing the patient's record."""
+    svc = make_service("elasticsearch", tmp_path)
+    tenant = f"bigint{uuid.uuid4().hex[:8]}"
+    observation = {"resourceType": "Observation", "id": "huge", "status": "final", "subject": {"reference": "Patient/p"},
+                   "code": {"text": "count"}, "valueInteger": 10 ** 30}
+    try:
+        svc.backend.store_resources(tenant, "p", [observation])
+        assert svc.resource(tenant, "p", "Observation/huge")["valueInteger"] == 10 ** 30
+    finally:
+        drop_tenants(svc, [tenant])
+        svc.close()

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from itertools import chain
 
 import numpy as np
+from elasticsearch.serializer import JsonSerializer, OrjsonSerializer
 
 from fhir_ingest.contract import Chunk
 
@@ -40,6 +41,22 @@ def safe_tenant(tenant: str) -> str:
 
 
 STEM_CACHE = 200_000
+
+
+class TolerantOrjson(OrjsonSerializer):
+    """orjson writes requests: a bulk request is mostly vectors, which the standard json module
+    formats one Python float at a time. What orjson refuses (an integer beyond 64 bits in a
+    hostile resource) goes through the standard module instead of failing the write, and
+    responses are read by the standard module, which keeps such an integer exact."""
+
+    def json_dumps(self, data) -> bytes:
+        try:
+            return super().json_dumps(data)
+        except TypeError:          # orjson.JSONEncodeError is one
+            return JsonSerializer.json_dumps(self, data)
+
+    def json_loads(self, data: bytes):
+        return JsonSerializer.json_loads(self, data)
 
 
 class PorterText:
@@ -102,7 +119,7 @@ class ElasticsearchBackend(Backend):
         if not verify_certs:
             options["verify_certs"] = False
         self.urls = urls
-        self.es = Elasticsearch(urls, **options)
+        self.es = Elasticsearch(urls, serializer=TolerantOrjson(), **options)
         self.embedding_model = embedding_model
         self.dimension = dimension
         self.check_model = check_model
@@ -286,7 +303,7 @@ class ElasticsearchBackend(Backend):
         if vector is None:       # kNN passes over a document without a vector
             doc["text_hash"] = VECTOR_PENDING
         else:
-            doc["vector"] = np.asarray(vector, dtype=np.float32).tolist()
+            doc["vector"] = np.asarray(vector, dtype=np.float32)
         return doc
 
     def _bulk(self, actions) -> int:
@@ -327,7 +344,7 @@ class ElasticsearchBackend(Backend):
             return
         alias = self._ensure(chunks[0].tenant)
         self._bulk({"_op_type": "update", "_index": alias, "_id": c.chunk_id,
-                    "doc": {"vector": np.asarray(v, dtype=np.float32).tolist(), "text_hash": text_hash(c, lx)}}
+                    "doc": {"vector": np.asarray(v, dtype=np.float32), "text_hash": text_hash(c, lx)}}
                    for c, v, lx in zip(chunks, vectors, lexical_texts))
         self._refresh(alias)
 
