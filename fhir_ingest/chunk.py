@@ -72,6 +72,10 @@ class TextBudget:
     count_tokens: Callable[[str], int]
 
     def fits(self, text: str) -> bool:
+        # An ASCII text never has more word pieces than characters: a short one fits uncounted
+        # (most structured chunks; counting each cost as much as the rest of chunking).
+        if len(text) <= self.max_tokens and text.isascii():
+            return True
         return self.count_tokens(text) <= self.max_tokens
 
 

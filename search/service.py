@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import logging
 import threading
+from contextlib import closing
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable, Iterator
 
 from fhir_ingest.load import LoadReport, PatientRecord, assembled, merge_resources
 from fhir_ingest.normalize import INDEXED_TYPES
@@ -19,7 +20,7 @@ from search.answering.phi import Identifiers
 from search.answering.types import Answer
 from search.backends.base import Backend, BackendError, Scope
 from search.backends.elastic import ElasticOptions
-from search.indexer import IndexResult, index_record
+from search.indexer import IndexResult, index_in_turn, index_record
 from search.models.crossrank import CrossEncoderRanker, load_reranker
 from search.models.embed import Embedder
 from search.models.embedders import load_embedder
@@ -152,13 +153,22 @@ class SearchService:
 
     def index_record(self, tenant: str, record: PatientRecord,
                      progress: Callable[[str, int, int], None] | None = None, words_first: bool = False) -> IndexResult:
+        """`words_first`: searchable by words and concepts at once, by meaning as the vectors
+        follow (a first sync)."""
+        return index_record(self.backend, self.embedder, tenant, self.as_indexed(tenant, record), progress, words_first)
+
+    def as_indexed(self, tenant: str, record: PatientRecord) -> PatientRecord:
         """A whole record replaces what the index holds for the patient; a partial one (a stray
-        resource, an export) is merged into it and removes nothing. `words_first`: searchable by
-        words and concepts at once, by meaning as the vectors follow (a first sync)."""
-        if not record.complete:
-            held = self.held_resources(tenant, record.patient_id)
-            record = PatientRecord(record.patient_id, merge_resources(held, record.resources))
-        return index_record(self.backend, self.embedder, tenant, record, progress, words_first)
+        resource, an export) is merged into it and removes nothing."""
+        if record.complete:
+            return record
+        held = self.held_resources(tenant, record.patient_id)
+        return PatientRecord(record.patient_id, merge_resources(held, record.resources))
+
+    def index_in_turn(self, tenant: str, records: Iterable[PatientRecord]) -> Iterator[IndexResult]:
+        """Many patients' records, each result as it is written; the next record is prepared while
+        the current one embeds."""
+        return index_in_turn(self.backend, self.embedder, tenant, (self.as_indexed(tenant, r) for r in records))
 
     def deferred_refresh(self):
         """Writes in the block become searchable together at its end (a Bulk Data round)."""
@@ -172,10 +182,11 @@ class SearchService:
         items = (item for path in paths for item in read_path(path))
         with assembled(items, report, self.index_path.parent) as assembler:
             patient_ids = assembler.patient_ids()
-            for done, patient_id in enumerate(patient_ids, start=1):
-                total.merge(self.index_record(tenant, assembler.record(patient_id)))
-                if on_patient:
-                    on_patient(done, len(patient_ids))
+            with closing(self.index_in_turn(tenant, (assembler.record(pid) for pid in patient_ids))) as results:
+                for done, result in enumerate(results, start=1):
+                    total.merge(result)
+                    if on_patient:
+                        on_patient(done, len(patient_ids))
         return IndexSummary(report, total)
 
     def ask(self, tenant: str, patient_id: str, question: str, k: int = 5, pipeline: str = "full",

@@ -13,6 +13,7 @@ attributes: this package does not import the web app).
 from __future__ import annotations
 
 import logging
+from contextlib import closing
 from dataclasses import dataclass, field
 from functools import lru_cache
 from urllib.parse import urlsplit
@@ -206,17 +207,19 @@ def run_bulk_sync(settings, registry: Registry, ehr: Ehr, service, group_id: str
         removed = service.delete_resources(ehr.name, round_.deleted) if round_.deleted else 0
         chunks = embedded = 0
         patients = assembler.patient_ids()
-        for start in range(0, len(patients), PATIENTS_PER_REFRESH):
-            group = patients[start:start + PATIENTS_PER_REFRESH]
-            results = []
-            with service.deferred_refresh():
-                for pid in group:
-                    results.append(service.index_record(ehr.name, assembler.record(pid, whole=round_.whole)))
-                    say("indexing", start + len(results), len(patients))
-            # Marked synced once searchable: a failure before the refresh leaves the group to the next round.
-            for pid, result in zip(group, results):
-                chunks, embedded, removed = chunks + result.chunks, embedded + result.embedded, removed + result.removed
-                registry.mark_patient_synced(ehr.name, pid, round_.transaction_time)
+        with closing(service.index_in_turn(ehr.name, (assembler.record(pid, whole=round_.whole)
+                                                      for pid in patients))) as indexed:
+            for start in range(0, len(patients), PATIENTS_PER_REFRESH):
+                group = patients[start:start + PATIENTS_PER_REFRESH]
+                results = []
+                with service.deferred_refresh():
+                    for _ in group:
+                        results.append(next(indexed))
+                        say("indexing", start + len(results), len(patients))
+                # Marked synced once searchable: a failure before the refresh leaves the group to the next round.
+                for pid, result in zip(group, results):
+                    chunks, embedded, removed = chunks + result.chunks, embedded + result.embedded, removed + result.removed
+                    registry.mark_patient_synced(ehr.name, pid, round_.transaction_time)
     finally:
         assembler.close()
     summary = {"patients": len(patients), "resources": report.resources_read, "chunks": chunks,

@@ -177,9 +177,10 @@ class Annotator:
         return self._term_matchers[key]
 
     def annotate(self, texts: list[str], terms: list[RecordTerm] | None = None,
-                 in_question: bool = False) -> list[list[dict]]:
+                 in_question: bool = False, negate: list[bool] | None = None) -> list[list[dict]]:
         """Concepts of each text. `terms` are the patient's record phrases; questions also match
-        question-only abbreviations ("K", "ER", "PT")."""
+        question-only abbreviations ("K", "ER", "PT"). `negate[i]` False: the caller asserts text
+        i's concepts whatever its words say, so NegEx is not run on it."""
         from spacy.util import filter_spans
 
         terms = terms or []
@@ -187,10 +188,7 @@ class Annotator:
         out = []
         # "A1c/Hemoglobin.total", "mm[Hg]", "K+=3.4": split glued punctuation so phrases match.
         texts = [GLUE.sub(" ", t) for t in texts]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")   # scispacy warns on every doc that its global matcher is empty
-            docs = list(self.nlp.pipe(texts, disable=["negex"]))
-        for doc in docs:
+        for i, doc in enumerate(self._docs(texts)):
             lexical = self._lexicon_spans(doc, in_question)
             # "chronic kidney disease (CKD)": an abbreviation the text defines counts as its long form.
             for abbreviation in doc._.abbreviations:
@@ -208,10 +206,24 @@ class Annotator:
                 # a span is kept once for negation, and every entry it names is collected.
                 doc.user_data[SAME_SPAN] = same_span_ids(spans)
                 doc.ents = filter_spans(spans)
-                self.negex(doc)
+                if negate is None or negate[i]:
+                    self.negex(doc)
                 self._collect(doc, terms, concepts)
             out.append(list(concepts.values()))
         return out
+
+    def _docs(self, texts: list[str]) -> list:
+        """The texts through the pipeline, in order. The abbreviation detector looks for a short
+        form in parentheses, so a text without "(" skips it (it was a third of annotation)."""
+        docs: list = [None] * len(texts)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # scispacy warns on every doc that its global matcher is empty
+            for has_parenthesis in (True, False):
+                which = [i for i, t in enumerate(texts) if ("(" in t) == has_parenthesis]
+                skip = ["negex"] if has_parenthesis else ["negex", "abbreviation_detector"]
+                for i, doc in zip(which, self.nlp.pipe([texts[i] for i in which], disable=skip)):
+                    docs[i] = doc
+        return docs
 
     def _collect(self, doc, terms: list[RecordTerm], concepts: dict[str, dict]) -> None:
         def add(key, display, semantic_type, negated, surface, role="", start=0):
@@ -248,7 +260,9 @@ class Annotator:
 
     def annotate_chunks(self, chunks: list[Chunk], terms: list[RecordTerm]) -> list[Chunk]:
         """Concepts from the text (with negation) plus the chunk's own codings (asserted)."""
-        for chunk, concepts in zip(chunks, self.annotate([without_headings(c) for c in chunks], terms)):
+        # A structured resource is itself the assertion (below): only notes need NegEx.
+        negate = [c.semantic_type == "note" for c in chunks]
+        for chunk, concepts in zip(chunks, self.annotate([without_headings(c) for c in chunks], terms, negate=negate)):
             if chunk.semantic_type != "note":
                 # A structured resource is itself the assertion: NegEx would misread coded names
                 # such as "Influenza, seasonal, injectable, preservative free" as denials.
