@@ -2,9 +2,12 @@
 the same run over the dev questions, and indexing throughput through a Celery worker vs in-process.
 
 Needs the test services: `eval $(scripts/services.sh up)` (or `make bench`, which starts them).
+Usage: python bench/elastic.py [--patients N]. The last line is for scripts:
+`elastic: bulk_chunks_per_s=… bulk_grouped_chunks_per_s=… ask_p50_ms=… ask_p95_ms=…`.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -38,7 +41,7 @@ def es_service(tmp: Path) -> SearchService:
     return SearchService("elasticsearch", tmp / "unused.sqlite", es=ElasticOptions((url,)))
 
 
-def bulk_rate(svc: SearchService, files: list[Path]) -> list[str]:
+def bulk_rate(svc: SearchService, files: list[Path]) -> tuple[list[str], dict[tuple[bool, bool], float]]:
     """Chunks/s into Elasticsearch with the embeddings computed beforehand (not timed): the chunks
     alone, then with each patient's source records and summary as indexing writes them; each with
     a refresh per patient (a launch's sync: searchable at once) and with one refresh per Bulk Data
@@ -50,7 +53,7 @@ def bulk_rate(svc: SearchService, files: list[Path]) -> list[str]:
         default_annotator().annotate_chunks(chunks, record_terms_from_chunks(chunks))
         batches.append((record, chunks, svc.embedder.encode([c.text for c in chunks]), [lexical_text(c) for c in chunks]))
     total = sum(len(b[1]) for b in batches[1:])
-    lines = []
+    lines, rates = [], {}
     for with_records in (False, True):
         for deferred in (False, True):
             tenant = f"bench{uuid.uuid4().hex[:6]}"
@@ -67,16 +70,17 @@ def bulk_rate(svc: SearchService, files: list[Path]) -> list[str]:
                         svc.backend.store_resources(tenant, record.patient_id, record.resources)
                         svc.backend.upsert_patient(tenant, record.patient_id, {"patient_id": record.patient_id})
             seconds = time.perf_counter() - t
+            rates[(with_records, deferred)] = total / seconds
             svc.backend.es.indices.delete(index=f"chartcite-{tenant}-*", allow_no_indices=True)
             what = "chunks, source records and summary" if with_records else "chunks alone"
             how = f"one refresh for the {len(batches) - 1} patients" if deferred else "a refresh per patient"
             lines.append(f"bulk index, {what}, {how}: {total} chunks in {seconds:.1f}s = {total / seconds:.0f} chunks/s")
     lines.append("(no embedding timed; the first patient, which created the indices, untimed)")
-    return lines
+    return lines, rates
 
 
-def ask_latency(questions: list[dict], services: dict[str, SearchService], tenant: str) -> list[str]:
-    lines = [f"{'backend':14} {'p50 ms':>8} {'p95 ms':>8}"]
+def ask_latency(questions: list[dict], services: dict[str, SearchService], tenant: str) -> tuple[list[str], dict]:
+    lines, figures = [f"{'backend':14} {'p50 ms':>8} {'p95 ms':>8}"], {}
     for name, svc in services.items():
         svc.ask(tenant, questions[0]["patient_id"], "warm-up")
         latencies = []
@@ -84,8 +88,9 @@ def ask_latency(questions: list[dict], services: dict[str, SearchService], tenan
             t = time.perf_counter()
             svc.ask(tenant, q["patient_id"], q["question"])
             latencies.append((time.perf_counter() - t) * 1000)
-        lines.append(f"{name:14} {percentile(latencies, .5):8.1f} {percentile(latencies, .95):8.1f}")
-    return lines
+        figures[name] = (percentile(latencies, .5), percentile(latencies, .95))
+        lines.append(f"{name:14} {figures[name][0]:8.1f} {figures[name][1]:8.1f}")
+    return lines, figures
 
 
 def celery_vs_inprocess(files: list[Path], tmp: Path) -> list[str]:
@@ -135,20 +140,28 @@ def celery_vs_inprocess(files: list[Path], tmp: Path) -> list[str]:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--patients", type=int, default=0, help="only the first N dev patients (default: all 14)")
+    args = parser.parse_args()
     questions = [json.loads(line) for line in open(SHARED / "questions" / "dev.jsonl") if line.strip()]
-    ids = sorted({q["patient_id"] for q in questions})
+    ids = sorted({q["patient_id"] for q in questions})[: args.patients or None]
+    questions = [q for q in questions if q["patient_id"] in ids]
     files = [SHARED / "synthea" / f"{pid}.json.gz" for pid in ids]
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         es = es_service(tmp)
-        print("\n".join(bulk_rate(es, files)))
+        lines, rates = bulk_rate(es, files)
+        print("\n".join(lines))
         tenant = f"ask{uuid.uuid4().hex[:6]}"
         embedded = SearchService("embedded", tmp / "index.sqlite")
         embedded.index_paths(tenant, files)
         es.index_paths(tenant, files)
-        print("\n".join(ask_latency(questions, {"embedded": embedded, "elasticsearch": es}, tenant)))
+        lines, latency = ask_latency(questions, {"embedded": embedded, "elasticsearch": es}, tenant)
+        print("\n".join(lines))
         es.backend.es.indices.delete(index=f"chartcite-{tenant}-*", allow_no_indices=True)
         print("\n".join(celery_vs_inprocess(files[:6], tmp)))
+    print(f"elastic: bulk_chunks_per_s={rates[(False, False)]:.0f} bulk_grouped_chunks_per_s={rates[(False, True)]:.0f} "
+          f"ask_p50_ms={latency['elasticsearch'][0]:.1f} ask_p95_ms={latency['elasticsearch'][1]:.1f}")
 
 
 if __name__ == "__main__":

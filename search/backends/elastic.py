@@ -299,10 +299,9 @@ class ElasticsearchBackend(Backend):
                "resource_type": chunk.resource_type, "ref": chunk.ref, "refs": chunk.refs,
                "semantic_type": chunk.semantic_type, "category": chunk.category, "codes": chunk.codes,
                "concepts": sorted(asserted_keys(chunk.concepts)), "date": chunk.date,
-               "text_hash": text_hash(chunk, lexical), "lexical": self._lexical(lexical), "data": chunk.to_dict()}
-        if vector is None:       # kNN passes over a document without a vector
-            doc["text_hash"] = VECTOR_PENDING
-        else:
+               "text_hash": VECTOR_PENDING if vector is None else text_hash(chunk, lexical),
+               "lexical": self._lexical(lexical), "data": chunk.to_dict()}
+        if vector is not None:       # kNN passes over a document without one
             doc["vector"] = np.asarray(vector, dtype=np.float32)
         return doc
 
