@@ -93,8 +93,8 @@ def main() -> None:
     print(f"patients {result.patients}  resources {report.resources_read}  chunks {result.chunks}  skipped {len(report.skipped)}")
     print(f"index (all)   {index_s:7.1f}s  {report.resources_read / index_s:8.1f} resources/s  "
           f"{result.chunks / index_s:7.1f} chunks/s  {rate:7.1f} embedded texts/s")
-    print(f"  in encode calls {in_encode_s:7.1f}s ({100 * in_encode_s / index_s:.0f}%; the next patient is prepared on a "
-          f"thread meanwhile, so this includes time shared with it)")
+    print(f"  in encode calls {in_encode_s:7.1f}s ({100 * in_encode_s / index_s:.0f}%; the next patients are prepared on a "
+          f"thread meanwhile, so this includes time shared with them)")
     print(f"  the same texts embedded alone ({args.precision}, one call): {alone_s:.1f}s; everything else costs "
           f"{index_s - alone_s:.1f}s ({100 * (index_s - alone_s) / index_s:.0f}% of indexing)")
     print(f"raw encode    {encode_s:7.1f}s  {raw:7.1f} texts/s  (PyTorch fp32, the same model and texts)")
