@@ -294,3 +294,15 @@ def test_a_resource_with_an_integer_beyond_64_bits_is_stored_on_elasticsearch_as
     finally:
         drop_tenants(svc, [tenant])
         svc.close()
+
+
+@pytest.mark.parametrize("status", [502, 503, 504])
+def test_a_search_failed_by_a_lost_shard_is_a_fault_that_passes(status):
+    """Inside an `_msearch`, a search over a shard whose node just died answers 502 "Partial
+    shards failure": a question then gets "unavailable for a moment" (503), never a 500."""
+    from search.backends.base import BackendUnavailable
+    from search.backends.elastic import ElasticsearchBackend
+
+    with pytest.raises(BackendUnavailable):
+        ElasticsearchBackend._raise_for(status, {"type": "search_phase_execution_exception",
+                                                 "reason": "Partial shards failure"})

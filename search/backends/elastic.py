@@ -149,9 +149,10 @@ class ElasticsearchBackend(Backend):
         """An Elasticsearch refusal (a whole request's, or one search's inside an `_msearch`)."""
         if status == 429:
             raise BackendUnavailable("Elasticsearch is overloaded (429 Too Many Requests); retry later") from cause
-        if status == 503:
+        if status in (502, 503, 504):
             # A shard with no copy available (a node just left and its replica is not yet
-            # promoted): the whole answer waits rather than come from part of the record.
+            # promoted; inside an `_msearch` a search on it answers 502 "Partial shards
+            # failure"): the whole answer waits rather than come from part of the record.
             raise BackendUnavailable("Elasticsearch has shards unavailable (a node left the cluster); "
                                      "retry in a few seconds") from cause
         reason = error.get("reason") if isinstance(error, dict) else str(error)
