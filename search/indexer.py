@@ -42,10 +42,9 @@ class IndexResult:
     unchanged: int = 0
     removed: int = 0
     problems: list[ChunkProblem] = field(default_factory=list)
-    seconds: float = 0.0
 
     def merge(self, other: "IndexResult") -> None:
-        for name in ("patients", "resources", "chunks", "embedded", "unchanged", "removed", "seconds"):
+        for name in ("patients", "resources", "chunks", "embedded", "unchanged", "removed"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.problems.extend(other.problems)
 
@@ -158,7 +157,6 @@ def index_record(backend: Backend, embedder: Embedder, tenant: str, record: Pati
     is written at once without its vector, searchable by its words and concepts within seconds;
     the vectors follow in batches, problems, medications and allergies first, and the patient
     summary says how many are still pending until the last one is written."""
-    started = time.perf_counter()
     plan = plan_record(backend, tenant, prepare_record(tenant, record, embedder.budget()))
     total = len(plan.changed)
 
@@ -174,7 +172,6 @@ def index_record(backend: Backend, embedder: Embedder, tenant: str, record: Pati
                               embedder.encode(plan.texts, progress=(lambda done, _: report(done)) if progress else None))
     if progress:
         progress("done", total, total)
-    result.seconds = time.perf_counter() - started
     return result
 
 

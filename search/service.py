@@ -166,8 +166,8 @@ class SearchService:
         return PatientRecord(record.patient_id, merge_resources(held, record.resources))
 
     def index_in_turn(self, tenant: str, records: Iterable[PatientRecord]) -> Iterator[IndexResult]:
-        """Many patients' records, each result as it is written; the next record is prepared while
-        the current one embeds."""
+        """Many patients' records, each result as it is written; a group of patients is embedded
+        in one call while the next group is prepared."""
         return index_in_turn(self.backend, self.embedder, tenant, (self.as_indexed(tenant, r) for r in records))
 
     def deferred_refresh(self):
