@@ -41,6 +41,7 @@ IGNORED_TYPES = {
     "Appointment": "scheduling", "Task": "workflow", "Communication": "messaging", "Consent": "consent records",
     "List": "a list of other records (each indexed on its own)", "Bundle": "a container (its entries are read)",
 }
+_VALIDATED_TYPES = frozenset(INDEXED_TYPES | SUPPORT_TYPES)
 # Every other valid type is read, counted under "not indexed" with no reason: never dropped silently.
 
 _URI = re.compile(r"^(?:[a-zA-Z][a-zA-Z0-9+.-]*:)\S+$")
@@ -76,7 +77,7 @@ def check_resource(resource: dict, warn=None) -> dict:
         raise InvalidResource(f"{resource_type} without an id")
     if not isinstance(rid, str) or not _ID.match(rid):
         raise InvalidResource(f"{resource_type} id {json.dumps(rid)[:80]} is not a FHIR id (1-64 letters, digits, '-', '.')")
-    if resource_type not in INDEXED_TYPES | SUPPORT_TYPES:
+    if resource_type not in _VALIDATED_TYPES:
         return resource  # counted, not indexed: no need to parse it fully
     try:
         cls.model_validate(resource)
@@ -100,18 +101,33 @@ def narrative_only(exc: ValidationError) -> bool:
     return all(str((error.get("loc") or ("",))[0]) == "text" for error in exc.errors())
 
 
-def _check_code_systems(node, resource_type: str, path: str = "") -> None:
+def _check_code_systems(resource: dict, resource_type: str) -> None:
     """A coding whose system is not an absolute URI cannot be matched to any terminology."""
+    found = _bad_code_system(resource)
+    if found is not None:
+        system, path = found
+        raise InvalidResource(f"{resource_type}: unknown code system {system!r} at {path or 'root'}")
+
+
+def _bad_code_system(node) -> tuple[str, str] | None:
+    """The first system that is not an absolute URI and where it is, or None. The path is spelled
+    only on the way back from a find (spelling it at every node was most of this walk's cost)."""
     if isinstance(node, dict):
-        if "code" in node and "system" in node and isinstance(node.get("system"), str):
-            if not _URI.match(node["system"]):
-                raise InvalidResource(f"{resource_type}: unknown code system {node['system']!r} at {path or 'root'}")
-        for key, value in node.items():
-            if key not in ("text", "div", "data", "contained"):
-                _check_code_systems(value, resource_type, f"{path}.{key}" if path else key)
+        system = node.get("system")
+        if "code" in node and isinstance(system, str) and not _URI.match(system):
+            return system, ""
+        children = ((key, value) for key, value in node.items() if key not in ("text", "div", "data", "contained"))
     elif isinstance(node, list):
-        for i, item in enumerate(node):
-            _check_code_systems(item, resource_type, f"{path}[{i}]")
+        children = enumerate(node)
+    else:
+        return None
+    for key, value in children:
+        if isinstance(value, (dict, list)) and (found := _bad_code_system(value)) is not None:
+            system, below = found
+            here = f"[{key}]" if isinstance(key, int) else key
+            joint = "." if below and not below.startswith("[") else ""
+            return system, f"{here}{joint}{below}"
+    return None
 
 
 # --- accessors used by the chunkers --------------------------------------------------------

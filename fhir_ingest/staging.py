@@ -3,11 +3,12 @@
 A Group export of a hospital, or a folder of NDJSON, is gigabytes sorted by resource type, not by
 patient. Held in memory it would cost the whole input; parked in a temporary SQLite file (inside
 the data directory, which is private to chartcite) it costs one patient's record while that
-patient is indexed.
+patient is indexed. Resources are parked as `marshal` bytes: this process's own data for this
+run only, written and read back several times faster than JSON.
 """
 from __future__ import annotations
 
-import json
+import marshal
 import os
 import sqlite3
 import tempfile
@@ -32,8 +33,8 @@ class PatientStaging:
         self.db.executescript("""
             PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF;
             CREATE TABLE owned (patient_id TEXT NOT NULL, ref TEXT NOT NULL, origin TEXT NOT NULL,
-                                document TEXT NOT NULL, body TEXT NOT NULL);
-            CREATE TABLE shared (ref TEXT PRIMARY KEY, body TEXT NOT NULL);
+                                document TEXT NOT NULL, body BLOB NOT NULL);
+            CREATE TABLE shared (ref TEXT PRIMARY KEY, body BLOB NOT NULL);
             CREATE TABLE defines (document TEXT NOT NULL, patient_id TEXT NOT NULL);
         """)
         self.resources = 0
@@ -46,7 +47,7 @@ class PatientStaging:
 
     def add(self, resource: dict, patient_id: str, origin: str = "", document: str = "") -> None:
         """Park one checked resource: under its patient, or as shared when it names none (a Medication)."""
-        body = json.dumps(resource, separators=(",", ":"))
+        body = marshal.dumps(resource)
         ref = f"{resource['resourceType']}/{resource['id']}"
         if patient_id:
             self.db.execute("INSERT INTO owned VALUES (?, ?, ?, ?, ?)", (patient_id, ref, origin, document, body))
@@ -64,11 +65,11 @@ class PatientStaging:
         """The patient's resources in the order they were read."""
         rows = self.db.execute("SELECT body, origin, document FROM owned WHERE patient_id = ? ORDER BY rowid",
                                (patient_id,))
-        return [StagedResource(json.loads(body), origin, document) for body, origin, document in rows]
+        return [StagedResource(marshal.loads(body), origin, document) for body, origin, document in rows]
 
     def shared(self, ref: str) -> dict | None:
         row = self.db.execute("SELECT body FROM shared WHERE ref = ?", (ref,)).fetchone()
-        return json.loads(row[0]) if row else None
+        return marshal.loads(row[0]) if row else None
 
     def patients_defined(self, document: str) -> set[str]:
         """The patients whose Patient resource this document holds."""
