@@ -114,6 +114,7 @@ class PatientChunker:
         self.by_ref = {f"{r['resourceType']}/{r['id']}": r for r in resources}
         self.resources = resources
         self.problems: list[ChunkProblem] = []
+        self.fitted: set[str] = set()     # chunk ids packed to fit the window already (notes)
         self.conditions_by_encounter = defaultdict(list)
         for r in resources:
             if r["resourceType"] == "Condition":
@@ -177,13 +178,13 @@ class PatientChunker:
     def within_window(self, chunk: Chunk) -> list[Chunk]:
         """A structured chunk too long for the model's window (a 30-question survey, a big panel)
         becomes several, each repeating its lead ("Survey result on 2023-02-01:") so it reads alone."""
-        if self.budget.fits(chunk.text):
+        if chunk.chunk_id in self.fitted or self.budget.fits(chunk.text):
             return [chunk]
         lead, sep, body = chunk.text.partition(": ")
         if not sep:
             lead, body = "", chunk.text
         out = []
-        for i, piece in enumerate(self.fit_section(lead, "", body)):
+        for i, (piece, _) in enumerate(self.fit_section(lead, "", body)):
             text = f"{lead}: {piece}" if lead else piece
             out.append(replace(chunk, part=f"{chunk.part}.{i}", text=text))
         return out
@@ -554,13 +555,14 @@ class PatientChunker:
             self.problems.append(ChunkProblem(f"{r['resourceType']}/{r['id']}", f"a note of {len(text):,} characters: "
                                               f"the first {MAX_NOTE_CHARS:,} are indexed, the rest is not"))
             text = text[:MAX_NOTE_CHARS]
-        pieces: list[tuple[str, str]] = []  # (heading, text)
+        pieces: list[tuple[str, str, int]] = []  # (heading, text, tokens)
         for section in split_sections(text):
             if re.fullmatch(r"\d{4}-\d{2}-\d{2}", section.text.strip()) and not section.heading:
                 continue  # the template's date line; the date is in the header already
-            for piece in self.fit_section(header, section.heading, section.text):
-                pieces.append((section.heading, piece))
-        chunks, current, headings = [], "", []
+            for piece, tokens in self.fit_section(header, section.heading, section.text):
+                pieces.append((section.heading, piece, tokens))
+        room = self.budget.max_tokens - self.budget.count_tokens(f"{header}.")
+        chunks, current, used, headings = [], "", 0, []
         def flush():
             if current:
                 n = len(chunks)
@@ -568,53 +570,59 @@ class PatientChunker:
                 chunks.append(self.new_chunk(r, f"{part_prefix}sec{n}", f"{header}. {current}", label, semantic,
                                              category=note_type, section=_join(h for h in headings if h),
                                              refs=refs, status=r.get("status", "")))
-        for heading, piece in pieces:
-            candidate = f"{current} {piece}".strip()
-            if current and not self.budget.fits(f"{header}. {candidate}"):
+        for heading, piece, tokens in pieces:
+            if current and used + tokens > room:
                 flush()
-                current, headings = piece, [heading]
+                current, used, headings = piece, tokens, [heading]
             else:
-                current = candidate
+                current, used = f"{current} {piece}".strip(), used + tokens
                 headings.append(heading)
         flush()
+        self.fitted.update(c.chunk_id for c in chunks)
         return chunks
 
-    def fit_section(self, header: str, heading: str, body: str) -> list[str]:
-        """A section as one or more pieces, each of which fits the window with the note header."""
-        whole = f"{heading}: {body}" if heading else body
-        if self.budget.fits(f"{header}. {whole}"):
-            return [whole]
+    def fit_section(self, header: str, heading: str, body: str) -> list[tuple[str, int]]:
+        """A section as one or more pieces with their token counts, each of which fits the window
+        after "<header>. ". Each sentence is counted once and pieces are sized by adding counts:
+        the model's word pieces never cross a space, so text joined by spaces counts as the sum of
+        its parts (counting every growing candidate again was most of chunking's time)."""
+        room = self.budget.max_tokens - self.budget.count_tokens(f"{header}.")
+        lead = f"{heading}:" if heading else ""
         sentences = re.split(r"(?<=[.!?;])\s+|\n", body)
-        pieces, current = [], f"{heading}:" if heading else ""
-        for sentence in sentences:
-            candidate = f"{current} {sentence}".strip()
-            if current and not self.budget.fits(f"{header}. {candidate}"):
-                pieces.append(current)
+        sizes = [self.budget.count_tokens(sentence) for sentence in sentences]
+        lead_size = self.budget.count_tokens(lead)
+        if lead_size + sum(sizes) <= room:
+            return [(f"{heading}: {body}" if heading else body, lead_size + sum(sizes))]
+        continued_size = self.budget.count_tokens(f"{heading} (continued):") if heading else 0
+        pieces, current, used = [], lead, lead_size
+        for sentence, size in zip(sentences, sizes):
+            if current and used + size > room:
+                pieces.append((current, used))
                 current = f"{heading} (continued): {sentence}" if heading else sentence
+                used = continued_size + size
             else:
-                current = candidate
+                current, used = f"{current} {sentence}".strip(), used + size
         if current:
-            pieces.append(current)
+            pieces.append((current, used))
         # A single sentence longer than the window is cut on words rather than silently truncated.
         out = []
-        for piece in pieces:
-            out += [piece] if self.budget.fits(f"{header}. {piece}") else self.cut_on_words(header, piece)
+        for piece, used in pieces:
+            out += [(piece, used)] if used <= room else self.cut_on_words(header, piece)
         return out
 
-    def cut_on_words(self, header: str, text: str) -> list[str]:
-        """Pieces of `text` that fit the window, cut between words in one pass: the model's word
-        pieces never cross a space, so a piece's size is the sum of its words' sizes."""
+    def cut_on_words(self, header: str, text: str) -> list[tuple[str, int]]:
+        """Pieces of `text` (with their token counts) that fit the window, cut between words in one pass."""
         room = max(1, self.budget.max_tokens - self.budget.count_tokens(f"{header}. "))
         pieces, current, used = [], [], 0
         for word in text.split():
             size = self.budget.count_tokens(word)
             if current and used + size > room:
-                pieces.append(" ".join(current))
+                pieces.append((" ".join(current), used))
                 current, used = [], 0
             current.append(word)
             used += size
         if current:
-            pieces.append(" ".join(current))
+            pieces.append((" ".join(current), used))
         return pieces
 
     # Trends ----------------------------------------------------------------------------------
