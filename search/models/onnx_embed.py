@@ -107,6 +107,10 @@ class OnnxInt8Embedder(Embedder):
         onnx_file = int8_model(path, Path(cache_dir or default_model_cache()))
         options = onnxruntime.SessionOptions()
         options.log_severity_level = 3
+        # Idle model threads sleep rather than spin: indexing prepares the next patients on
+        # another thread meanwhile, and spinning threads took its core (3,086 texts beside a busy
+        # Python thread: 29.1 s spinning, 21.6 s not; alone 13.8 vs 13.2 s).
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = onnxruntime.InferenceSession(str(onnx_file), options, providers=["CPUExecutionProvider"])
         self.inputs = [i.name for i in self.session.get_inputs()]
         self.counter = Tokenizer.from_file(str(path / "tokenizer.json"))
