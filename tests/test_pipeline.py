@@ -66,6 +66,21 @@ def test_negation_abbreviations_and_classes_in_annotation():
     assert asked.required_keys == {"lex:metformin"}
 
 
+def test_a_snomed_tag_in_a_structured_text_defines_no_abbreviation():
+    """"Depression screening (procedure)" looked like a definition to the abbreviation detector
+    ("procedure" the short form of "Depression"), so every screening carried the concept
+    depression. A structured text's parenthesis is a tag; in a note it still defines (above)."""
+    from fhir_ingest.contract import Chunk
+
+    def chunk(text: str, semantic_type: str) -> Chunk:
+        return Chunk(tenant="t", patient_id="p", resource_type="Procedure", resource_id="x", part="0", text=text,
+                     label="", date="2024-01-01", semantic_type=semantic_type)
+
+    screening = chunk("Procedure (completed) on 2024-01-01: Depression screening (procedure).", "procedure")
+    default_annotator().annotate_chunks([screening], [])
+    assert "depression" not in {c["display"] for c in screening.concepts}
+
+
 def test_a_word_inside_a_coded_name_is_not_a_denial():
     """"free" in the vaccine's name "... preservative free" would otherwise deny the whole
     sentence (and a note saying the shot was given would 'conflict' with the immunization)."""

@@ -188,7 +188,7 @@ class Annotator:
         out = []
         # "A1c/Hemoglobin.total", "mm[Hg]", "K+=3.4": split glued punctuation so phrases match.
         texts = [GLUE.sub(" ", t) for t in texts]
-        for i, doc in enumerate(self._docs(texts)):
+        for i, doc in enumerate(self._docs(texts, negate)):
             lexical = self._lexicon_spans(doc, in_question)
             # "chronic kidney disease (CKD)": an abbreviation the text defines counts as its long form.
             for abbreviation in doc._.abbreviations:
@@ -212,16 +212,24 @@ class Annotator:
             out.append(list(concepts.values()))
         return out
 
-    def _docs(self, texts: list[str]) -> list:
-        """The texts through the pipeline, in order. The abbreviation detector looks for a short
-        form in parentheses, so a text without "(" skips it (it was a third of annotation)."""
+    def _docs(self, texts: list[str], negate: list[bool] | None = None) -> list:
+        """The texts through the pipeline, in order, each through the parts it needs. The
+        abbreviation detector looks for a short form in parentheses, so a text without "(" skips
+        it (it was a third of annotation); a structured text (not negated) skips it too, since a
+        definition there only repeats the long form beside it, and skips sentence splitting,
+        which only NegEx needs."""
         docs: list = [None] * len(texts)
+        skips: dict[tuple, list[int]] = {}
+        for i, text in enumerate(texts):
+            if negate is not None and not negate[i]:
+                skip = ("negex", "abbreviation_detector", "sentencizer")
+            else:
+                skip = ("negex",) if "(" in text else ("negex", "abbreviation_detector")
+            skips.setdefault(skip, []).append(i)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")   # scispacy warns on every doc that its global matcher is empty
-            for has_parenthesis in (True, False):
-                which = [i for i, t in enumerate(texts) if ("(" in t) == has_parenthesis]
-                skip = ["negex"] if has_parenthesis else ["negex", "abbreviation_detector"]
-                for i, doc in zip(which, self.nlp.pipe([texts[i] for i in which], disable=skip)):
+            for skip, which in skips.items():
+                for i, doc in zip(which, self.nlp.pipe([texts[i] for i in which], disable=list(skip))):
                     docs[i] = doc
         return docs
 
