@@ -29,7 +29,9 @@ class PatientStaging:
             Path(directory).mkdir(parents=True, exist_ok=True)
         self._dir = tempfile.TemporaryDirectory(prefix="chartcite-staging-", dir=directory)
         os.chmod(self._dir.name, 0o700)
-        self.db = sqlite3.connect(Path(self._dir.name) / "staging.sqlite")
+        # Records may be handed out on another thread than the one that parked them (indexing
+        # reads the next patients while the model embeds), one thread at a time.
+        self.db = sqlite3.connect(Path(self._dir.name) / "staging.sqlite", check_same_thread=False)
         self.db.executescript("""
             PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF;
             CREATE TABLE owned (patient_id TEXT NOT NULL, ref TEXT NOT NULL, origin TEXT NOT NULL,
