@@ -67,16 +67,16 @@ GENERIC_DISPLAYS = frozenset({"substance", "finding", "disorder", "procedure", "
                               "clinical finding", "medication", "allergy", "observation", "unknown", "other"})
 
 NAMES_KEY = "chartcite.record_names"
-SAME_SPAN = "chartcite.same_span"         # doc.user_data: (start, end) → every entry naming those words
 
 
 def same_span_ids(spans) -> dict[tuple[int, int], list[str]]:
+    """(start, end) → every entry naming those words."""
     ids: dict[tuple[int, int], list[str]] = {}
     for span in spans:
         ids.setdefault((span.start, span.end), [])
         if span.kb_id_ not in ids[(span.start, span.end)]:
             ids[(span.start, span.end)].append(span.kb_id_)
-    return ids      # doc.user_data: token spans of the record's coded names
+    return ids
 
 
 class Annotator:
@@ -200,15 +200,22 @@ class Annotator:
             # Lexicon and record phrases overlap ("blood pressure" inside "blood pressure panel ..."),
             # and entities may not, so each set is resolved and negated on its own and then merged.
             record = filter_spans(self._record_spans(doc, terms, matcher))
-            doc.user_data[NAMES_KEY] = [(span.start, span.end) for span in record]
+            negated = negate is None or negate[i]
+            if negated:
+                doc.user_data[NAMES_KEY] = [(span.start, span.end) for span in record]
             for spans in (lexical, record):
                 # One phrase may name several entries ("Nexplanon": a contraceptive and an implant):
                 # a span is kept once for negation, and every entry it names is collected.
-                doc.user_data[SAME_SPAN] = same_span_ids(spans)
-                doc.ents = filter_spans(spans)
-                if negate is None or negate[i]:
+                kept = filter_spans(spans)
+                if negated:
+                    doc.ents = kept
                     self.negex(doc)
-                self._collect(doc, terms, concepts)
+                    kept = doc.ents
+                else:
+                    # Without NegEx the spans need not become entities (rebuilt from every token
+                    # at each reading: a fifth of annotation).
+                    kept = sorted(kept, key=lambda span: span.start)
+                self._collect(kept, same_span_ids(spans), terms, concepts, negated)
             out.append(list(concepts.values()))
         return out
 
@@ -233,7 +240,8 @@ class Annotator:
                     docs[i] = doc
         return docs
 
-    def _collect(self, doc, terms: list[RecordTerm], concepts: dict[str, dict]) -> None:
+    def _collect(self, ents, same_span: dict, terms: list[RecordTerm], concepts: dict[str, dict],
+                 negated_by_negex: bool = True) -> None:
         def add(key, display, semantic_type, negated, surface, role="", start=0):
             current = concepts.get(key)
             if current is None:
@@ -242,8 +250,8 @@ class Annotator:
             elif not negated:
                 current["negated"] = False   # asserted once anywhere in the text: asserted
 
-        for ent, kb_id in ((e, k) for e in doc.ents for k in doc.user_data.get(SAME_SPAN, {}).get((e.start, e.end), [e.kb_id_])):
-            negated = bool(ent._.negex)
+        for ent, kb_id in ((e, k) for e in ents for k in same_span.get((e.start, e.end), [e.kb_id_])):
+            negated = negated_by_negex and bool(ent._.negex)
             if kb_id.startswith("E"):
                 entry, member = self.entries[kb_id]
                 if member:
