@@ -90,3 +90,22 @@ def test_a_run_that_stops_mid_way_leaves_chunks_the_next_run_embeds(service, syn
     assert again.embedded == pending
     assert svc.backend.check(tenant).problems == []
     assert svc.answer(tenant, PATIENT, "What was her most recent body weight?").reading is None
+
+
+def test_a_vector_for_a_chunk_removed_meanwhile_is_skipped(service, synthea_dir, embedder):
+    """Between a first sync's words and its vectors, a Bulk round may delete one of the patient's
+    resources: the vectors of the rest are written, and the removed chunk stays removed."""
+    svc, tenant = service
+    (record,), _ = load_resources([synthea_dir / f"{PATIENT}.json.gz"])
+    from search.indexer import RecordPlan, plan_record, prepare_record, store_record
+
+    plan: RecordPlan = plan_record(svc.backend, tenant, prepare_record(tenant, record, svc.embedder.budget()))
+    chunks = [c for c, _ in plan.changed][:20]
+    lexicals = [lx for _, lx in plan.changed][:20]
+    store_record(svc.backend, tenant, plan, pending=len(chunks))
+    svc.backend.index(chunks, [None] * len(chunks), lexicals)
+    assert svc.backend.delete_chunks(tenant, [chunks[0].chunk_id]) == 1
+    svc.backend.add_vectors(chunks, svc.embedder.encode([c.text for c in chunks]), lexicals)
+    held = svc.backend.indexed_texts(tenant, PATIENT)
+    assert chunks[0].chunk_id not in held and len(held) == len(chunks) - 1
+    assert svc.backend.check(tenant).counts.get("vectors pending", 0) == 0

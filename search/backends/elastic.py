@@ -306,7 +306,9 @@ class ElasticsearchBackend(Backend):
             doc["vector"] = np.asarray(vector, dtype=np.float32)
         return doc
 
-    def _bulk(self, actions) -> int:
+    def _bulk(self, actions, missing_is_gone: bool = False) -> int:
+        """Write `actions`; `missing_is_gone`: an update of a document that no longer exists is
+        skipped rather than failed (its chunk was removed meanwhile, so there is nothing to update)."""
         from elasticsearch.helpers import streaming_bulk
 
         failed, done = [], 0
@@ -319,7 +321,7 @@ class ElasticsearchBackend(Backend):
                                            max_backoff=30, raise_on_error=False, raise_on_exception=True):
                 if ok:
                     done += 1
-                else:
+                elif not (missing_is_gone and item.get("update", {}).get("status") == 404):
                     failed.append(item)
         self._call(run)
         if failed:
@@ -343,9 +345,11 @@ class ElasticsearchBackend(Backend):
         if not chunks:
             return
         alias = self._ensure(chunks[0].tenant)
-        self._bulk({"_op_type": "update", "_index": alias, "_id": c.chunk_id,
-                    "doc": {"vector": np.asarray(v, dtype=np.float32), "text_hash": text_hash(c, lx)}}
-                   for c, v, lx in zip(chunks, vectors, lexical_texts))
+        # A chunk removed between its words and its vector (a Bulk round deleting the resource
+        # meanwhile) needs no vector: skipped, as the embedded backend's UPDATE skips it.
+        self._bulk(({"_op_type": "update", "_index": alias, "_id": c.chunk_id,
+                     "doc": {"vector": np.asarray(v, dtype=np.float32), "text_hash": text_hash(c, lx)}}
+                    for c, v, lx in zip(chunks, vectors, lexical_texts)), missing_is_gone=True)
         self._refresh(alias)
 
     def delete_chunks(self, tenant: str, chunk_ids: list[str]) -> int:
