@@ -9,8 +9,8 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from itertools import islice
 from datetime import date
+from itertools import islice
 from typing import Callable, Iterable, Iterator
 
 from fhir_ingest.chunk import ChunkProblem, PatientChunker
@@ -203,9 +203,10 @@ def index_in_turn(backend: Backend, embedder: Embedder, tenant: str, records: It
     of patients are embedded in one call (per-patient calls pad more: 8% slower on these
     records) while the next group is read from `records`, chunked and annotated on a thread (the
     model computes outside the interpreter lock). `records` is consumed on that thread, so a
-    database it reads must allow it. This thread plans and writes only while that one is idle:
-    a thread that waits on SQLite between two Python steps waits again for the lock each time
-    the other thread holds it (reading records here, beside the preparation, cost 7 s in 80)."""
+    database it reads must allow it. This thread plans before handing that one its next group and
+    writes after the model's call, when that one has usually finished: a thread that waits on
+    SQLite between two Python steps waits again for the lock each time the other holds it
+    (reading records here, beside the preparation, cost 7 s in 80)."""
     budget = embedder.budget()
     remaining = iter(records)
 

@@ -200,14 +200,14 @@ class Annotator:
             # Lexicon and record phrases overlap ("blood pressure" inside "blood pressure panel ..."),
             # and entities may not, so each set is resolved and negated on its own and then merged.
             record = filter_spans(self._record_spans(doc, terms, matcher))
-            negated = negate is None or negate[i]
-            if negated:
+            reads_negation = negate is None or negate[i]
+            if reads_negation:
                 doc.user_data[NAMES_KEY] = [(span.start, span.end) for span in record]
             for spans in (lexical, record):
                 # One phrase may name several entries ("Nexplanon": a contraceptive and an implant):
                 # a span is kept once for negation, and every entry it names is collected.
                 kept = filter_spans(spans)
-                if negated:
+                if reads_negation:
                     doc.ents = kept
                     self.negex(doc)
                     kept = doc.ents
@@ -215,15 +215,16 @@ class Annotator:
                     # Without NegEx the spans need not become entities (rebuilt from every token
                     # at each reading: a fifth of annotation).
                     kept = sorted(kept, key=lambda span: span.start)
-                self._collect(kept, same_span_ids(spans), terms, concepts, negated)
+                self._collect(kept, same_span_ids(spans), terms, concepts, reads_negation)
             out.append(list(concepts.values()))
         return out
 
     def _docs(self, texts: list[str], negate: list[bool] | None = None) -> list:
         """The texts through the pipeline, in order, each through the parts it needs. The
         abbreviation detector looks for a short form in parentheses, so a text without "(" skips
-        it (it was a third of annotation); a structured text (not negated) skips it too, since a
-        definition there only repeats the long form beside it, and skips sentence splitting,
+        it (it was a third of annotation). A structured text (not negated) skips it too, as its
+        parentheses are SNOMED tags the detector misread as definitions ("Depression screening
+        (procedure)" gave every screening the concept depression), and skips sentence splitting,
         which only NegEx needs."""
         docs: list = [None] * len(texts)
         skips: dict[tuple, list[int]] = {}
