@@ -184,7 +184,7 @@ class PatientChunker:
         if not sep:
             lead, body = "", chunk.text
         out = []
-        for i, (piece, _) in enumerate(self.fit_section(lead, "", body)):
+        for i, (piece, _) in enumerate(self.fit_section(self.room_after(lead), "", body)):
             text = f"{lead}: {piece}" if lead else piece
             out.append(replace(chunk, part=f"{chunk.part}.{i}", text=text))
         return out
@@ -555,13 +555,13 @@ class PatientChunker:
             self.problems.append(ChunkProblem(f"{r['resourceType']}/{r['id']}", f"a note of {len(text):,} characters: "
                                               f"the first {MAX_NOTE_CHARS:,} are indexed, the rest is not"))
             text = text[:MAX_NOTE_CHARS]
+        room = self.room_after(header)
         pieces: list[tuple[str, str, int]] = []  # (heading, text, tokens)
         for section in split_sections(text):
             if re.fullmatch(r"\d{4}-\d{2}-\d{2}", section.text.strip()) and not section.heading:
                 continue  # the template's date line; the date is in the header already
-            for piece, tokens in self.fit_section(header, section.heading, section.text):
+            for piece, tokens in self.fit_section(room, section.heading, section.text):
                 pieces.append((section.heading, piece, tokens))
-        room = self.budget.max_tokens - self.budget.count_tokens(f"{header}.")
         chunks, current, used, headings = [], "", 0, []
         def flush():
             if current:
@@ -581,12 +581,15 @@ class PatientChunker:
         self.fitted.update(c.chunk_id for c in chunks)
         return chunks
 
-    def fit_section(self, header: str, heading: str, body: str) -> list[tuple[str, int]]:
-        """A section as one or more pieces with their token counts, each of which fits the window
-        after "<header>. ". Each sentence is counted once and pieces are sized by adding counts:
+    def room_after(self, header: str) -> int:
+        """Word pieces left in the window for text after "<header>. "."""
+        return self.budget.max_tokens - self.budget.count_tokens(f"{header}.")
+
+    def fit_section(self, room: int, heading: str, body: str) -> list[tuple[str, int]]:
+        """A section as one or more pieces with their token counts, each of which fits in `room`
+        (see room_after). Each sentence is counted once and pieces are sized by adding counts:
         the model's word pieces never cross a space, so text joined by spaces counts as the sum of
         its parts (counting every growing candidate again was most of chunking's time)."""
-        room = self.budget.max_tokens - self.budget.count_tokens(f"{header}.")
         lead = f"{heading}:" if heading else ""
         sentences = re.split(r"(?<=[.!?;])\s+|\n", body)
         sizes = [self.budget.count_tokens(sentence) for sentence in sentences]
@@ -607,12 +610,12 @@ class PatientChunker:
         # A single sentence longer than the window is cut on words rather than silently truncated.
         out = []
         for piece, used in pieces:
-            out += [(piece, used)] if used <= room else self.cut_on_words(header, piece)
+            out += [(piece, used)] if used <= room else self.cut_on_words(room, piece)
         return out
 
-    def cut_on_words(self, header: str, text: str) -> list[tuple[str, int]]:
-        """Pieces of `text` (with their token counts) that fit the window, cut between words in one pass."""
-        room = max(1, self.budget.max_tokens - self.budget.count_tokens(f"{header}. "))
+    def cut_on_words(self, room: int, text: str) -> list[tuple[str, int]]:
+        """Pieces of `text` (with their token counts) that fit in `room`, cut between words in one pass."""
+        room = max(1, room)      # a header that fills the window still leaves one word per piece
         pieces, current, used = [], [], 0
         for word in text.split():
             size = self.budget.count_tokens(word)

@@ -17,6 +17,9 @@ from fhir_ingest.contract import Chunk
 # The text hash a chunk written before its vector carries: it never equals a real hash, so a
 # later run embeds the chunk even if the run that wrote it stopped before its vector.
 VECTOR_PENDING = "vector pending"
+# What `check` says of such chunks, on either backend.
+PENDING_PROBLEM = ("chunks still wait for their vector (found by their words only): indexing is under way, "
+                   "or it stopped; sync the patient again")
 
 
 class BackendError(RuntimeError):

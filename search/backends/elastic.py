@@ -23,8 +23,8 @@ from elasticsearch.serializer import JsonSerializer, OrjsonSerializer
 from fhir_ingest.contract import Chunk
 
 from search.nlp.annotate import asserted_keys
-from search.backends.base import (VECTOR_PENDING, Backend, BackendError, BackendUnavailable, Hit, IndexCheck,
-                                  ModelMismatch, Scope, Search)
+from search.backends.base import (PENDING_PROBLEM, VECTOR_PENDING, Backend, BackendError, BackendUnavailable, Hit,
+                                  IndexCheck, ModelMismatch, Scope, Search)
 from search.backends.embedded import text_hash
 from search.nlp.lexicon import tokens
 
@@ -279,6 +279,9 @@ class ElasticsearchBackend(Backend):
         not one per write: a Bulk Data round writes many patients nobody is waiting on, and a
         refresh per patient cost half the bulk rate. Other threads (a launch's sync, questions)
         are not affected."""
+        if getattr(self._deferred, "indices", None) is not None:
+            yield          # inside another such block: its end refreshes these writes too
+            return
         self._deferred.indices = set()
         try:
             yield
@@ -573,7 +576,7 @@ class ElasticsearchBackend(Backend):
         return [h["_source"]["data"] for h in hits]
 
     def check(self, tenant: str) -> IndexCheck:
-        from search.backends.embedded import PENDING_PROBLEM, summary_disagreement
+        from search.backends.embedded import summary_disagreement
 
         alias = self.alias(tenant)
         if not self._call(lambda: self.es.indices.exists(index=alias)):

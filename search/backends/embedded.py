@@ -16,7 +16,7 @@ import numpy as np
 from fhir_ingest.contract import Chunk
 
 from search.nlp.annotate import asserted_keys
-from search.backends.base import VECTOR_PENDING, Backend, Hit, IndexCheck, ModelMismatch, Scope
+from search.backends.base import PENDING_PROBLEM, VECTOR_PENDING, Backend, Hit, IndexCheck, ModelMismatch, Scope
 from search.nlp.lexicon import tokens
 
 SCHEMA = """
@@ -356,10 +356,6 @@ class EmbeddedBackend(Backend):
         if conn is not None:
             conn.close()
             self._local.conn = None
-
-
-PENDING_PROBLEM = ("chunks still wait for their vector (found by their words only): indexing is under way, "
-                   "or it stopped; sync the patient again")
 
 
 def summary_disagreement(patient_id: str, summary: dict, chunks: int) -> list[str]:
