@@ -5,15 +5,21 @@ limit must hold for the whole deployment, not per process: with Redis configured
 Celery worker and `chartcite sync` draws on one budget kept there; without it (the embedded
 default, one process) the budget lives in the process.
 
+The rate is a sliding window, not a counter per calendar second: a counter lets a whole second's
+requests go in the last millisecond of one second and again in the first of the next, twice the
+limit in an instant, which is what a rate limit exists to prevent.
+
 Redis keeps, per EHR origin, a sorted set of leases (a request in flight, expiring after a lease
-time so a crashed process cannot hold a slot for ever) and a counter per one-second window.
-Taking a slot is one Lua script, so two processes cannot both take the last one.
+time so a crashed process cannot hold a slot for ever) and a sorted set of the last window's
+starts. Taking a slot is one Lua script reading Redis's own clock, so two processes cannot both
+take the last slot and workers on different hosts agree on what "the last second" is.
 """
 from __future__ import annotations
 
 import threading
 import time
 import uuid
+from collections import deque
 from contextlib import contextmanager
 from typing import ContextManager, Iterator, Protocol
 
@@ -24,27 +30,36 @@ class RequestBudget(Protocol):
     def slot(self) -> ContextManager[None]: ...
 
 
+def rate_window(per_second: float) -> tuple[float, int]:
+    """(window in seconds, starts allowed in it) for a rate: a second and its whole number of
+    requests, or for a rate below one a second a longer window holding one request."""
+    if per_second >= 1:
+        return 1.0, int(per_second)
+    return 1.0 / per_second, 1
+
+
 class LocalBudget:
-    """One process's budget: a semaphore for concurrency and a one-second window for the rate."""
+    """One process's budget: a semaphore for concurrency and a sliding window for the rate."""
 
     def __init__(self, concurrency: int, per_second: float = 0.0):
         self.semaphore = threading.BoundedSemaphore(max(1, concurrency))
         self.per_second = per_second
         self.lock = threading.Lock()
-        self.window, self.used = 0, 0
+        self.starts: deque[float] = deque()
 
     def _take_rate(self) -> float:
         """0 when this request may go now, else how long to wait."""
         if self.per_second <= 0:
             return 0.0
+        window, allowed = rate_window(self.per_second)
         with self.lock:
-            now = time.time()
-            if int(now) != self.window:
-                self.window, self.used = int(now), 0
-            if self.used < self.per_second:
-                self.used += 1
+            now = time.monotonic()
+            while self.starts and self.starts[0] <= now - window:
+                self.starts.popleft()
+            if len(self.starts) < allowed:
+                self.starts.append(now)
                 return 0.0
-            return self.window + 1 - now
+            return self.starts[0] + window - now
 
     @contextmanager
     def slot(self) -> Iterator[None]:
@@ -54,20 +69,27 @@ class LocalBudget:
             yield
 
 
-# KEYS[1] leases (sorted set: member -> expiry), KEYS[2] the current second's counter.
-# ARGV: now, lease id, lease expiry, concurrency, per-second limit (0 = none).
-# Returns 1 when the slot is taken, 0 when the deployment is at its concurrency, -1 at its rate.
+# KEYS[1] leases (sorted set: lease -> expiry), KEYS[2] the window's starts (lease -> start time).
+# ARGV: lease id, lease seconds, concurrency, window seconds, starts allowed in it (0 = no limit).
+# Returns {1, 0} when the slot is taken, {0, 0} when the deployment is at its concurrency, and
+# {-1, microseconds} at its rate: how long until the window's oldest start leaves it.
 _TAKE = """
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then return 0 end
-if tonumber(ARGV[5]) > 0 then
-  local used = tonumber(redis.call('GET', KEYS[2]) or '0')
-  if used >= tonumber(ARGV[5]) then return -1 end
-  redis.call('INCR', KEYS[2])
-  redis.call('EXPIRE', KEYS[2], 2)
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then return {0, 0} end
+local window, allowed = tonumber(ARGV[4]), tonumber(ARGV[5])
+if allowed > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - window)
+  if redis.call('ZCARD', KEYS[2]) >= allowed then
+    local oldest = tonumber(redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')[2])
+    return {-1, math.ceil((oldest + window - now) * 1000000)}
+  end
+  redis.call('ZADD', KEYS[2], now, ARGV[1])
+  redis.call('PEXPIRE', KEYS[2], math.ceil(window * 1000) + 1000)
 end
-redis.call('ZADD', KEYS[1], ARGV[3], ARGV[2])
-return 1
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+return {1, 0}
 """
 
 
@@ -81,27 +103,23 @@ class RedisBudget:
         self.redis = redis.Redis.from_url(redis_url)
         self.take = self.redis.register_script(_TAKE)
         self.leases = f"chartcite:ehr-budget:{origin}:leases"
-        self.rate_prefix = f"chartcite:ehr-budget:{origin}:second:"
-        self.concurrency, self.per_second, self.lease_seconds = max(1, concurrency), per_second, lease_seconds
+        self.starts = f"chartcite:ehr-budget:{origin}:starts"
+        self.concurrency, self.lease_seconds = max(1, concurrency), lease_seconds
+        self.window, self.allowed = rate_window(per_second) if per_second > 0 else (1.0, 0)
 
     @contextmanager
     def slot(self) -> Iterator[None]:
         lease = uuid.uuid4().hex
         while True:
-            now = time.time()
-            taken = self.take(keys=[self.leases, f"{self.rate_prefix}{int(now)}"],
-                              args=[now, lease, now + self.lease_seconds, self.concurrency, self.per_second])
+            taken, wait_us = self.take(keys=[self.leases, self.starts],
+                                       args=[lease, self.lease_seconds, self.concurrency, self.window, self.allowed])
             if taken == 1:
                 break
-            time.sleep(POLL_SECONDS if taken == 0 else max(POLL_SECONDS, int(now) + 1 - now))
+            time.sleep(max(POLL_SECONDS, wait_us / 1e6))
         try:
             yield
         finally:
             self.redis.zrem(self.leases, lease)
-
-    def in_flight(self) -> int:
-        self.redis.zremrangebyscore(self.leases, "-inf", time.time())
-        return self.redis.zcard(self.leases)
 
 
 _local: dict[tuple[str, int, float], LocalBudget] = {}
