@@ -48,3 +48,33 @@ def test_an_index_built_at_one_precision_refuses_the_other(tmp_path, embedder):
     fp32 = load_embedder(None, "fp32")
     with pytest.raises(ModelMismatch, match=r"\+onnx-int8"):
         EmbeddedBackend(tmp_path / "index.sqlite", fp32.name, fp32.dimension)
+
+
+def test_the_int8_model_and_the_annotation_pipeline_leave_pytorch_unloaded():
+    """PyTorch costs a process 450 MB: the int8 model does not need it, and spaCy would import it
+    only because it is installed. Hidden from the importing thread alone, it still loads when
+    the fp32 model asks for it, and a thread importing it meanwhile is not refused."""
+    import subprocess
+    import sys
+
+    script = """
+import sys, threading
+from search.models.embedders import load_embedder
+from search.nlp.annotate import default_annotator, torch_hidden
+load_embedder(None, "int8").encode(["metformin 500 mg"])
+assert default_annotator().annotate(["denies chest pain"], negate=[True])[0][0]["negated"]
+assert "torch" not in sys.modules, "torch loaded"
+with torch_hidden():
+    try:
+        import torch
+        raise SystemExit("torch imported in the hiding thread")
+    except ModuleNotFoundError:
+        pass
+    other = threading.Thread(target=lambda: __import__("torch"))
+    other.start(); other.join()
+    assert "torch" in sys.modules, "another thread was refused"
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.stdout.strip() == "ok", done.stderr[-2000:]
