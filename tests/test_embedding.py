@@ -50,6 +50,26 @@ def test_an_index_built_at_one_precision_refuses_the_other(tmp_path, embedder):
         EmbeddedBackend(tmp_path / "index.sqlite", fp32.name, fp32.dimension)
 
 
+def test_batches_spread_over_the_sessions_give_the_vectors_one_session_gives(embedder):
+    """Indexing runs one model session per core; the texts, their order and their vectors are
+    those of a single session (the int8 model scales activations per batch, so the batches must
+    stay the same ones)."""
+    import copy
+
+    from search.models.onnx_embed import session_threads, usable_cores
+
+    texts = [f"{text} Value {i * 7 % 97}.{i % 10}" + " repeated" * (i % 13) for i, text in enumerate(TEXTS * 50)]
+    assert len(list(embedder.batches(sorted(texts, key=len)))) >= 3
+    one = copy.copy(embedder)
+    one.sessions = embedder.sessions[:1]
+    seen = []
+    spread = embedder.encode(texts, progress=lambda done, total: seen.append((done, total)))
+    assert np.array_equal(spread, one.encode(texts))
+    assert seen[-1] == (len(texts), len(texts)) and [d for d, _ in seen] == sorted(d for d, _ in seen)
+    assert len(embedder.sessions) == len(session_threads(usable_cores()))
+    assert session_threads(1) == [1] and session_threads(2) == [1, 1] and session_threads(16) == [4, 4, 4, 4]
+
+
 def test_the_int8_model_and_the_annotation_pipeline_leave_pytorch_unloaded():
     """PyTorch costs a process 450 MB: the int8 model does not need it, and spaCy would import it
     only because it is installed. Hidden from the importing thread alone, it still loads when

@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from pathlib import Path
+from typing import Iterable, Iterator
 
 import numpy as np
 
@@ -78,9 +79,9 @@ class Embedder:
         # one padded to the longest note piece.
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         done = 0
-        for batch in self.batches([texts[i] for i in order]):
-            out.append(self.encode_batch(batch))
-            done += len(batch)
+        for vectors in self.encode_batches(self.batches([texts[i] for i in order])):
+            out.append(vectors)
+            done += len(vectors)
             if progress:
                 progress(done, len(order))
         vectors = np.concatenate(out).astype(np.float32)
@@ -92,6 +93,10 @@ class Embedder:
         """Texts shortest first, in batches of `batch_size`."""
         for start in range(0, len(ordered), self.batch_size):
             yield ordered[start:start + self.batch_size]
+
+    def encode_batches(self, batches: Iterable[list[str]]) -> Iterator[np.ndarray]:
+        """Each batch's vectors, in order."""
+        return map(self.encode_batch, batches)
 
     def encode_batch(self, batch: list[str]) -> np.ndarray:
         return self.model.encode(batch, batch_size=self.batch_size, convert_to_numpy=True, normalize_embeddings=True,
