@@ -70,6 +70,10 @@ def tree_rss(pid: int) -> int:
     return total
 
 
+def tail(path: Path, lines: int) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
 def wait_ready(base: str, process: subprocess.Popen, seconds: float = 300) -> None:
     deadline = time.time() + seconds
     while time.time() < deadline:
@@ -155,6 +159,9 @@ def main() -> None:
             if args.backend == "elasticsearch":    # the run's own indices, not another tenant's
                 requests.delete(f"{env['CHARTCITE_ES_URL'].split(',')[0].rstrip('/')}/chartcite-{env['CHARTCITE_TENANT']}-*",
                                 params={"ignore_unavailable": "true", "allow_no_indices": "true"}, timeout=60)
+        if any(status != 200 for _, status, _ in samples):
+            # The cause of a failed question is in the server's log, which goes with the run's folder.
+            print(f"the server's log ends (some questions failed):\n{tail(log, 60)}", file=sys.stderr)
     latencies = [s * 1000 for s, _, _ in samples]
     errors = sum(1 for _, status, _ in samples if status != 200)
     first = [s * 1000 for s, _, i in samples if i == 0]
