@@ -98,3 +98,28 @@ print("ok")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                           cwd=Path(__file__).resolve().parent.parent)
     assert done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_a_forked_child_embeds_on_its_own_threads(embedder):
+    """The sessions' thread pool does not survive a fork: a child made after the parent used it
+    must start its own rather than wait for threads that are not there."""
+    import os
+    import select
+    import signal
+
+    texts = [f"{text} {i}" + " more words" * (i % 17) for i, text in enumerate(TEXTS * 40)]
+    expected = embedder.encode(texts)          # the pool now exists in this process
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:                             # pragma: no cover - runs in the child
+        ok = np.array_equal(embedder.encode(texts), expected)
+        os.write(write, b"1" if ok else b"0")
+        os._exit(0)
+    os.close(write)
+    ready = select.select([read], [], [], 60)[0]
+    if not ready:
+        os.kill(child, signal.SIGKILL)
+    os.waitpid(child, 0)
+    assert ready, "the forked child did not finish embedding within 60 s"
+    assert os.read(read, 1) == b"1"
+    os.close(read)

@@ -15,6 +15,7 @@ import logging
 import os
 import threading
 import warnings
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -123,6 +124,20 @@ def new_session(onnx_file: Path, threads: int):
     return onnxruntime.InferenceSession(str(onnx_file), options, providers=["CPUExecutionProvider"])
 
 
+_embedders: "weakref.WeakSet[OnnxInt8Embedder]" = weakref.WeakSet()
+
+
+def _forget_pools_in_child() -> None:
+    """A forked child has none of its parent's threads: a pool inherited from before the fork
+    would wait for ever for them, so each embedder starts a new one on its first use."""
+    for embedder in list(_embedders):
+        embedder._pool, embedder._pool_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pools_in_child)
+
+
 class OnnxInt8Embedder(Embedder):
     """The Embedder interface over ONNX Runtime; `name` records backend and precision, so an
     index built at fp32 is never searched with int8 vectors (or the other way round)."""
@@ -141,6 +156,7 @@ class OnnxInt8Embedder(Embedder):
         self._local = threading.local()
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
+        _embedders.add(self)
         self.inputs = [i.name for i in self.sessions[0].get_inputs()]
         self.counter = Tokenizer.from_file(str(path / "tokenizer.json"))
         self.counter.no_padding()
