@@ -2,18 +2,22 @@
 
 `/healthz`: the process answers. `/readyz`: it can do its work — the index backend answers, the
 registry database answers, the task broker accepts a connection and the embedding model is loaded
-— each check named, 503 until all pass. Neither carries patient data.
+(in every gunicorn worker, not only the one answering) — each check named, 503 until all pass. Neither carries patient data.
 """
 from __future__ import annotations
 
 import logging
+import os
 import threading
+from pathlib import Path
 
 from flask import Blueprint, jsonify
 
 from .services import registry, runner, search, settings
 
 bp = Blueprint("health", __name__)
+# Set by `chartcite serve` for several gunicorn workers: the folder where each warm worker leaves a file.
+READY_DIR_VARIABLE = "CHARTCITE_WORKERS_READY_DIR"
 log = logging.getLogger(__name__)
 
 
@@ -59,7 +63,34 @@ def embedding_model() -> str:
     return "ok" if search().model_loaded else "loading"
 
 
-CHECKS = {"index": index_backend, "registry": registry_database, "broker": task_broker, "model": embedding_model}
+def every_worker() -> str:
+    """With several gunicorn workers: are all of them warm, not only the one answering?"""
+    folder = os.environ.get(READY_DIR_VARIABLE)
+    if not folder:
+        return "ok"          # one process: its own model check says it all
+    expected = int((Path(folder) / "expected").read_text())
+    ready = sum(1 for marker in Path(folder).iterdir() if marker.name.isdigit() and alive(int(marker.name)))
+    return "ok" if ready >= expected else f"loading: {ready} of {expected} workers ready"
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def mark_this_worker_ready() -> None:
+    folder = os.environ.get(READY_DIR_VARIABLE)
+    if folder:
+        (Path(folder) / str(os.getpid())).touch()
+
+
+CHECKS = {"index": index_backend, "registry": registry_database, "broker": task_broker, "model": embedding_model,
+          "workers": every_worker}
 
 
 def warm_up(app) -> None:
@@ -70,6 +101,7 @@ def warm_up(app) -> None:
     def load():
         try:
             service.warm_up()
+            mark_this_worker_ready()
         except Exception:
             log.exception("the embedding model could not be loaded; /readyz reports it")
 

@@ -16,6 +16,7 @@ import shutil
 
 from gunicorn.app.base import BaseApplication
 
+from .health import READY_DIR_VARIABLE
 from .settings import Settings, SettingsError
 
 log = logging.getLogger(__name__)
@@ -87,10 +88,37 @@ def share_metrics_between_workers(settings: Settings, options: dict) -> None:
     folder.mkdir(mode=0o700)
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(folder)
 
-    def child_exit(server, worker):
+    def mark_dead(worker):
         from prometheus_client import multiprocess
 
         multiprocess.mark_process_dead(worker.pid)
+
+    on_child_exit(options, mark_dead)
+
+
+def share_readiness_between_workers(settings: Settings, options: dict) -> None:
+    """Several workers: /readyz, whichever worker answers it, is ready only once every worker has
+    loaded the model and the NLP pipeline. Each worker leaves a file named by its pid when it is
+    warm; a worker that exits takes its file with it. (Ready as soon as one worker was warm, the
+    other's first questions waited for its loading: 2.3 s against 0.16 s in bench/load.py.)"""
+    if options["workers"] == 1:
+        return
+    folder = settings.data_dir / "workers-ready"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(mode=0o700)
+    (folder / "expected").write_text(str(options["workers"]))
+    os.environ[READY_DIR_VARIABLE] = str(folder)
+    on_child_exit(options, lambda worker: (folder / str(worker.pid)).unlink(missing_ok=True))
+
+
+def on_child_exit(options: dict, action) -> None:
+    """Adds `action(worker)` to what gunicorn's master does when a worker exits."""
+    before = options.get("child_exit")
+
+    def child_exit(server, worker):
+        if before:
+            before(server, worker)
+        action(worker)
 
     options["child_exit"] = child_exit
 
@@ -99,4 +127,5 @@ def serve(settings: Settings, host: str, port: int, cert: str | None = None, key
     options = gunicorn_options(settings, host, port, cert, key)
     prepare_before_fork(settings)
     share_metrics_between_workers(settings, options)
+    share_readiness_between_workers(settings, options)
     ChartciteServer(settings, options).run()

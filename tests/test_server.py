@@ -34,7 +34,7 @@ def server(tmp_path_factory, synthea_dir):
     base = f"http://127.0.0.1:{port}"
     try:
         wait_for(f"{base}/healthz", process, log, seconds=120)
-        yield {"url": base, "process": process, "log": log}
+        yield {"url": base, "process": process, "log": log, "data": folder / "data"}
     finally:
         stop(process)
 
@@ -59,6 +59,21 @@ def wait_indexed(base: str, handle: str, seconds: float = 300) -> None:
 def ask(base: str, handle: str, question: str) -> requests.Response:
     return requests.post(f"{base}/api/ask", json={"question": question}, timeout=120,
                          headers={"X-Chartcite-Session": handle})
+
+
+def test_ready_means_every_worker_is_warm(server):
+    """First in this module, while the workers are still loading: /readyz, whichever worker
+    answers, says ready only once both have the model and the pipeline, so an orchestrator never
+    sends a clinician's question to a worker still loading them."""
+    deadline = time.time() + 120
+    while (first := requests.get(f"{server['url']}/readyz", timeout=10)).status_code != 200:
+        assert first.status_code == 503 and time.time() < deadline, first.text
+        time.sleep(0.05)
+    answers = [requests.get(f"{server['url']}/readyz", timeout=10) for _ in range(20)]
+    assert [a.status_code for a in answers] == [200] * 20, [a.json() for a in answers if a.status_code != 200]
+    assert all(a.json()["checks"]["workers"] == "ok" for a in answers)
+    marked = sorted(p.name for p in (server["data"] / "workers-ready").iterdir())
+    assert len(marked) == 3 and "expected" in marked     # one file per warm worker, named by its pid
 
 
 def test_gunicorn_serves_and_the_access_log_holds_no_query_strings(server):
