@@ -38,7 +38,8 @@ def test_liveness_and_readiness(app):
     client = app.test_client()
     assert client.get("/healthz").get_json() == {"status": "ok"}
     body = ready(client)
-    assert body == {"ready": True, "checks": {"index": "ok", "registry": "ok", "broker": "ok", "model": "ok"}}
+    assert body == {"ready": True, "checks": {"index": "ok", "registry": "ok", "broker": "ok", "model": "ok",
+                                                 "workers": "ok"}}
 
 
 def test_readiness_names_what_is_down(tmp_path, embedder):
