@@ -43,23 +43,22 @@ class LocalBudget:
 
     def __init__(self, concurrency: int, per_second: float = 0.0):
         self.semaphore = threading.BoundedSemaphore(max(1, concurrency))
-        self.per_second = per_second
+        self.window, self.allowed = rate_window(per_second) if per_second > 0 else (1.0, 0)
         self.lock = threading.Lock()
         self.starts: deque[float] = deque()
 
     def _take_rate(self) -> float:
         """0 when this request may go now, else how long to wait."""
-        if self.per_second <= 0:
+        if not self.allowed:
             return 0.0
-        window, allowed = rate_window(self.per_second)
         with self.lock:
             now = time.monotonic()
-            while self.starts and self.starts[0] <= now - window:
+            while self.starts and self.starts[0] <= now - self.window:
                 self.starts.popleft()
-            if len(self.starts) < allowed:
+            if len(self.starts) < self.allowed:
                 self.starts.append(now)
                 return 0.0
-            return self.starts[0] + window - now
+            return self.starts[0] + self.window - now
 
     @contextmanager
     def slot(self) -> Iterator[None]:
