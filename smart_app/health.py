@@ -2,7 +2,8 @@
 
 `/healthz`: the process answers. `/readyz`: it can do its work — the index backend answers, the
 registry database answers, the task broker accepts a connection and the embedding model is loaded
-(in every gunicorn worker, not only the one answering) — each check named, 503 until all pass. Neither carries patient data.
+(in every gunicorn worker, not only the one answering) — each check named, 503 until all pass.
+Neither carries patient data.
 """
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ from flask import Blueprint, jsonify
 from .services import registry, runner, search, settings
 
 bp = Blueprint("health", __name__)
+log = logging.getLogger(__name__)
 # Set by `chartcite serve` for several gunicorn workers: the folder where each warm worker leaves a file.
 READY_DIR_VARIABLE = "CHARTCITE_WORKERS_READY_DIR"
-log = logging.getLogger(__name__)
 
 
 @bp.get("/healthz")

@@ -13,6 +13,7 @@ import fcntl
 import logging
 import os
 import shutil
+from pathlib import Path
 
 from gunicorn.app.base import BaseApplication
 
@@ -83,10 +84,7 @@ def share_metrics_between_workers(settings: Settings, options: dict) -> None:
     and /metrics, whichever worker answers it, sums them; a worker that exits is marked dead."""
     if options["workers"] == 1:
         return
-    folder = settings.data_dir / "prometheus"
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(mode=0o700)
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(folder)
+    folder_for_workers(settings, "prometheus", "PROMETHEUS_MULTIPROC_DIR")
 
     def mark_dead(worker):
         from prometheus_client import multiprocess
@@ -103,12 +101,19 @@ def share_readiness_between_workers(settings: Settings, options: dict) -> None:
     other's first questions waited for its loading: 2.3 s against 0.16 s in bench/load.py.)"""
     if options["workers"] == 1:
         return
-    folder = settings.data_dir / "workers-ready"
+    folder = folder_for_workers(settings, "workers-ready", READY_DIR_VARIABLE)
+    (folder / "expected").write_text(str(options["workers"]))
+    on_child_exit(options, lambda worker: (folder / str(worker.pid)).unlink(missing_ok=True))
+
+
+def folder_for_workers(settings: Settings, name: str, variable: str) -> Path:
+    """A folder in the data directory the workers share, emptied at start and named to them (they
+    inherit the environment at the fork)."""
+    folder = settings.data_dir / name
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(mode=0o700)
-    (folder / "expected").write_text(str(options["workers"]))
-    os.environ[READY_DIR_VARIABLE] = str(folder)
-    on_child_exit(options, lambda worker: (folder / str(worker.pid)).unlink(missing_ok=True))
+    os.environ[variable] = str(folder)
+    return folder
 
 
 def on_child_exit(options: dict, action) -> None:
