@@ -138,10 +138,12 @@ def store_record(backend: Backend, tenant: str, plan: RecordPlan, pending: int =
 
 
 def write_record(backend: Backend, tenant: str, plan: RecordPlan, vectors) -> IndexResult:
-    """The changed chunks with their vectors, the stale ones out, the record and its summary."""
-    backend.index([c for c, _ in plan.changed], vectors, [lx for _, lx in plan.changed])
-    removed = remove_stale(backend, tenant, plan)
-    store_record(backend, tenant, plan)
+    """The changed chunks with their vectors, the stale ones out, the record and its summary:
+    together, so that a stop between them leaves the patient as before, not half written."""
+    with backend.written_together():
+        backend.index([c for c, _ in plan.changed], vectors, [lx for _, lx in plan.changed])
+        removed = remove_stale(backend, tenant, plan)
+        store_record(backend, tenant, plan)
     return result_of(plan, removed)
 
 
@@ -181,9 +183,10 @@ def write_words_then_vectors(backend: Backend, embedder: Embedder, tenant: str, 
     the first chunk on knows the record is still being read; then every changed chunk without its
     vector; then the vectors. Returns the stale chunks removed."""
     record, changed = plan.prepared.record, plan.changed
-    store_record(backend, tenant, plan, pending=len(changed))
-    backend.index([c for c, _ in changed], [None] * len(changed), [lx for _, lx in changed])
-    removed = remove_stale(backend, tenant, plan)
+    with backend.written_together():
+        store_record(backend, tenant, plan, pending=len(changed))
+        backend.index([c for c, _ in changed], [None] * len(changed), [lx for _, lx in changed])
+        removed = remove_stale(backend, tenant, plan)
     # Essentials first; the rest shortest first, so each batch pads little (the model runs a
     # batch at the length of its longest text).
     ordered = sorted(changed, key=lambda pair: (pair[0].resource_type not in ESSENTIAL_TYPES, len(pair[0].text)))

@@ -245,6 +245,31 @@ def test_dev_questions_full_pipeline_beats_dense(dev_service, dev_questions, cap
     assert figures["full"]["class_present_no_evidence"] == 0
 
 
+def test_a_patient_is_written_whole_or_not_at_all(tmp_path, embedder, synthea_dir, monkeypatch):
+    """A stop between a patient's chunks and its summary (the last write) leaves the index as it
+    was: no chunks without the record they cite, no record the patient list does not show."""
+    from fhir_ingest.load import load_resources
+    from search.backends.base import Scope
+
+    svc = make_service("embedded", tmp_path)
+    records, _ = load_resources([synthea_dir / "936988e9-d587-ef42-ebdf-541238540ff3.json.gz"])
+    record = records[0]
+
+    def stop(*args):
+        raise RuntimeError("the process stopped here")
+
+    monkeypatch.setattr(svc.backend, "upsert_patient", stop)
+    try:
+        with pytest.raises(RuntimeError, match="stopped here"):
+            svc.index_record("t", record)
+        assert svc.backend.count(Scope("t", record.patient_id)) == 0
+        assert svc.backend.patient_resources("t", record.patient_id) == []
+        monkeypatch.undo()
+        assert svc.index_record("t", record).chunks == svc.backend.count(Scope("t", record.patient_id)) > 0
+    finally:
+        svc.close()
+
+
 @pytest.mark.parametrize("kind", BACKENDS)
 def test_writes_in_a_deferred_refresh_block_are_searchable_when_it_ends_even_by_an_error(kind, tmp_path, embedder,
                                                                                        synthea_dir):
@@ -281,16 +306,18 @@ def test_writes_in_a_deferred_refresh_block_are_searchable_when_it_ends_even_by_
         svc.close()
 
 
-def test_a_resource_with_an_integer_beyond_64_bits_is_stored_on_elasticsearch_as_read(tmp_path, embedder):
-    """The client writes with orjson, which refuses such integers; the write falls back to the
-    standard json module rather than losing the patient's record."""
-    svc = make_service("elasticsearch", tmp_path)
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_what_orjson_refuses_is_stored_as_read(kind, tmp_path, embedder):
+    """Both backends write with orjson, which refuses an integer beyond 64 bits and a lone
+    surrogate (both read as they were); the write falls back to the standard json module rather
+    than losing the patient's record."""
+    svc = make_service(kind, tmp_path)
     tenant = f"bigint{uuid.uuid4().hex[:8]}"
     observation = {"resourceType": "Observation", "id": "huge", "status": "final", "subject": {"reference": "Patient/p"},
-                   "code": {"text": "count"}, "valueInteger": 10 ** 30}
+                   "code": {"text": "count \udcff"}, "valueInteger": 10 ** 30}
     try:
         svc.backend.store_resources(tenant, "p", [observation])
-        assert svc.resource(tenant, "p", "Observation/huge")["valueInteger"] == 10 ** 30
+        assert svc.resource(tenant, "p", "Observation/huge") == observation
     finally:
         drop_tenants(svc, [tenant])
         svc.close()

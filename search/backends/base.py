@@ -79,6 +79,11 @@ class Backend(ABC):
         update a vector alone overrides this cheaper path."""
         self.index(chunks, vectors, lexical_texts)
 
+    def written_together(self):
+        """A block whose writes (this thread's) land together, all or none: one patient's chunks,
+        resources and summary. A backend without transactions writes them one by one."""
+        return nullcontext()
+
     def deferred_refresh(self):
         """A block whose writes (this thread's) become searchable together at its end rather than
         each at once; a backend whose writes are searchable on commit has nothing to defer."""
