@@ -6,6 +6,8 @@ import gzip
 import json
 import re
 
+import pytest
+
 from fhir_ingest.chunk import PatientChunker, TextBudget
 from fhir_ingest.load import load_resources
 from fhir_ingest.reader import read_path
@@ -121,6 +123,22 @@ def test_malformed_resources_are_reported_and_the_rest_is_indexed(tmp_path):
     assert "status" in reasons["export.ndjson:4"]
     assert "unknown code system" in reasons["export.ndjson:5"]
     assert [r["id"] for r in records[0].resources if r["resourceType"] == "Observation"] == ["o1"]
+
+
+@pytest.mark.parametrize("system", ["not a uri", "loinc", "", "http://loinc.org", "urn:oid:2.16.840.1.113883.6.1",
+                                    "http://x\u00a0y", "http://x\u2003", "http://x\ny", "http://x\n", 'http://a"b',
+                                    "http://a\\b", "http://\u00fc.example", "1http://x", "http:", "http://x y", "a+b-c.d:e"])
+def test_the_quick_look_for_bad_code_systems_misses_none_the_full_walk_finds(system):
+    """The code-system check first looks at the resource's JSON text and walks it only on a
+    suspicion: every system the walk rejects, anywhere in the resource, must raise one."""
+    from fhir_ingest.normalize import _bad_code_system, _may_name_a_bad_system
+
+    nested = obs("o1", 3.4)
+    nested["valueCodeableConcept"] = {"coding": [{"system": system, "code": "x"}]}
+    for resource in (obs("o1", 3.4, system=system), nested):
+        assert _may_name_a_bad_system(resource) or _bad_code_system(resource) is None
+        if system in ("http://loinc.org", "urn:oid:2.16.840.1.113883.6.1", "a+b-c.d:e"):
+            assert not _may_name_a_bad_system(resource)     # plain systems are cleared without a walk
 
 
 def test_a_resource_that_names_no_patient_is_reported_not_dropped(tmp_path):
