@@ -29,6 +29,16 @@ def test_int8_vectors_stay_close_to_fp32_and_count_the_same_tokens(embedder):
     assert np.allclose(embedder.encode(TEXTS[::-1])[::-1], a, atol=1e-5)
 
 
+def test_the_budget_counts_as_the_model_does_short_texts_again_and_long_ones_too(embedder):
+    """Chunking's token counts are remembered for short texts (notes repeat their templates);
+    a remembered count is the model's count, and a long text is counted, not remembered."""
+    budget = embedder.budget()
+    long_text = " ".join(TEXTS) * 20
+    for text in TEXTS + TEXTS + [long_text, long_text]:
+        assert budget.count_tokens(text) == embedder.count_tokens(text)
+    assert embedder.budget().count_tokens is budget.count_tokens        # one memory per model
+
+
 def test_the_int8_model_is_built_once_and_reused(tmp_path):
     from search.models.onnx_embed import OnnxInt8Embedder, int8_model
 
