@@ -13,6 +13,8 @@ from datetime import date
 from itertools import islice
 from typing import Callable, Iterable, Iterator
 
+import numpy as np
+
 from fhir_ingest.chunk import ChunkProblem, PatientChunker
 from fhir_ingest.load import ESSENTIAL_TYPES, PatientRecord
 from fhir_ingest.normalize import INDEXED_TYPES, SUPPORT_TYPES, human_name
@@ -205,11 +207,12 @@ def index_in_turn(backend: Backend, embedder: Embedder, tenant: str, records: It
     """Index records a few at a time, each one's result as it is written. The texts of a group
     of patients are embedded in one call (per-patient calls pad more: 8% slower on these
     records) while the next group is read from `records`, chunked and annotated on a thread (the
-    model computes outside the interpreter lock). `records` is consumed on that thread, so a
-    database it reads must allow it. This thread plans before handing that one its next group and
-    writes after the model's call, when that one has usually finished: a thread that waits on
-    SQLite between two Python steps waits again for the lock each time the other holds it
-    (reading records here, beside the preparation, cost 7 s in 80)."""
+    model computes outside the interpreter lock), and the previous group is written: the model
+    starts on a group before the one before it is written, so it never waits for the index.
+    `records` is consumed on that thread, so a database it reads must allow it. This thread
+    plans a group (reads what the index holds) before handing that one the next: a thread that
+    waits on SQLite between two Python steps waits again for the lock each time the other holds
+    it (reading records here, beside the preparation, cost 7 s in 80)."""
     budget = embedder.budget()
     remaining = iter(records)
 
@@ -219,11 +222,30 @@ def index_in_turn(backend: Backend, embedder: Embedder, tenant: str, records: It
     with ThreadPoolExecutor(1, thread_name_prefix="chartcite-prepare") as pool:
         # A small first group: the model waits for it.
         upcoming = pool.submit(prepare_group, FIRST_GROUP)
+        unwritten: tuple[list[RecordPlan], Callable[[], np.ndarray]] | None = None
         while current := upcoming.result():
+            if unwritten and patients_of(unwritten[0]) & {prepared.record.patient_id for prepared in current}:
+                # The same patient again: planned against the index as the earlier copy leaves it.
+                yield from write_group(backend, tenant, *unwritten)
+                unwritten = None
             plans = [plan_record(backend, tenant, prepared) for prepared in current]
             upcoming = pool.submit(prepare_group, group)
-            vectors = embedder.encode([text for plan in plans for text in plan.texts])
-            offset = 0
-            for plan in plans:
-                yield write_record(backend, tenant, plan, vectors[offset:offset + len(plan.changed)])
-                offset += len(plan.changed)
+            vectors = embedder.encode_soon([text for plan in plans for text in plan.texts])
+            if unwritten:
+                yield from write_group(backend, tenant, *unwritten)
+            unwritten = (plans, vectors)
+        if unwritten:
+            yield from write_group(backend, tenant, *unwritten)
+
+
+def patients_of(plans: list[RecordPlan]) -> set[str]:
+    return {plan.prepared.record.patient_id for plan in plans}
+
+
+def write_group(backend: Backend, tenant: str, plans: list[RecordPlan], vectors: Callable[[], np.ndarray]) -> Iterator[IndexResult]:
+    """Each patient of a group written with its vectors, once the model has them."""
+    computed = vectors()
+    offset = 0
+    for plan in plans:
+        yield write_record(backend, tenant, plan, computed[offset:offset + len(plan.changed)])
+        offset += len(plan.changed)

@@ -245,6 +245,29 @@ def test_dev_questions_full_pipeline_beats_dense(dev_service, dev_questions, cap
     assert figures["full"]["class_present_no_evidence"] == 0
 
 
+def test_a_patient_twice_in_one_run_ends_as_its_later_record(tmp_path, embedder, synthea_dir):
+    """The model starts on a group before the previous one is written; a patient in both (a second
+    export of the same record) is planned against the index its first copy leaves, so what the
+    later copy no longer holds is removed."""
+    from dataclasses import replace
+
+    from fhir_ingest.load import load_resources
+    from search.backends.base import Scope
+    from search.indexer import index_in_turn
+
+    svc = make_service("embedded", tmp_path)
+    records, _ = load_resources([synthea_dir / f"{pid}.json.gz" for pid in
+                                 ("936988e9-d587-ef42-ebdf-541238540ff3", "0b7496cb-ffc9-0874-03f4-f4841c4dfa63")])
+    first, other = records
+    later = replace(first, resources=[r for r in first.resources if r["resourceType"] != "Observation"])
+    try:
+        results = list(index_in_turn(svc.backend, svc.embedder, "t", [first, other, later], group=1))
+        assert [r.chunks for r in results][2] < results[0].chunks
+        assert svc.backend.count(Scope("t", first.patient_id)) == results[2].chunks
+    finally:
+        svc.close()
+
+
 def test_a_patient_is_written_whole_or_not_at_all(tmp_path, embedder, synthea_dir, monkeypatch):
     """A stop between a patient's chunks and its summary (the last write) leaves the index as it
     was: no chunks without the record they cite, no record the patient list does not show."""

@@ -86,22 +86,31 @@ class Embedder:
         return lambda text: remembered(text) if len(text) <= COUNTED_CHARS_KEPT else self.count_tokens(text)
 
     def encode(self, texts: list[str], progress=None) -> np.ndarray:
+        return self.encode_soon(texts, progress)()
+
+    def encode_soon(self, texts: list[str], progress=None) -> Callable[[], np.ndarray]:
+        """The texts' vectors, collected by calling what this returns. An embedder with threads
+        of its own (the int8 one on several cores) starts on them at once, so the caller can do
+        other work meanwhile (write the previous patients); the others compute on collection."""
         if not texts:
-            return np.zeros((0, self.dimension), dtype=np.float32)
-        out = []
+            return lambda: np.zeros((0, self.dimension), dtype=np.float32)
         # Sorting by length keeps padding small: a batch of short lab lines is far cheaper than
         # one padded to the longest note piece.
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-        done = 0
-        for vectors in self.encode_batches(self.batches([texts[i] for i in order])):
-            out.append(vectors)
-            done += len(vectors)
-            if progress:
-                progress(done, len(order))
-        vectors = np.concatenate(out).astype(np.float32)
-        result = np.empty_like(vectors)
-        result[order] = vectors
-        return result
+        computed = self.encode_batches(self.batches([texts[i] for i in order]))
+
+        def collect() -> np.ndarray:
+            out, done = [], 0
+            for vectors in computed:
+                out.append(vectors)
+                done += len(vectors)
+                if progress:
+                    progress(done, len(order))
+            vectors = np.concatenate(out).astype(np.float32)
+            result = np.empty_like(vectors)
+            result[order] = vectors
+            return result
+        return collect
 
     def batches(self, ordered: list[str]):
         """Texts shortest first, in batches of `batch_size`."""
