@@ -20,7 +20,8 @@ from typing import Iterable, Iterator
 
 from .chunk import clinical_date
 from .contract import PatientNotFound
-from .normalize import IGNORED_TYPES, INDEXED_TYPES, SUPPORT_TYPES, InvalidResource, binary_ref, check_resource, patient_of, ref_id
+from .normalize import (IGNORED_TYPES, INDEXED_TYPES, SUPPORT_TYPES, InvalidResource, binary_ref, check_content,
+                        check_identity, checked_later, patient_of, ref_id)
 from .reader import RawResource, ReadItem, ReadProblem, ReadWarning, read_path
 from .staging import PatientStaging, StagedResource
 
@@ -106,7 +107,9 @@ def assembled(items: Iterable[ReadItem], report: LoadReport, directory: str | Pa
 
 
 def checked(items: Iterable[ReadItem], report: LoadReport) -> Iterator[RawResource]:
-    """The resources that pass the checks, one at a time; the rest are counted in `report`."""
+    """The resources that pass the checks, one at a time; the rest are counted in `report`. A
+    patient's own resources are checked against the FHIR model later (`content_checked`, when
+    the patient's record is assembled): they are counted here as read and uncounted if they fail."""
     for item in items:
         if isinstance(item, ReadProblem):
             report.skipped.append(Skipped(item.origin, item.reason))
@@ -115,28 +118,42 @@ def checked(items: Iterable[ReadItem], report: LoadReport) -> Iterator[RawResour
             report.warnings.append(Skipped(item.origin, item.reason))
             continue
         report.resources_read += 1
+        resource = item.resource
         try:
-            resource = check_resource(item.resource, lambda words: report.warnings.append(Skipped(item.origin, words)))
+            check_identity(resource)
         except InvalidResource as exc:
-            report.skipped.append(Skipped(item.origin, str(exc)))
-            if isinstance(item.resource.get("resourceType"), str):
-                report.skipped_types[item.resource["resourceType"]] += 1
+            skip(report, item.origin, resource, str(exc))
             continue
+        if not checked_later(resource):
+            resource = content_checked(resource, item.origin, report)
+            if resource is None:
+                continue
         rt = resource["resourceType"]
         if rt in INDEXED_TYPES and not patient_of(resource):
-            report.skipped.append(Skipped(item.origin, f"{rt}/{resource['id']} names no patient it belongs to"))
-            report.skipped_types[rt] += 1
+            skip(report, item.origin, resource, f"{rt}/{resource['id']} names no patient it belongs to")
             continue
         report.by_type[rt] += 1
         if rt in IGNORED_TYPES:
             report.ignored[rt] += 1
         elif rt not in INDEXED_TYPES | SUPPORT_TYPES:
             report.not_indexed[rt] += 1
-        elif rt in INDEXED_TYPES:
-            warning = implausible_date(resource)
-            if warning:
-                report.warnings.append(Skipped(item.origin, warning))
         yield RawResource(resource, item.origin, item.document)
+
+
+def content_checked(resource: dict, origin: str, report: LoadReport) -> dict | None:
+    """The resource as indexed (a malformed narrative left out), or None when its content is
+    invalid, reported as skipped."""
+    try:
+        return check_content(resource, lambda words: report.warnings.append(Skipped(origin, words)))
+    except InvalidResource as exc:
+        skip(report, origin, resource, str(exc))
+        return None
+
+
+def skip(report: LoadReport, origin: str, resource: dict, reason: str) -> None:
+    report.skipped.append(Skipped(origin, reason))
+    if isinstance(resource.get("resourceType"), str):
+        report.skipped_types[resource["resourceType"]] += 1
 
 
 def implausible_date(resource: dict, today: date | None = None) -> str:
@@ -182,7 +199,9 @@ class RecordAssembler:
     def record(self, patient_id: str, whole: bool = False) -> PatientRecord:
         """The patient's record; `whole` when the caller knows the input is the patient's whole
         record whatever its documents (a full Bulk Data export without errors)."""
-        staged = self.staging.owned(patient_id)
+        staged = [item for item in self.staging.owned(patient_id) if self.content_checked(item)]
+        if not staged:
+            return PatientRecord(patient_id, [], complete=False)     # nothing of it passed the checks
         resources = newest_versions(staged, self.report)
         for ref in sorted(shared_refs(resources)):
             medication = self.staging.shared(ref)
@@ -193,6 +212,21 @@ class RecordAssembler:
             self.report.added_to.append(patient_id)
         return PatientRecord(patient_id, resources, complete)
 
+    def content_checked(self, item: StagedResource) -> bool:
+        """Whether the staged resource's content passes (checked now if `checked_later`; counted
+        as read when it was staged, it is uncounted if not)."""
+        if not checked_later(item.resource):
+            return True
+        resource_type = item.resource["resourceType"]
+        item.resource = content_checked(item.resource, item.origin, self.report)
+        if item.resource is None:
+            self.report.by_type[resource_type] -= 1
+            return False
+        warning = implausible_date(item.resource) if item.resource["resourceType"] in INDEXED_TYPES else ""
+        if warning:
+            self.report.warnings.append(Skipped(item.origin, warning))
+        return True
+
     def is_whole_record(self, patient_id: str, staged: list[StagedResource]) -> bool:
         documents = {s.document for s in staged}
         if len(documents) != 1 or "" in documents:
@@ -200,8 +234,11 @@ class RecordAssembler:
         return self.staging.patients_defined(documents.pop()) == {patient_id}
 
     def records(self) -> Iterator[PatientRecord]:
+        """Every patient with a resource that passed the checks."""
         for pid in self.patient_ids():
-            yield self.record(pid)
+            record = self.record(pid)
+            if record.resources:
+                yield record
 
     def close(self) -> None:
         self.staging.close()

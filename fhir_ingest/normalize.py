@@ -67,31 +67,38 @@ def _model_class(resource_type: str):
         raise InvalidResource(f"unknown resource type {resource_type!r}") from exc
 
 
-def check_resource(resource: dict, warn=None) -> dict:
-    """Validate one resource against the FHIR R4(B) model; return it or raise InvalidResource.
+def check_identity(resource: dict) -> None:
+    """The resource's type is a FHIR type and its id a FHIR id (what grouping it needs), or
+    InvalidResource. Then check_content checks the rest.
 
     Wrong JSON types anywhere (a list where a string belongs, a number for an id) make the resource
-    invalid, never the run: everything that can go wrong here is an InvalidResource."""
+    invalid, never the run: everything that can go wrong in either is an InvalidResource."""
     resource_type = resource.get("resourceType")
     if not isinstance(resource_type, str) or not _TYPE_NAME.match(resource_type):
         raise InvalidResource(f"invalid resourceType {str(resource_type)[:40]!r}")
-    cls = _model_class(resource_type)      # an unknown type ("Obsrvation") is invalid, not "not clinical"
+    _model_class(resource_type)      # an unknown type ("Obsrvation") is invalid, not "not clinical"
     rid = resource.get("id")
     if not rid:
         raise InvalidResource(f"{resource_type} without an id")
     if not isinstance(rid, str) or not _ID.match(rid):
         raise InvalidResource(f"{resource_type} id {json.dumps(rid)[:80]} is not a FHIR id (1-64 letters, digits, '-', '.')")
+
+
+def check_content(resource: dict, warn=None) -> dict:
+    """The resource (a malformed narrative left out, said through `warn`) once its content passes
+    the FHIR R4(B) model (types chartcite reads) and names proper code systems; else InvalidResource."""
+    resource_type, rid = resource["resourceType"], resource["id"]
     if resource_type not in _VALIDATED_TYPES:
         return resource  # counted, not indexed: no need to parse it fully
     try:
-        cls.model_validate(resource)
+        _model_class(resource_type).model_validate(resource)
     except ValidationError as exc:
         if narrative_only(exc) and warn is not None:
             # A broken narrative (`text` without its `div`) is a display aid the record can do
             # without; the resource's structured content (a report's results, its conclusion) is not.
             resource = {k: v for k, v in resource.items() if k != "text"}
             warn(f"{resource_type}/{rid}: its narrative `text` is malformed and was left out")
-            return check_resource(resource)
+            return check_content(resource)
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ()) if p != "__root__")
         raise InvalidResource(f"{resource_type}/{rid}: {where or 'resource'}: {first.get('msg')}") from None
@@ -99,6 +106,15 @@ def check_resource(resource: dict, warn=None) -> dict:
         raise InvalidResource(f"{resource_type}/{rid}: cannot be read as FHIR ({type(exc).__name__})") from None
     _check_code_systems(resource, resource_type)
     return resource
+
+
+def checked_later(resource: dict) -> bool:
+    """Whether a resource whose identity passed has its content checked when its patient's record
+    is assembled (beside the embedding model, which meanwhile embeds earlier patients) rather than
+    when it is read (before any patient can start): a patient's own resources, but for the
+    Patient, which decides what its document defines."""
+    return (resource["resourceType"] in _VALIDATED_TYPES and resource["resourceType"] != "Patient"
+            and bool(patient_of(resource)))
 
 
 def narrative_only(exc: ValidationError) -> bool:

@@ -142,6 +142,8 @@ def store_record(backend: Backend, tenant: str, plan: RecordPlan, pending: int =
 def write_record(backend: Backend, tenant: str, plan: RecordPlan, vectors) -> IndexResult:
     """The changed chunks with their vectors, the stale ones out, the record and its summary:
     together, so that a stop between them leaves the patient as before, not half written."""
+    if not plan.prepared.record.resources:
+        return IndexResult()        # nothing of a patient the index does not hold passed the checks
     with backend.written_together():
         backend.index([c for c, _ in plan.changed], vectors, [lx for _, lx in plan.changed])
         removed = remove_stale(backend, tenant, plan)

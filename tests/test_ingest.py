@@ -141,6 +141,32 @@ def test_the_quick_look_for_bad_code_systems_misses_none_the_full_walk_finds(sys
             assert not _may_name_a_bad_system(resource)     # plain systems are cleared without a walk
 
 
+def test_a_resource_invalid_when_its_record_is_assembled_is_skipped_and_counted_so(tmp_path, embedder):
+    """A patient's own resources are checked against the FHIR model when the record is assembled.
+    One that fails is reported and not counted as read by type; a newer version that fails leaves
+    the older one indexed; a patient with nothing valid gets no (empty) entry in the index."""
+    from .conftest import make_service
+
+    older, newer = obs("o1", 3.4), obs("o1", 3.9)
+    older["meta"], newer["meta"] = {"versionId": "1"}, {"versionId": "2"}
+    del newer["status"]                                             # required in R4
+    ghost = obs("g1", 1.0, subject="Patient/ghost")
+    del ghost["status"]
+    path = tmp_path / "export.ndjson"
+    path.write_text("".join(json.dumps(r) + "\n" for r in (PATIENT, older, newer, ghost)))
+    svc = make_service("embedded", tmp_path)
+    try:
+        summary = svc.index_paths("t", [path])
+        assert {s.origin for s in summary.load.skipped} == {"export.ndjson:3", "export.ndjson:4"}
+        assert summary.result.patients == 1
+        assert [p["patient_id"] for p in svc.backend.list_patients("t")] == ["p1"]
+        assert svc.resource("t", "p1", "Observation/o1")["valueQuantity"]["value"] == 3.4
+        observations = next(row for row in summary.load.type_rows() if row[0] == "Observation")
+        assert observations[1:3] == (3, 2)                          # read, skipped
+    finally:
+        svc.close()
+
+
 def test_a_resource_that_names_no_patient_is_reported_not_dropped(tmp_path):
     orphan = obs("o9", 5.0, subject="urn:uuid:nowhere")
     path = tmp_path / "orphan.ndjson"
