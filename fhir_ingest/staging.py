@@ -1,4 +1,5 @@
-"""Checked resources parked on disk and handed out one patient at a time.
+"""Resources parked on disk and handed out one patient at a time (their type, id and patient are
+checked before they are parked; their content when the patient's record is assembled).
 
 A Group export of a hospital, or a folder of NDJSON, is gigabytes sorted by resource type, not by
 patient. Held in memory it would cost the whole input; parked in a temporary SQLite file (inside

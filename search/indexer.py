@@ -244,7 +244,8 @@ def patients_of(plans: list[RecordPlan]) -> set[str]:
     return {plan.prepared.record.patient_id for plan in plans}
 
 
-def write_group(backend: Backend, tenant: str, plans: list[RecordPlan], vectors: Callable[[], np.ndarray]) -> Iterator[IndexResult]:
+def write_group(backend: Backend, tenant: str, plans: list[RecordPlan],
+                vectors: Callable[[], np.ndarray]) -> Iterator[IndexResult]:
     """Each patient of a group written with its vectors, once the model has them."""
     computed = vectors()
     offset = 0
