@@ -199,7 +199,7 @@ class RecordAssembler:
     def record(self, patient_id: str, whole: bool = False) -> PatientRecord:
         """The patient's record; `whole` when the caller knows the input is the patient's whole
         record whatever its documents (a full Bulk Data export without errors)."""
-        staged = [item for item in self.staging.owned(patient_id) if self.content_checked(item)]
+        staged = [item for item in self.staging.owned(patient_id) if self.passes_content_check(item)]
         if not staged:
             return PatientRecord(patient_id, [], complete=False)     # nothing of it passed the checks
         resources = newest_versions(staged, self.report)
@@ -212,7 +212,7 @@ class RecordAssembler:
             self.report.added_to.append(patient_id)
         return PatientRecord(patient_id, resources, complete)
 
-    def content_checked(self, item: StagedResource) -> bool:
+    def passes_content_check(self, item: StagedResource) -> bool:
         """Whether the staged resource's content passes (checked now if `checked_later`; counted
         as read when it was staged, it is uncounted if not)."""
         if not checked_later(item.resource):
