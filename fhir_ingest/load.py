@@ -124,12 +124,13 @@ def checked(items: Iterable[ReadItem], report: LoadReport) -> Iterator[RawResour
         except InvalidResource as exc:
             skip(report, item.origin, resource, str(exc))
             continue
-        if not checked_later(resource):
+        patient = patient_of(resource)
+        if not checked_later(resource, patient):
             resource = content_checked(resource, item.origin, report)
             if resource is None:
                 continue
         rt = resource["resourceType"]
-        if rt in INDEXED_TYPES and not patient_of(resource):
+        if rt in INDEXED_TYPES and not patient:
             skip(report, item.origin, resource, f"{rt}/{resource['id']} names no patient it belongs to")
             continue
         report.by_type[rt] += 1
@@ -199,7 +200,7 @@ class RecordAssembler:
     def record(self, patient_id: str, whole: bool = False) -> PatientRecord:
         """The patient's record; `whole` when the caller knows the input is the patient's whole
         record whatever its documents (a full Bulk Data export without errors)."""
-        staged = [item for item in self.staging.owned(patient_id) if self.passes_content_check(item)]
+        staged = [item for item in self.staging.owned(patient_id) if self.passes_content_check(item, patient_id)]
         if not staged:
             return PatientRecord(patient_id, [], complete=False)     # nothing of it passed the checks
         resources = newest_versions(staged, self.report)
@@ -212,10 +213,10 @@ class RecordAssembler:
             self.report.added_to.append(patient_id)
         return PatientRecord(patient_id, resources, complete)
 
-    def passes_content_check(self, item: StagedResource) -> bool:
+    def passes_content_check(self, item: StagedResource, patient_id: str) -> bool:
         """Whether the staged resource's content passes (checked now if `checked_later`; counted
         as read when it was staged, it is uncounted if not)."""
-        if not checked_later(item.resource):
+        if not checked_later(item.resource, patient_id):
             return True
         resource_type = item.resource["resourceType"]
         item.resource = content_checked(item.resource, item.origin, self.report)

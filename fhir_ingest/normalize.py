@@ -108,13 +108,12 @@ def check_content(resource: dict, warn=None) -> dict:
     return resource
 
 
-def checked_later(resource: dict) -> bool:
-    """Whether a resource whose identity passed has its content checked when its patient's record
-    is assembled (beside the embedding model, which meanwhile embeds earlier patients) rather than
-    when it is read (before any patient can start): a patient's own resources, but for the
-    Patient, which decides what its document defines."""
-    return (resource["resourceType"] in _VALIDATED_TYPES and resource["resourceType"] != "Patient"
-            and bool(patient_of(resource)))
+def checked_later(resource: dict, patient_id: str) -> bool:
+    """Whether a resource whose identity passed (of patient `patient_id`, from patient_of) has its
+    content checked when its patient's record is assembled (beside the embedding model, which
+    meanwhile embeds earlier patients) rather than when it is read (before any patient can start):
+    a patient's own resources, but for the Patient, which decides what its document defines."""
+    return bool(patient_id) and resource["resourceType"] in _VALIDATED_TYPES and resource["resourceType"] != "Patient"
 
 
 def narrative_only(exc: ValidationError) -> bool:
