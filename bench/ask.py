@@ -20,10 +20,12 @@ sys.path.insert(0, str(REPO))
 
 from search.evaluate import percentile  # noqa: E402
 from search.backends.elastic import ElasticOptions  # noqa: E402
+from search.collector import collect_less_often  # noqa: E402
 from search.service import SearchService  # noqa: E402
 
 
 def main() -> None:
+    collect_less_often()          # as the command line and the server do
     shared = REPO.parent / "shared" / "data"
     parser = argparse.ArgumentParser()
     parser.add_argument("questions", nargs="?", default=str(shared / "questions" / "dev.jsonl"))

@@ -25,6 +25,7 @@ from fhir_ingest.chunk import PatientChunker  # noqa: E402
 from fhir_ingest.load import load_resources  # noqa: E402
 from search.models.embedders import load_embedder  # noqa: E402
 from search.nlp.annotate import default_annotator  # noqa: E402
+from search.collector import collect_less_often  # noqa: E402
 from search.service import SearchService  # noqa: E402
 
 
@@ -75,6 +76,7 @@ def measured(fn) -> tuple[float, float]:
 
 
 def main() -> None:
+    collect_less_often()          # as the command line and the server do
     parser = argparse.ArgumentParser()
     parser.add_argument("synthea", nargs="?", default=str(REPO.parent / "shared" / "data" / "synthea"))
     parser.add_argument("--patients", type=int, default=0, help="only the first N shared patients (default: all)")

@@ -12,6 +12,9 @@ log = logging.getLogger(__name__)
 
 
 def create_app(settings: Settings | None = None, runner=None) -> Flask:
+    from search.collector import collect_less_often
+
+    collect_less_often()
     settings = settings or Settings.load()
     app = Flask(__name__, template_folder=str(REPO_ROOT / "templates"),
                 static_folder=str(REPO_ROOT / "templates" / "static"), static_url_path="/static")

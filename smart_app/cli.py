@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from search.collector import collect_less_often
+
+    collect_less_often()
     try:
         settings = Settings.load()
     except SettingsError as exc:
