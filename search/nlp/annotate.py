@@ -220,13 +220,7 @@ class Annotator:
         # "A1c/Hemoglobin.total", "mm[Hg]", "K+=3.4": split glued punctuation so phrases match.
         texts = [GLUE.sub(" ", t) for t in texts]
         for i, doc in enumerate(self._docs(texts, negate)):
-            lexical = self._lexicon_spans(doc, in_question)
-            # "chronic kidney disease (CKD)": an abbreviation the text defines counts as its long form.
-            for abbreviation in doc._.abbreviations:
-                for span in self._lexicon_spans(abbreviation._.long_form.as_doc(), in_question):
-                    found = doc.char_span(abbreviation.start_char, abbreviation.end_char, label=span.label_, kb_id=span.kb_id_)
-                    if found is not None:
-                        lexical.append(found)
+            lexical = self._lexicon_spans(doc, in_question) + self._defined_abbreviations(doc, in_question)
             concepts: dict[str, dict] = {}
             # Lexicon and record phrases overlap ("blood pressure" inside "blood pressure panel ..."),
             # and entities may not, so each set is resolved and negated on its own and then merged.
@@ -234,14 +228,14 @@ class Annotator:
             reads_negation = negate is None or negate[i]
             if reads_negation:
                 doc.user_data[NAMES_KEY] = [(span.start, span.end) for span in record]
+                scopes = self._negation_scopes(doc)
             for spans in (lexical, record):
                 # One phrase may name several entries ("Nexplanon": a contraceptive and an implant):
                 # a span is kept once for negation, and every entry it names is collected.
                 kept = filter_spans(spans)
                 if reads_negation:
                     doc.ents = kept
-                    self.negex(doc)
-                    kept = doc.ents
+                    kept = self._negated(doc, scopes)
                 else:
                     # Without NegEx the spans need not become entities (rebuilt from every token
                     # at each reading: a fifth of annotation).
@@ -249,6 +243,45 @@ class Annotator:
                 self._collect(kept, same_span_ids(spans), terms, concepts, reads_negation)
             out.append(list(concepts.values()))
         return out
+
+    def _defined_abbreviations(self, doc, in_question: bool) -> list:
+        """"chronic kidney disease (CKD)": each place the text uses an abbreviation it defines,
+        as the concepts of its long form (read once per long form, however often it is used)."""
+        found, named = [], {}
+        for abbreviation in doc._.abbreviations:
+            long_form = abbreviation._.long_form
+            where = (long_form.start, long_form.end)
+            if where not in named:
+                named[where] = [(span.label_, span.kb_id_) for span in self._lexicon_spans(long_form.as_doc(), in_question)]
+            for label, kb_id in named[where]:
+                span = doc.char_span(abbreviation.start_char, abbreviation.end_char, label=label, kb_id=kb_id)
+                if span is not None:
+                    found.append(span)
+        return found
+
+    def _negation_scopes(self, doc) -> tuple[list, list, list]:
+        """NegEx's triggers and the stretches of text each may reach (sentences, cut at terminating
+        phrases: "but"), found once per text for both of its sets of entities."""
+        preceding, following, terminating = self.negex.process_negations(doc)
+        return preceding, following, self.negex.termination_boundaries(doc, terminating)
+
+    def _negated(self, doc, scopes: tuple[list, list, list]) -> list:
+        """doc.ents, each marked negated (`._.negex`) as negspacy's NegEx marks them, but reading
+        the entities once: spaCy rebuilds doc.ents from every token at each reading, and NegEx
+        read them once per sentence (a sixth of annotating a long note)."""
+        negex = self.negex
+        preceding, following, boundaries = scopes
+        ents = doc.ents
+        for start, end in boundaries:
+            before = [m[1] for m in preceding if start <= m[1] < end]
+            after = [m[2] for m in following if start <= m[1] < end]
+            for e in (e for e in ents if e.start >= start and e.end <= end):
+                if negex.ent_types and e.label_ not in negex.ent_types:
+                    continue
+                if any(trigger < e.start for trigger in before) or any(trigger > e.end for trigger in after) \
+                        or any(e.text.lower().startswith(c.text.lower()) for c in negex.chunk_prefix):
+                    e._.set(negex.extension_name, True)
+        return list(ents)
 
     def _docs(self, texts: list[str], negate: list[bool] | None = None) -> list:
         """The texts through the pipeline, in order, each through the parts it needs. The
