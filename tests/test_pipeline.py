@@ -66,6 +66,34 @@ def test_negation_abbreviations_and_classes_in_annotation():
     assert asked.required_keys == {"lex:metformin"}
 
 
+
+def test_negation_marks_what_negspacy_marks():
+    """chartcite reads a note's entities once per NegEx pass (negspacy re-read them, rebuilt from
+    every token, once per sentence): the same entities are negated, sentence by sentence, with
+    terminating phrases, following triggers and the "no" prefix."""
+    from spacy.util import filter_spans
+
+    annotator = default_annotator()
+    texts = ["No Known Allergies. Patient denies chest pain but reports shortness of breath. Asthma noted.",
+             "Chest pain ruled out. Diabetes, hypertension. No asthma; has a cough but no fever.",
+             "History of chronic kidney disease (CKD) stage 1. Denies CKD symptoms. Insulin started."]
+    docs = annotator._docs(texts)
+    for doc in docs:
+        doc.user_data["chartcite.record_names"] = []
+        spans = filter_spans(annotator._lexicon_spans(doc, False))
+        assert spans
+        doc.ents = spans
+        annotator.negex(doc)
+        theirs = [(e.start, e.end, e._.negex) for e in doc.ents]
+        doc.ents = []
+        doc.ents = spans
+        for e in doc.ents:
+            e._.negex = False
+        ours = [(e.start, e.end, e._.negex) for e in annotator._negated(doc, annotator._negation_scopes(doc))]
+        assert ours == theirs
+        assert any(negated for _, _, negated in ours) and not all(negated for _, _, negated in ours)
+
+
 def test_a_snomed_tag_in_a_structured_text_defines_no_abbreviation():
     """"Depression screening (procedure)" looked like a definition to the abbreviation detector
     ("procedure" the short form of "Depression"), so every screening carried the concept
