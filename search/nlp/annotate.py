@@ -268,7 +268,7 @@ class Annotator:
     def _negated(self, doc, scopes: tuple[list, list, list]) -> list:
         """doc.ents, each marked negated (`._.negex`) as negspacy's NegEx marks them, but reading
         the entities once: spaCy rebuilds doc.ents from every token at each reading, and NegEx
-        read them once per sentence (a sixth of annotating a long note)."""
+        read them once per sentence (most of its time on a long note)."""
         negex = self.negex
         preceding, following, boundaries = scopes
         ents = doc.ents
