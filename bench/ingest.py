@@ -24,10 +24,10 @@ sys.path.insert(0, str(REPO))
 
 from fhir_ingest.chunk import PatientChunker  # noqa: E402
 from fhir_ingest.load import load_resources  # noqa: E402
-from search.models.embedders import load_embedder  # noqa: E402
-from search.indexer import FIRST_GROUP, PATIENTS_PER_ENCODE  # noqa: E402
-from search.nlp.annotate import default_annotator  # noqa: E402
 from search.collector import collect_less_often  # noqa: E402
+from search.indexer import FIRST_GROUP, PATIENTS_PER_ENCODE  # noqa: E402
+from search.models.embedders import load_embedder  # noqa: E402
+from search.nlp.annotate import default_annotator  # noqa: E402
 from search.service import SearchService  # noqa: E402
 
 
@@ -145,8 +145,8 @@ def main() -> None:
           f"{result.chunks / index_s:7.1f} chunks/s  {rate:7.1f} embedded texts/s")
     print(f"  waiting for vectors {waited_s[0]:5.1f}s ({100 * waited_s[0] / index_s:.0f}%; the next patients are prepared on "
           f"a thread and the previous ones written while the model embeds)")
-    print(f"  the same texts embedded alone ({args.precision}, in the same {len(groups)} calls): {before_s:.1f}s before indexing, {after_s:.1f}s "
-          f"after; everything else costs {index_s - alone_s:.1f}s ({100 * (index_s - alone_s) / index_s:.0f}% of indexing)")
+    print(f"  the same texts embedded alone ({args.precision}, in the same {len(groups)} calls): {before_s:.1f}s before "
+          f"indexing, {after_s:.1f}s after; everything else costs {index_s - alone_s:.1f}s ({100 * (index_s - alone_s) / index_s:.0f}% of indexing)")
     print(f"  CPU time: indexing {index_cpu:.1f}s, the texts embedded alone {alone_cpu:.1f}s; everything else "
           f"{index_cpu - alone_cpu:.1f}s ({100 * (index_cpu - alone_cpu) / index_cpu:.0f}% of indexing's CPU)")
     print(f"raw encode    {encode_s:7.1f}s  {raw:7.1f} texts/s  (PyTorch fp32, the same model and texts)")

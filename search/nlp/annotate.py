@@ -252,7 +252,8 @@ class Annotator:
             long_form = abbreviation._.long_form
             where = (long_form.start, long_form.end)
             if where not in named:
-                named[where] = [(span.label_, span.kb_id_) for span in self._lexicon_spans(long_form.as_doc(), in_question)]
+                spans = self._lexicon_spans(long_form.as_doc(), in_question)
+                named[where] = [(span.label_, span.kb_id_) for span in spans]
             for label, kb_id in named[where]:
                 span = doc.char_span(abbreviation.start_char, abbreviation.end_char, label=label, kb_id=kb_id)
                 if span is not None:
