@@ -204,7 +204,7 @@ def test_every_command_is_documented_in_the_readme():
         assert set(names) <= {part.strip().split()[-1] for part in line.split("#")[0].split("|")}, line
 
 
-def test_every_entry_point_collects_garbage_less_often(tmp_path, monkeypatch, capsys):
+def test_every_entry_point_collects_garbage_less_often(tmp_path, monkeypatch):
     """Reading and preparing patients allocate millions of acyclic objects: the command line and
     the app factory collect young ones every 50,000 allocations, not every 700 (a fifth of the
     CPU indexing spends beside the model); the older generations keep their settings."""

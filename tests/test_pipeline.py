@@ -66,12 +66,13 @@ def test_negation_abbreviations_and_classes_in_annotation():
     assert asked.required_keys == {"lex:metformin"}
 
 
-
 def test_negation_marks_what_negspacy_marks():
     """chartcite reads a note's entities once per NegEx pass (negspacy re-read them, rebuilt from
     every token, once per sentence): the same entities are negated, sentence by sentence, with
     terminating phrases, following triggers and the "no" prefix."""
     from spacy.util import filter_spans
+
+    from search.nlp.annotate import NAMES_KEY
 
     annotator = default_annotator()
     texts = ["No Known Allergies. Patient denies chest pain but reports shortness of breath. Asthma noted.",
@@ -79,13 +80,12 @@ def test_negation_marks_what_negspacy_marks():
              "History of chronic kidney disease (CKD) stage 1. Denies CKD symptoms. Insulin started."]
     docs = annotator._docs(texts)
     for doc in docs:
-        doc.user_data["chartcite.record_names"] = []
+        doc.user_data[NAMES_KEY] = []
         spans = filter_spans(annotator._lexicon_spans(doc, False))
         assert spans
         doc.ents = spans
         annotator.negex(doc)
         theirs = [(e.start, e.end, e._.negex) for e in doc.ents]
-        doc.ents = []
         doc.ents = spans
         for e in doc.ents:
             e._.negex = False
