@@ -14,17 +14,22 @@ export CHARTCITE_DATA_DIR ?= $(CURDIR)/chartcite-data
 .PHONY: demo test install install-test system-test-deps index bench clean services-up services-down
 
 # The venv is kept between runs: torch alone is gigabytes, so it is installed once and re-checked
-# only when setup.cfg changes (the stamp file records that).
-$(VENV)/.installed: setup.cfg pyproject.toml
+# only when a lock file changes (the stamp file records that). Every package comes from the lock
+# files in requirements/ at its exact version and hash (refresh them with scripts/lock.sh); the
+# build tools go first so that the two source-only packages build without fetching anything else.
+LOCKED_INSTALL := $(PY) -m pip install --quiet --require-hashes --no-build-isolation
+
+$(VENV)/.installed: requirements/app.lock requirements/build.lock setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e .
+	$(PY) -m pip install --quiet --require-hashes -r requirements/build.lock
+	$(LOCKED_INSTALL) -r requirements/app.lock
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 
 # llama-cpp-python (the local model server the LLM tests run) is built from source once (~10 min
 # on 2 cores); pip keeps the built wheel in its cache, so later installs take seconds.
-$(VENV)/.installed-test: $(VENV)/.installed | system-test-deps
-	$(PY) -m pip install --quiet -e '.[test]'
+$(VENV)/.installed-test: $(VENV)/.installed requirements/test.lock | system-test-deps
+	$(LOCKED_INSTALL) -r requirements/test.lock
 	touch $@
 
 install: $(VENV)/.installed
@@ -49,7 +54,9 @@ index: install
 # afterwards even when tests fail.
 test: install-test
 	@scripts/services.sh up > .services.env
-	@set -a; . ./.services.env; set +a; unset CHARTCITE_BACKEND; status=0; $(PY) -m pytest || status=$$?; \
+	@set -a; . ./.services.env; set +a; unset CHARTCITE_BACKEND; status=0; started=$$(date +%s); \
+	  $(PY) -m pytest || status=$$?; \
+	  echo "suite wall time: $$(( $$(date +%s) - started )) s (exit $$status)"; \
 	  scripts/services.sh down; rm -f .services.env; exit $$status
 
 services-up:

@@ -42,5 +42,8 @@ def test_container_commands_are_real_cli_commands():
     cmd = re.search(r'^CMD \["chartcite", "(\w+)"', dockerfile, re.M)
     assert cmd and cmd.group(1) in commands
     assert "--dev" not in dockerfile                                 # the image serves with gunicorn
-    assert "pip install --no-cache-dir -e ." in dockerfile          # the README's install, in the image
+    # make demo's install, in the image: the lock with its hashes, then chartcite without dependencies
+    assert "--require-hashes -r requirements/build.lock" in dockerfile
+    assert "--require-hashes --no-build-isolation -r requirements/app.lock" in dockerfile
+    assert "pip install --no-cache-dir --no-deps --no-build-isolation -e ." in dockerfile
     assert "USER chartcite" in dockerfile
