@@ -150,3 +150,21 @@ def test_general_questions_get_the_banner_and_no_patient_evidence(client, handle
     assert not result["citations"] and not result["evidence"] and not result["abstained"] and result["answer"]
     _, bodies = captured
     assert "Evidence:" not in json.loads(bodies[-1])["messages"][-1]["content"]
+
+
+def test_no_evidence_sends_nothing_and_the_server_keeps_answering(llm_server, captured):
+    """A selection schema over no evidence ids is an empty grammar rule, which took llama.cpp's
+    server down (SIGSEGV) on the json_object retry; with nothing to cite nothing is sent."""
+    from search.answering.phi import Identifiers
+    from search.models.llm import ChatClient, LlmSettings, generate
+
+    url, bodies = captured
+    before = len(bodies)
+    client = ChatClient(LlmSettings(url, "gemma3-270m", timeout=300))
+    assert generate(client, "Any renal biopsy?", [], Identifiers.from_patient({})) is None
+    assert len(bodies) == before
+    assert requests.get(f"{llm_server}/models", timeout=30).status_code == 200
+    draft = generate(client, "Latest A1c?", [(1, "Observation", "Hemoglobin A1c 7.1 % on 2024-03-02")],
+                     Identifiers.from_patient({}))
+    assert draft is None or set(draft.selected) <= {1}
+    assert requests.get(f"{llm_server}/models", timeout=30).status_code == 200

@@ -25,6 +25,8 @@ def grounded_answer(client: ChatClient, retrieval: Retrieval, extractive: Answer
                     terms: list[RecordTerm]) -> Answer:
     """The model's verified statements, or the extractive answer when the model fails."""
     evidence = [(i + 1, ev.chunk.label, ev.chunk.text) for i, ev in enumerate(retrieval.evidence)]
+    if not evidence:        # an answer built from the record's lists, not from retrieved passages
+        return extractive
     try:
         draft = generate(client, retrieval.question, evidence, ids)
     except LlmError as exc:

@@ -168,7 +168,11 @@ def evidence_block(evidence: list[tuple[int, str, str]], ids: Identifiers) -> st
 
 
 def generate(client: ChatClient, question: str, evidence: list[tuple[int, str, str]], ids: Identifiers) -> Draft | None:
-    """Select, then write. None when the model's output stays malformed (the caller falls back)."""
+    """Select, then write. None when the model's output stays malformed (the caller falls back),
+    and at once when there is no evidence: nothing could be cited, and a schema whose id list is
+    empty is a grammar with an empty rule, which crashes llama.cpp's server (SIGSEGV)."""
+    if not evidence:
+        return None
     safe_question = scrub(question, ids)
     allowed = {i for i, _, _ in evidence}
     select_messages = [
