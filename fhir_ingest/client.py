@@ -79,8 +79,12 @@ def retry_after_seconds(value: str | None, default: float) -> float:
 class FhirClient:
     def __init__(self, base_url: str, auth: TokenProvider | None = None, timeout: float = 20.0,
                  max_concurrency: int = 2, retries: int = 5, backoff: float = 0.5, max_wait: float = 60.0,
-                 budget: RequestBudget | None = None, on_status: Callable[[str], None] | None = None):
+                 budget: RequestBudget | None = None, on_status: Callable[[str], None] | None = None,
+                 unreachable_retries: int = 5):
         self.base_url = base_url.rstrip("/") + "/"
+        # A refused connection or a timeout may mean the EHR is down rather than busy: a caller
+        # with a clinician waiting gives up after fewer retries and schedules the sync again.
+        self.unreachable_retries = min(unreachable_retries, retries)
         self.auth = auth or StaticToken()
         self.timeout = timeout
         self.retries = retries
@@ -101,7 +105,7 @@ class FhirClient:
         # The token goes only to the EHR's own origin: an attachment or a next link pointing
         # elsewhere must not receive it.
         authorized = authorized and urlsplit(url).netloc == urlsplit(self.base_url).netloc
-        refreshed = False
+        refreshed, unreachable = False, 0
         for attempt in range(self.retries + 1):
             sent = {"Accept": accept, **(headers or {})}
             if authorized:
@@ -116,8 +120,9 @@ class FhirClient:
                 self.on_status(str(response.status_code))
             except (requests.ConnectionError, requests.Timeout) as exc:
                 self.on_status("unreachable")
-                if attempt == self.retries:
+                if unreachable == self.unreachable_retries or attempt == self.retries:
                     raise FhirUnavailable(f"{method} {_path(url)}: {type(exc).__name__}") from exc
+                unreachable += 1
                 self._sleep(attempt, None)
                 continue
             if response.status_code == 401 and authorized and not refreshed:

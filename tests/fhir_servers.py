@@ -47,20 +47,21 @@ def stop(process: subprocess.Popen) -> None:
             process.kill()
 
 
-def start_sekmet(folder: Path) -> tuple[subprocess.Popen, str]:
-    """sekmet-fhir on a free loopback port, SQLite store in `folder`, no inbound validation (the
-    Synthea bundles use US Core profiles it would look up) and no simulator."""
+def start_sekmet(folder: Path, port: int | None = None) -> tuple[subprocess.Popen, str]:
+    """sekmet-fhir on a free loopback port (or `port`: a restart after an outage), SQLite store in
+    `folder`, no inbound validation (the Synthea bundles use US Core profiles it would look up)
+    and no simulator."""
     executable = shutil.which("sekmet", path=str(Path(sys.executable).parent)) or shutil.which("sekmet")
     if not executable:
         raise RuntimeError("sekmet-fhir is not installed: run `make install-test`")
-    port = free_port()
+    port = port or free_port()
     base = f"http://127.0.0.1:{port}/fhir"
     config = folder / "sekmet.yaml"
     config.write_text(json.dumps({
         "base_url": base, "host": "127.0.0.1", "port": port, "data_dir": str(folder / "sekmet-data"),
         "validation": {"inbound": "off"}, "simulator": {"enabled": False}, "log_inbound": False}))
     log = folder / "sekmet.log"
-    process = subprocess.Popen([executable, "serve"], cwd=folder, stdout=log.open("w"), stderr=subprocess.STDOUT,
+    process = subprocess.Popen([executable, "serve"], cwd=folder, stdout=log.open("a"), stderr=subprocess.STDOUT,
                                env=os.environ | {"SEKMET_CONFIG": str(config)})
     wait_for(f"{base}/metadata", process, log)
     return process, base

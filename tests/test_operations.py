@@ -73,7 +73,7 @@ def test_an_expired_sign_in_is_one_warning_line(caplog):
             raise AuthExpired("the EHR sign-in expired")
 
     with caplog.at_level(logging.INFO):
-        TaskRunner._run_eagerly(ExpiringTask(), "t", "p", "s")
+        TaskRunner._run_eagerly(object.__new__(TaskRunner), ExpiringTask(), "t", "p", "s")
     assert [(r.levelname, r.exc_info) for r in caplog.records] == [("WARNING", None)]
 
 
@@ -100,6 +100,32 @@ def test_the_ehrs_refusal_is_shown_and_logged_for_it(app, caplog):
     assert page.status_code == 400 and "invalid_scope" in text
     assert "Scopes openid and fhirUser could not be granted &lt;b&gt;" in text        # escaped, never markup
     assert any("invalid_scope" in r.getMessage() and "could not be granted" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("error, advice, not_advice", [
+    ("invalid_scope", "scopes", "client id"),
+    ("invalid_client", "ehr check", "scopes"),
+    ("invalid_request", "redirect URI", "scopes"),
+    ("access_denied", "declined", "scopes"),
+])
+def test_the_refusal_page_says_what_to_do_about_that_refusal(app, error, advice, not_advice):
+    """Each error an authorization endpoint sends gets its own advice: a wrong client id or a bad
+    redirect URI is not a scope problem."""
+    text = app.test_client().get("/callback", query_string={"error": error}).get_data(as_text=True)
+    assert advice in text and not_advice not in text
+
+
+def test_a_first_launch_banner_waits_for_the_record_instead_of_saying_patient_y(app):
+    """Before the record's Patient is read, the banner says so: no "Patient" placeholder, no " y"
+    for an age that is not known yet."""
+    from flask import render_template
+
+    with app.test_request_context("/"):
+        html = render_template("patient.html", handle="h", patient={}, patient_id="p", frame_path="/app/f",
+                               pipelines=(), show_banner=True, style={})
+    banner = html[html.index('id="banner"'):html.index("</header>")]
+    assert "Reading the patient" in banner and ">Patient<" not in banner
+    assert '<span id="banner-age"></span>' in banner
 
 
 def test_metrics_count_questions_stages_and_syncs_without_patient_data(app):

@@ -21,12 +21,14 @@ STALE_AFTER = 600.0      # a queued/running job not updated for this long may be
 class Job:
     tenant: str
     patient_id: str
-    state: str          # queued | running | done | failed
-    phase: str          # reading | fetching | words | embedding | done
+    state: str          # queued | running | waiting (the source was unreachable; retry at retry_at) | done | failed
+    phase: str          # reading | fetching | words | embedding | retrying | done
     done: int
     total: int
     message: str
     updated_at: float
+    retry_at: float = 0.0     # waiting: when the next attempt starts (a relaunch or Retry starts one at once)
+    attempts: int = 0         # waiting: attempts so far that could not reach the source
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -43,12 +45,22 @@ class SqliteJobStore:
     TALLY_SCHEMA = """CREATE TABLE IF NOT EXISTS tallies (
         name TEXT NOT NULL, label TEXT NOT NULL, value INTEGER NOT NULL, PRIMARY KEY (name, label))"""
 
+    ADDED_COLUMNS = {"retry_at": "REAL NOT NULL DEFAULT 0", "attempts": "INTEGER NOT NULL DEFAULT 0"}
+
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._connect() as db:
             db.execute(self.SCHEMA)
             db.execute(self.TALLY_SCHEMA)
+            present = {row[1] for row in db.execute("PRAGMA table_info(jobs)")}
+            for name, kind in self.ADDED_COLUMNS.items():
+                if name not in present:       # a data dir from before: its jobs table grows in place
+                    try:
+                        db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {kind}")
+                    except sqlite3.OperationalError as exc:
+                        if "duplicate column" not in str(exc):
+                            raise
 
     def add(self, name: str, label: str, by: int = 1) -> None:
         with self._connect() as db:
@@ -64,10 +76,28 @@ class SqliteJobStore:
         db.execute("PRAGMA journal_mode=WAL")
         return db
 
-    def set(self, tenant, patient_id, state, phase="", done=0, total=0, message="") -> None:
+    COLUMNS = "tenant, patient_id, state, phase, done, total, message, updated_at, retry_at, attempts"
+
+    def set(self, tenant, patient_id, state, phase="", done=0, total=0, message="", retry_at=0.0,
+            attempts: int | None = None) -> None:
+        """The job's state; `attempts` is kept as it was unless given (progress does not reset it)."""
         with self._connect() as db:
-            db.execute("INSERT OR REPLACE INTO jobs VALUES (?,?,?,?,?,?,?,?)",
-                       (tenant, patient_id, state, phase, done, total, message, time.time()))
+            db.execute(f"INSERT INTO jobs ({self.COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?) ON CONFLICT (tenant, patient_id) "
+                       "DO UPDATE SET state=excluded.state, phase=excluded.phase, done=excluded.done, "
+                       "total=excluded.total, message=excluded.message, updated_at=excluded.updated_at, "
+                       "retry_at=excluded.retry_at, attempts=COALESCE(?, jobs.attempts)",
+                       (tenant, patient_id, state, phase, done, total, message, time.time(), retry_at, attempts or 0,
+                        attempts))
+
+    def resume(self, tenant: str, patient_id: str) -> bool:
+        """A scheduled retry takes the job only if it is still waiting for it: a relaunch or a
+        Retry that started a sync meanwhile has superseded it."""
+        with self._connect() as db:
+            db.execute("BEGIN IMMEDIATE")
+            taken = db.execute("UPDATE jobs SET state='queued', phase='queued', updated_at=? WHERE tenant=? AND "
+                               "patient_id=? AND state='waiting'", (time.time(), tenant, patient_id)).rowcount
+            db.execute("COMMIT")
+            return bool(taken)
 
     def claim(self, tenant: str, patient_id: str) -> bool:
         """Mark a job queued unless one is already queued or running (and not stale)."""
@@ -78,19 +108,20 @@ class SqliteJobStore:
             if row and row[0] in ACTIVE and time.time() - row[1] < STALE_AFTER:
                 db.execute("COMMIT")
                 return False
-            db.execute("INSERT OR REPLACE INTO jobs VALUES (?,?,?,?,?,?,?,?)",
-                       (tenant, patient_id, "queued", "queued", 0, 0, "", time.time()))
+            db.execute(f"INSERT OR REPLACE INTO jobs ({self.COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                       (tenant, patient_id, "queued", "queued", 0, 0, "", time.time(), 0.0, 0))
             db.execute("COMMIT")
             return True
 
     def get(self, tenant: str, patient_id: str) -> Job | None:
         with self._connect() as db:
-            row = db.execute("SELECT * FROM jobs WHERE tenant=? AND patient_id=?", (tenant, patient_id)).fetchone()
+            row = db.execute(f"SELECT {self.COLUMNS} FROM jobs WHERE tenant=? AND patient_id=?",
+                             (tenant, patient_id)).fetchone()
         return Job(*row) if row else None
 
     def jobs(self) -> list[Job]:
         with self._connect() as db:
-            return [Job(*row) for row in db.execute("SELECT * FROM jobs ORDER BY tenant, updated_at")]
+            return [Job(*row) for row in db.execute(f"SELECT {self.COLUMNS} FROM jobs ORDER BY tenant, updated_at")]
 
 
 class RedisJobStore:
@@ -103,9 +134,34 @@ class RedisJobStore:
     def _key(self, tenant: str, patient_id: str) -> str:
         return f"{self.prefix}{tenant}:{patient_id}"
 
-    def set(self, tenant, patient_id, state, phase="", done=0, total=0, message="") -> None:
-        job = Job(tenant, patient_id, state, phase, done, total, message, time.time())
+    def set(self, tenant, patient_id, state, phase="", done=0, total=0, message="", retry_at=0.0,
+            attempts: int | None = None) -> None:
+        if attempts is None:
+            held = self.get(tenant, patient_id)
+            attempts = held.attempts if held else 0
+        job = Job(tenant, patient_id, state, phase, done, total, message, time.time(), retry_at, attempts)
         self.redis.set(self._key(tenant, patient_id), json.dumps(asdict(job)))
+
+    def resume(self, tenant: str, patient_id: str) -> bool:
+        """As SqliteJobStore.resume, under WATCH."""
+        import redis
+
+        key = self._key(tenant, patient_id)
+        with self.redis.pipeline() as pipe:
+            try:
+                pipe.watch(key)
+                raw = pipe.get(key)
+                job = Job(**json.loads(raw)) if raw else None
+                if job is None or job.state != "waiting":
+                    pipe.unwatch()
+                    return False
+                job.state, job.phase, job.updated_at = "queued", "queued", time.time()
+                pipe.multi()
+                pipe.set(key, json.dumps(asdict(job)))
+                pipe.execute()
+                return True
+            except redis.WatchError:
+                return False
 
     def claim(self, tenant: str, patient_id: str) -> bool:
         """Compare-and-set under WATCH, so two launches of one patient queue a single sync."""

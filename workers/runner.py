@@ -3,6 +3,7 @@ running the same task eagerly in the embedded default (so a request never waits 
 from __future__ import annotations
 
 import logging
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from .celery_app import make_celery
@@ -30,6 +31,10 @@ class TaskRunner:
             sync_patient.delay(tenant, patient_id, session_id)
         return True
 
+    def _retry(self, task, tenant, patient_id, session_id):
+        if self.jobs.resume(tenant, patient_id):
+            self.pool.submit(self._run_eagerly, task, tenant, patient_id, session_id)
+
     def task(self, name: str):
         """The task bound to this runner's Celery app (its settings, its broker), not whichever app
         was made last in the process."""
@@ -47,12 +52,19 @@ class TaskRunner:
         except Exception:  # an empty SQLite broker has no queue yet; a down Redis has no depth to give
             return 0 if "sqla" in self.settings.celery_broker else None
 
-    @staticmethod
-    def _run_eagerly(task, tenant, patient_id, session_id):
+    def _run_eagerly(self, task, tenant, patient_id, session_id):
         from fhir_ingest.client import AuthExpired
+
+        from .sync import RetryLater
 
         try:
             task.apply(args=(tenant, patient_id, session_id), throw=True)
+        except RetryLater as later:
+            # The same schedule a Celery worker keeps: the job says when; a relaunch or Retry
+            # before then takes the job over and this timer finds nothing left to do.
+            timer = threading.Timer(later.seconds, self._retry, (task, tenant, patient_id, session_id))
+            timer.daemon = True
+            timer.start()
         except AuthExpired:
             # Expected: tokens expire. The job says what to do; the log needs one line, no traceback.
             log.warning("indexing stopped: the EHR sign-in expired; the clinician is asked to reopen chartcite")

@@ -35,6 +35,18 @@ PATIENTS_PER_REFRESH = 25
 
 # Faults that pass: the task is retried with backoff.
 TRANSIENT = (BackendUnavailable, FhirUnavailable, ConnectionError, TimeoutError)
+# A patient sync that could not reach its source waits this long before each next attempt (the
+# frame counts down and offers Retry; a relaunch or Retry starts one at once), then gives up.
+RETRY_DELAYS = (5, 15, 30, 60, 120, 300, 300, 300)
+
+
+class RetryLater(Exception):
+    """The record source could not be reached: try this sync again in `seconds`. Celery workers
+    re-queue the task with that countdown; the in-process runner sets a timer."""
+
+    def __init__(self, seconds: float, cause: Exception):
+        super().__init__(f"retry in {seconds:.0f} s ({type(cause).__name__})")
+        self.seconds, self.cause = seconds, cause
 
 
 @lru_cache(maxsize=8)
@@ -47,15 +59,19 @@ def open_registry(settings) -> Registry:
     return _registry(settings.registry_db, settings.ensure_token_key())
 
 
-def ehr_client(settings, registry: Registry, ehr: Ehr, session_id: str | None = None) -> FhirClient:
+def ehr_client(settings, registry: Registry, ehr: Ehr, session_id: str | None = None,
+               interactive: bool = False) -> FhirClient:
     """A FHIR client on the session's user token, or on a Backend Services token without one,
-    drawing on the deployment's request budget for that EHR and counting its answers by status."""
+    drawing on the deployment's request budget for that EHR and counting its answers by status.
+    `interactive`: a clinician is waiting, so an EHR that cannot be reached is said within seconds
+    (and the sync retried on a schedule) rather than after a long series of retries."""
     auth = SessionTokens(registry, session_id, ehr) if session_id else BackendServicesToken(registry, ehr)
     budget = budget_for(urlsplit(ehr.iss).netloc, settings.fhir_max_concurrency,
                         settings.fhir_max_requests_per_second, settings.redis_url)
     tally = job_store(settings)
     return FhirClient(ehr.iss, auth, timeout=settings.fhir_timeout_seconds, budget=budget,
-                      on_status=lambda status: tally.add("ehr_requests", status))
+                      on_status=lambda status: tally.add("ehr_requests", status),
+                      retries=3 if interactive else 5, unreachable_retries=2 if interactive else 5)
 
 
 # --- one patient --------------------------------------------------------------------------------------
@@ -76,7 +92,7 @@ def read_ehr_patient(settings, registry: Registry, ehr: Ehr, patient_id: str, he
     from fhir_ingest.fhir_source import fetch_patient, to_record
     from fhir_ingest.load import merge_resources
 
-    client = ehr_client(settings, registry, ehr, session_id)
+    client = ehr_client(settings, registry, ehr, session_id, interactive=True)
     cursor = registry.patient_synced(ehr.name, patient_id)
     since = cursor.server_time if cursor and held else ""
     server_time = client.server_time()
@@ -99,6 +115,8 @@ def sync_patient(settings, service, tenant: str, patient_id: str, session_id: st
     """Read one patient's record from the tenant's source and index it, reporting progress and how
     it ended in the job store (the frame and /metrics read it)."""
     jobs = job_store(settings)
+    held = jobs.get(tenant, patient_id)
+    attempts = held.attempts if held else 0        # attempts that could not reach the source so far
     jobs.set(tenant, patient_id, "running", "reading")
     registry = open_registry(settings)
 
@@ -112,6 +130,11 @@ def sync_patient(settings, service, tenant: str, patient_id: str, session_id: st
         first = bool(read.records) and not service.patient(tenant, patient_id)
         jobs.set(tenant, patient_id, "running", "words" if first else "embedding", 0, 0)
         result = service.index_records(tenant, read.records, progress, words_first=first)
+    except TRANSIENT as exc:
+        delay = record_unreachable(jobs, tenant, patient_id, exc, attempts)
+        if delay is None:
+            raise
+        raise RetryLater(delay, exc) from exc
     except Exception as exc:
         record_patient_failure(jobs, tenant, patient_id, exc)
         raise
@@ -120,12 +143,32 @@ def sync_patient(settings, service, tenant: str, patient_id: str, session_id: st
     unread = unreadable_notes(read.report, result)
     jobs.add("patient_syncs", "done")
     jobs.set(tenant, patient_id, "done", "done", result.chunks, result.chunks,
-             message=f"{unread} note{'s' if unread > 1 else ''} could not be read from the EHR" if unread else "")
+             message=f"{unread} note{'s' if unread > 1 else ''} could not be read from the EHR" if unread else "",
+             attempts=0)
     skipped = len(read.report.skipped) + len(result.problems)
     log.info("patient synced: %s resources fetched, %s chunks (%s new, %s removed), %s skipped", read.fetched,
              result.chunks, result.embedded, result.removed, skipped)
     return {"fetched": read.fetched, "chunks": result.chunks, "embedded": result.embedded,
             "removed": result.removed, "skipped": skipped}
+
+
+def record_unreachable(jobs, tenant: str, patient_id: str, exc: Exception, attempts: int) -> float | None:
+    """A sync that could not reach the EHR (or the index): the job waits for its next attempt,
+    saying so in words the frame shows; None once the attempts are spent (the job has failed)."""
+    import time
+
+    source = "the record index" if isinstance(exc, BackendUnavailable) else "the EHR"
+    if attempts >= len(RETRY_DELAYS):
+        jobs.set(tenant, patient_id, "failed", "done", message=f"{source} could not be reached", attempts=attempts)
+        jobs.add("patient_syncs", "unreachable")
+        log.warning("patient sync gave up: %s could not be reached after %s attempts", source, attempts)
+        return None
+    delay = RETRY_DELAYS[attempts]
+    jobs.set(tenant, patient_id, "waiting", "retrying", message=f"{source[0].upper()}{source[1:]} could not be reached",
+             retry_at=time.time() + delay, attempts=attempts + 1)
+    jobs.add("patient_syncs", "retrying")
+    log.warning("patient sync could not reach %s (%s): retrying in %s s", source, type(exc).__name__, delay)
+    return delay
 
 
 def record_patient_failure(jobs, tenant: str, patient_id: str, exc: Exception) -> None:
@@ -136,8 +179,6 @@ def record_patient_failure(jobs, tenant: str, patient_id: str, exc: Exception) -
         state, outcome = "failed", "sign_in_expired"
         message = str(exc) if not exc.renewable else "the EHR sign-in expired: open chartcite from the EHR again"
         log.warning("patient sync stopped: the EHR sign-in expired")
-    elif isinstance(exc, TRANSIENT):
-        state, outcome, message = "queued", "retrying", type(exc).__name__
     else:
         state, outcome, message = "failed", "failed", type(exc).__name__
     jobs.set(tenant, patient_id, state, "retrying" if state == "queued" else "done", message=message)

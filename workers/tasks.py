@@ -43,18 +43,33 @@ def index_bundle(self, tenant: str, path: str) -> dict:
             "skipped": len(summary.load.skipped) + len(result.problems)}
 
 
-@shared_task(bind=True, name="chartcite.sync_patient", **RETRY)
-def sync_patient(self, tenant: str, patient_id: str, session_id: str | None = None) -> dict:
+def synced_or_retried(task, tenant: str, patient_id: str, session_id: str | None, scheduled: bool) -> dict:
+    """sync.sync_patient, with its own retry schedule: a scheduled retry runs only if the job is
+    still waiting for it (a relaunch or Retry may have started a sync meanwhile), and a source that
+    could not be reached re-queues the task after the job's countdown. Run in-process, the
+    RetryLater goes to the runner, which sets a timer instead."""
+    if scheduled and not job_store(settings_of(task)).resume(tenant, patient_id):
+        return {"skipped": "a newer sync of this patient took over"}
+    try:
+        return sync.sync_patient(settings_of(task), service_of(task), tenant, patient_id, session_id)
+    except sync.RetryLater as later:
+        if task.request.is_eager:
+            raise
+        raise task.retry(args=(tenant, patient_id, session_id, True), countdown=later.seconds, max_retries=None)
+
+
+@shared_task(bind=True, name="chartcite.sync_patient")
+def sync_patient(self, tenant: str, patient_id: str, session_id: str | None = None, scheduled: bool = False) -> dict:
     """One patient from the tenant's source into the index (workers/sync.py)."""
-    return sync.sync_patient(settings_of(self), service_of(self), tenant, patient_id, session_id)
+    return synced_or_retried(self, tenant, patient_id, session_id, scheduled)
 
 
-@shared_task(bind=True, name="chartcite.index_resources", **RETRY)
+@shared_task(bind=True, name="chartcite.index_resources")
 def index_resources(self, tenant: str, patient_id: str, refs: list[str]) -> dict:
     """Re-index after these resources changed. Chunks cross-reference the rest of the record
     (a trend, a panel, a drug's reason), so the patient's record is re-chunked; only chunks whose
     text changed are embedded and written."""
-    return sync.sync_patient(settings_of(self), service_of(self), tenant, patient_id) | {"refs": len(refs)}
+    return synced_or_retried(self, tenant, patient_id, None, False) | {"refs": len(refs)}
 
 
 @shared_task(bind=True, name="chartcite.delete_resources", **RETRY)
