@@ -7,18 +7,16 @@ Everything secret stays server-side, encrypted in the registry.
 """
 from __future__ import annotations
 
-import base64
 import logging
 import threading
 import time
-from urllib.parse import quote_plus
 
 import requests
 from authlib.integrations.requests_client import OAuth2Session
 
 from .client import AuthExpired
+from .client_auth import ClientAuthError, client_auth_for
 from .fhir_source import PATIENT_SEARCHES, REFERENCED_TYPES
-from .keys import client_assertion
 from .registry import DEFAULT_REQUEST_SCOPES, Ehr, Registry
 
 log = logging.getLogger(__name__)
@@ -27,7 +25,6 @@ DISCOVERY_TTL = 3600
 DISCOVERY_TIMEOUT = 5
 SESSION_TOKEN_TTL = 12 * 3600
 REFRESH_MARGIN = 60               # refresh this long before the access token expires
-ASSERTION_TYPE = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
 SCOPED_TYPES = ("Patient",) + tuple(PATIENT_SEARCHES) + tuple(t for t in REFERENCED_TYPES if t != "Patient")
 
 
@@ -108,37 +105,12 @@ def system_scopes(syntax: str) -> str:
 
 # --- the authorization code flow ------------------------------------------------------------------
 
-def oauth_session(registry: Registry, ehr: Ehr, redirect_uri: str | None = None) -> OAuth2Session:
-    """A symmetric client authenticates with HTTP Basic; otherwise authlib sends the client_id in the body and _client_auth adds a JWT assertion
-    for an asymmetric client."""
-    if ehr.client_auth == "client_secret_basic":
-        return OAuth2Session(client_id=ehr.client_id, client_secret=registry.client_secret(ehr),
-                             redirect_uri=redirect_uri, token_endpoint_auth_method=_basic_credentials,
-                             default_timeout=DISCOVERY_TIMEOUT * 4)
-    return OAuth2Session(client_id=ehr.client_id, redirect_uri=redirect_uri, token_endpoint_auth_method="none",
-                         default_timeout=DISCOVERY_TIMEOUT * 4)
-
-
-def _basic_credentials(client, method, uri, headers, body):
-    """HTTP Basic as RFC 6749 section 2.3.1 asks: id and secret form-urlencoded before base64
-    (authlib joins them raw, which changes the meaning of a secret holding '+', '%' or ':'). For
-    the letters, digits and '-._~' secrets usually hold, both encodings are the same."""
-    pair = f"{quote_plus(client.client_id, safe='')}:{quote_plus(client.client_secret, safe='')}"
-    headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
-    return uri, headers, body
-
-
-def client_auth_params(registry: Registry, ehr: Ehr, config: dict) -> dict:
-    if ehr.client_auth in ("client_secret_basic", "none"):
-        return {}
-    pair = registry.current_key()
-    if pair is None:
-        if ehr.client_auth == "private_key_jwt":
-            raise LaunchError("chartcite has no signing key for its private_key_jwt registration; "
-                              "hospital IT runs `chartcite keys generate`")
-        return {}
-    return {"client_assertion_type": ASSERTION_TYPE,
-            "client_assertion": client_assertion(pair, ehr.client_id, config["token_endpoint"])}
+def token_session(registry: Registry, ehr: Ehr, redirect_uri: str | None = None) -> OAuth2Session:
+    """An authlib session that authenticates as the registration's client type says."""
+    try:
+        return client_auth_for(registry, ehr).session(redirect_uri)
+    except ClientAuthError as exc:
+        raise LaunchError(str(exc)) from exc
 
 
 def kept_tokens(tokens: dict, config: dict) -> dict:
@@ -198,9 +170,8 @@ class SessionTokens:
                                   renewable=False)
             config = discover(self.ehr.iss)
             try:
-                fresh = oauth_session(self.registry, self.ehr).refresh_token(
-                    config["token_endpoint"], refresh_token=tokens["refresh_token"],
-                    **client_auth_params(self.registry, self.ehr, config))
+                fresh = token_session(self.registry, self.ehr).refresh_token(
+                    config["token_endpoint"], refresh_token=tokens["refresh_token"])
             except Exception as exc:
                 raise AuthExpired(f"the EHR refused to renew the sign-in ({oauth_reason(exc)}); "
                                   "open chartcite from the EHR again", 401) from exc
@@ -229,18 +200,14 @@ class BackendServicesToken:
         with self.lock:
             config = discover(self.ehr.iss)
             form = {"grant_type": "client_credentials", "scope": system_scopes(self.ehr.scopes)}
-            if self.ehr.client_auth == "client_secret_basic":
-                # Oracle Health's system accounts authenticate with their secret (RFC 6749 4.4).
-                credentials = (quote_plus(self.ehr.client_id, safe=""), quote_plus(self.registry.client_secret(self.ehr), safe=""))
-                response = requests.post(config["token_endpoint"], timeout=DISCOVERY_TIMEOUT * 4, data=form,
-                                         auth=credentials)
-            else:
-                pair = self.registry.current_key()
-                if pair is None:
-                    raise AuthExpired("no signing key: run `chartcite keys generate` and register the JWKS URL with the EHR")
-                form |= {"client_assertion_type": ASSERTION_TYPE,
-                         "client_assertion": client_assertion(pair, self.ehr.client_id, config["token_endpoint"])}
-                response = requests.post(config["token_endpoint"], timeout=DISCOVERY_TIMEOUT * 4, data=form)
+            try:
+                # Oracle Health's system accounts authenticate with their secret (RFC 6749 4.4);
+                # Epic's with a signed assertion (SMART Backend Services).
+                fields, headers = client_auth_for(self.registry, self.ehr).credentials(config["token_endpoint"])
+            except ClientAuthError as exc:
+                raise AuthExpired(f"{exc}; register the JWKS URL with the EHR") from exc
+            response = requests.post(config["token_endpoint"], timeout=DISCOVERY_TIMEOUT * 4, data=form | fields,
+                                     headers=headers)
             if response.status_code != 200:
                 raise AuthExpired(f"the EHR refused chartcite's backend sign-in ({response.status_code}: "
                                   f"{_error_of(response)})", response.status_code)
@@ -251,8 +218,13 @@ class BackendServicesToken:
 
 
 def _error_of(response: requests.Response) -> str:
+    """The token endpoint's error and its description, in the EHR's own words."""
     try:
-        return response.json().get("error", "")
+        body = response.json()
     except ValueError:
+        return response.text[:200]
+    if not isinstance(body, dict):
         return ""
+    error, description = str(body.get("error") or ""), str(body.get("error_description") or "")[:300]
+    return f"{error}: {description}" if error and description else error or description
 

@@ -1,24 +1,25 @@
 """`chartcite ehr check NAME`: is this EHR registration ready for launches and background sync?
 
 Each check says what it found and, when it fails, what to fix. The checks read the EHR's public
-discovery documents and, when Backend Services is configured, sign in as chartcite and run one
-search; they never read a patient's record beyond that one search's first page, and print no
-patient data.
+discovery documents, probe the token endpoint with a made-up authorization code (which tells a
+wrong client id, secret or key apart from a right one), and, when Backend Services is configured,
+sign in as chartcite and run one search; they never read a patient's record beyond that one
+search's first page, and print no patient data.
 """
 from __future__ import annotations
 
+import secrets
 from dataclasses import asdict, dataclass
 from typing import Callable
 
 import requests
 
+from fhir_ingest.client_auth import ClientAuthError, ClientSecretBasic, client_auth_for
 from fhir_ingest.fhir_source import PATIENT_SEARCHES
 from fhir_ingest.registry import Ehr, Registry
 from fhir_ingest.smart_auth import BackendServicesToken, forget_discovery
 
 TIMEOUT = 10
-CLIENT_CAPABILITY = {"private_key_jwt": "client-confidential-asymmetric",
-                     "client_secret_basic": "client-confidential-symmetric", "none": "client-public"}
 
 
 @dataclass
@@ -52,7 +53,10 @@ class EhrChecker:
         checks = [self.discovery()]
         if checks[0].status == "ok":
             checks += [self.capabilities(), self.fhir_metadata()]
-        checks += [self.published_keys(), self.backend_token()]
+        checks.append(self.published_keys())
+        if checks[0].status == "ok":
+            checks.append(self.client_credentials())
+        checks.append(self.backend_token())
         checks.append(self.one_search() if self.token else
                       Check("search", "skip", "needs a Backend Services token (a launch reads with the clinician's)"))
         return checks
@@ -74,7 +78,7 @@ class EhrChecker:
 
     def capabilities(self) -> Check:
         declared = set(self.config.get("capabilities") or [])
-        needed = {"launch-ehr", "context-ehr-patient", CLIENT_CAPABILITY.get(self.ehr.client_auth, "client-public"),
+        needed = {"launch-ehr", "context-ehr-patient", client_auth_for(self.registry, self.ehr).capability,
                   f"permission-{self.ehr.scopes}"}
         scopes = (self.ehr.request_scopes or "").split()
         if "offline_access" in scopes:
@@ -131,6 +135,51 @@ class EhrChecker:
                         "the address serves another chartcite or an old copy: check CHARTCITE_PUBLIC_URL and caches")
         return ok("jwks", f"{len(current)} keys published at {url}")
 
+    def client_credentials(self) -> Check:
+        """Does the token endpoint accept chartcite as this client? A made-up authorization code
+        earns `invalid_grant` from an EHR that authenticated the client first, and
+        `invalid_client` from one that did not (wrong id, wrong secret, a key it cannot verify).
+        A secret refused in one encoding and accepted in the other switches the registration."""
+        jwks_url = f"{self.public_url}/.well-known/jwks.json"
+        try:
+            auth = client_auth_for(self.registry, self.ehr)
+            probe = self.probe(auth)
+        except ClientAuthError as exc:
+            return fail("client", str(exc), "see above")
+        if probe.refused and isinstance(auth, ClientSecretBasic):
+            other = ClientSecretBasic(auth.client_id, auth.secret, "raw" if auth.encoding == "form" else "form")
+            if not self.probe(other).refused:
+                self.ehr = self.registry.update_ehr(self.ehr.name, secret_encoding=other.encoding)
+                return ok("client", f"the EHR refused the secret {auth.encoding}-encoded and accepts it "
+                                    f"{other.encoding}: the registration now sends it {other.encoding} "
+                                    f"(--secret-encoding {other.encoding})")
+        if probe.refused:
+            return fail("client", f"the token endpoint refused chartcite's {auth.method} credentials "
+                                  f"({probe.words})", auth.refusal_hint(jwks_url))
+        if probe.accepted:
+            return ok("client", f"the token endpoint accepts chartcite's {auth.method} credentials "
+                                f"(a made-up code earned {probe.words}, as it should)")
+        return Check("client", "warn", f"a probe of the token endpoint answered {probe.words}: chartcite's "
+                                       "credentials could not be confirmed", "a clinician's first launch will tell")
+
+    def probe(self, auth) -> "Probe":
+        form = {"grant_type": "authorization_code", "code": "chartcite-ehr-check-" + secrets.token_urlsafe(16),
+                "redirect_uri": f"{self.public_url}/callback", "code_verifier": secrets.token_urlsafe(48)}
+        fields, headers = auth.credentials(self.config["token_endpoint"])
+        try:
+            response = requests.post(self.config["token_endpoint"], data=form | fields, headers=headers,
+                                     timeout=TIMEOUT)
+        except requests.RequestException as exc:
+            return Probe(None, "", f"no answer ({type(exc).__name__})")
+        try:
+            body = response.json()
+        except ValueError:
+            body = {}
+        body = body if isinstance(body, dict) else {}
+        error, description = str(body.get("error") or ""), str(body.get("error_description") or "")[:200]
+        return Probe(response.status_code, error,
+                     f"HTTP {response.status_code} {error}" + (f": {description}" if description else ""))
+
     def backend_token(self) -> Check:
         if not self.ehr.group_id:
             return Check("backend", "skip", "no Bulk Data group registered (--group-id): background sync is off")
@@ -146,7 +195,7 @@ class EhrChecker:
 
     def one_search(self) -> Check:
         try:
-            bundle = self.fhir_client_for().get_json("Group", {"_id": self.ehr.group_id})
+            bundle = self.fhir_client_for(self.ehr).get_json("Group", {"_id": self.ehr.group_id})
         except Exception as exc:
             return fail("search", f"searching for the registered Group failed: {exc}",
                         "check the --group-id and that the system scopes let chartcite read Group")
@@ -155,6 +204,21 @@ class EhrChecker:
             return fail("search", "the search answered but found no Group with the registered id",
                         "check --group-id against the EHR's Bulk Data group (`chartcite ehr update NAME --group-id`)")
         return ok("search", f"the registered Group was found ({len(found[0]['resource'].get('member') or [])} members)")
+
+
+@dataclass
+class Probe:
+    status: int | None
+    error: str
+    words: str
+
+    @property
+    def refused(self) -> bool:
+        return self.error in ("invalid_client", "unauthorized_client") or (self.status == 401 and not self.error)
+
+    @property
+    def accepted(self) -> bool:
+        return self.error == "invalid_grant"
 
 
 def format_checks(checks: list[Check]) -> str:

@@ -17,8 +17,9 @@ from joserfc.errors import JoseError
 from joserfc.jwk import KeySet
 
 from fhir_ingest.registry import Ehr, Registry
-from fhir_ingest.smart_auth import (DISCOVERY_TIMEOUT, LaunchError, can_write_documents, client_auth_params, discover,
-                                    kept_tokens, oauth_reason, oauth_session, scopes_for)
+from fhir_ingest.client_auth import client_auth_for
+from fhir_ingest.smart_auth import (DISCOVERY_TIMEOUT, LaunchError, can_write_documents, discover, kept_tokens,
+                                    oauth_reason, scopes_for, token_session)
 
 PENDING_TTL = 600                 # seconds an authorization may take at the EHR
 
@@ -74,12 +75,13 @@ def finish_authorization(registry: Registry, code: str, state: str, binding: str
     if ehr is None:
         raise LaunchError("this EHR is no longer registered with chartcite")
     config = discover(ehr.iss)
-    session, authentication = oauth_session(registry, ehr, pending["redirect_uri"]), client_auth_params(registry, ehr, config)
+    session = token_session(registry, ehr, pending["redirect_uri"])
     try:
         tokens = session.fetch_token(config["token_endpoint"], grant_type="authorization_code", code=code,
-                                     code_verifier=pending["verifier"], **authentication)
+                                     code_verifier=pending["verifier"])
     except Exception as exc:   # authlib raises OAuthError; requests its own
-        raise LaunchError(f"the EHR refused the sign-in ({oauth_reason(exc)})") from exc
+        raise LaunchError(f"the EHR refused the sign-in ({oauth_reason(exc)})"
+                          + refusal_advice(getattr(exc, "error", ""), registry, ehr)) from exc
     patient = tokens.get("patient")
     if not patient:
         raise LaunchError("the EHR did not say which patient this launch is for")
@@ -93,6 +95,15 @@ def finish_authorization(registry: Registry, code: str, state: str, binding: str
                                       "intent") if k in tokens}
     context["can_write_back"] = can_write_documents(tokens.get("scope", ""))
     return LaunchResult(ehr, pending["mode"], patient, clinician, kept_tokens(tokens, config), context)
+
+def refusal_advice(error: str, registry: Registry, ehr: Ehr) -> str:
+    """What hospital IT should check, by the OAuth error the token endpoint gave."""
+    if error in ("invalid_client", "unauthorized_client"):
+        return ". Hospital IT: " + client_auth_for(registry, ehr).refusal_hint() + "; `chartcite ehr check` tests it"
+    if error == "invalid_scope":
+        return ". Hospital IT: compare the scopes `chartcite registration-info` lists with the EHR's app registration"
+    return ""
+
 
 def validate_id_token(id_token: str, ehr: Ehr, config: dict, nonce: str) -> dict:
     """Signature against the issuer's JWKS, then iss, aud, exp and nonce."""
