@@ -53,6 +53,7 @@ class Ehr(Base):
     client_auth: Mapped[str] = mapped_column(String(30), default="")     # one of CLIENT_AUTH_METHODS ("" = legacy)
     client_secret: Mapped[str] = mapped_column(Text, default="")         # encrypted; client_secret_basic only
     request_scopes: Mapped[str] = mapped_column(Text, default=DEFAULT_REQUEST_SCOPES)
+    secret_encoding: Mapped[str] = mapped_column(String(10), default="form")   # form (RFC 6749) | raw: HTTP Basic
 
     @property
     def auth_method(self) -> str:
@@ -63,7 +64,7 @@ class Ehr(Base):
                 "frame_origins": self.frame_origins.split(), "group_id": self.group_id, "write_back": self.write_back,
                 "last_sync_at": self.last_sync_at, "last_sync_status": self.last_sync_status,
                 "bulk_since": self.bulk_since, "client_auth": self.auth_method,
-                "request_scopes": self.request_scopes.split()}
+                "secret_encoding": self.secret_encoding or "form", "request_scopes": self.request_scopes.split()}
 
 
 class SigningKey(Base):
@@ -171,12 +172,13 @@ class Registry:
         create_tables(self.engine, Base.metadata)
         add_missing_columns(self.engine, Base.metadata)
         self.fernet = Fernet(token_key.encode())
-        self._frame_origins: tuple[float, list[str]] | None = None
+        self._frame_origins: tuple[float, dict[str, list[str]]] | None = None
 
     # --- EHRs -------------------------------------------------------------------------------------
     def add_ehr(self, name: str, iss: str, client_id: str, scopes: str = "v2", frame_origins: list[str] = (),
                 group_id: str = "", write_back: bool = False, client_auth: str = "private_key_jwt",
-                client_secret: str = "", request_scopes: str = DEFAULT_REQUEST_SCOPES) -> Ehr:
+                client_secret: str = "", request_scopes: str = DEFAULT_REQUEST_SCOPES,
+                secret_encoding: str = "form") -> Ehr:
         if not NAME_PATTERN.match(name):
             raise RegistryError("EHR name: lower-case letters, digits and dashes, up to 40 (it names the tenant)")
         parts = urlsplit(iss)
@@ -188,7 +190,7 @@ class Registry:
                   write_back=write_back, created_at=time.time(), last_sync_at=0.0, last_sync_status="never",
                   bulk_since="")
         self._apply(ehr, scopes=scopes, frame_origins=frame_origins, client_auth=client_auth,
-                    client_secret=client_secret, request_scopes=request_scopes)
+                    client_secret=client_secret, request_scopes=request_scopes, secret_encoding=secret_encoding)
         with Session(self.engine) as s:
             if s.get(Ehr, name) or s.scalar(select(Ehr).where(Ehr.iss == normalise_iss(iss))):
                 raise RegistryError(f"an EHR named {name!r} or with that iss is already registered")
@@ -216,8 +218,12 @@ class Registry:
 
     def _apply(self, ehr: Ehr, scopes: str | None = None, frame_origins: list[str] | None = None,
                client_auth: str | None = None, client_secret: str | None = None,
-               request_scopes: str | None = None) -> None:
+               request_scopes: str | None = None, secret_encoding: str | None = None) -> None:
         """The checked settings of a registration, shared by add and update."""
+        if secret_encoding is not None:
+            if secret_encoding not in ("form", "raw"):
+                raise RegistryError("--secret-encoding must be form (RFC 6749) or raw")
+            ehr.secret_encoding = secret_encoding
         if scopes is not None:
             if scopes not in ("v1", "v2"):
                 raise RegistryError("--scopes must be v1 or v2")
@@ -265,13 +271,20 @@ class Registry:
 
     FRAME_ORIGINS_TTL = 30.0
 
-    def frame_origins(self) -> list[str]:
-        """Every registered EHR's frame origins. Read on every response (the CSP header), so kept
+    def frame_origins_by_ehr(self) -> dict[str, list[str]]:
+        """Each registered EHR's frame origins. Read on every response (the CSP header), so kept
         for 30 s: a new registration is honoured within half a minute in every process."""
         if self._frame_origins is None or self._frame_origins[0] < time.monotonic():
             self._frame_origins = (time.monotonic() + self.FRAME_ORIGINS_TTL,
-                                   sorted({o for e in self.ehrs() for o in e.frame_origins.split()}))
+                                   {e.name: e.frame_origins.split() for e in self.ehrs()})
         return self._frame_origins[1]
+
+    def frame_origins(self, name: str | None = None) -> list[str]:
+        """The origins that may frame a page of EHR `name`'s launch; every EHR's without a name."""
+        by_ehr = self.frame_origins_by_ehr()
+        if name is not None:
+            return list(by_ehr.get(name, []))
+        return sorted({o for origins in by_ehr.values() for o in origins})
 
     def record_sync(self, name: str, status: str, bulk_since: str | None = None) -> None:
         with Session(self.engine) as s:
@@ -287,6 +300,15 @@ class Registry:
     def patient_synced(self, tenant: str, patient_id: str) -> PatientSync | None:
         with Session(self.engine, expire_on_commit=False) as s:
             return s.get(PatientSync, (tenant, patient_id))
+
+    def patient_sync_summary(self, tenant: str) -> dict:
+        """How many of the tenant's patients were synced one by one (launches), and when last."""
+        from sqlalchemy import func
+
+        with Session(self.engine) as s:
+            count, last = s.execute(select(func.count(), func.max(PatientSync.synced_at))
+                                    .where(PatientSync.tenant == tenant)).one()
+        return {"patients": count, "last": last}
 
     def mark_patient_synced(self, tenant: str, patient_id: str, server_time: str) -> None:
         with Session(self.engine) as s:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from flask import Flask, jsonify, make_response, render_template, request
+from flask import Flask, g, jsonify, make_response, render_template, request
 
 from .settings import REPO_ROOT, Settings
 
@@ -53,7 +53,8 @@ def init_services(app: Flask, settings: Settings, runner) -> None:
         log.warning("the key that encrypts EHR tokens is a file in the data directory, beside the tokens it "
                     "protects; supply it from your secret store as CHARTCITE_TOKEN_KEY (a Fernet key) instead")
     app.extensions["chartcite.search"] = SearchService(**settings.search_options())
-    app.extensions["chartcite.sessions"] = SessionStore(settings.state_path, settings.secret_key)
+    app.extensions["chartcite.sessions"] = SessionStore(settings.state_path, settings.secret_key,
+                                                         settings.session_minutes * 60)
     app.extensions["chartcite.registry"] = open_registry(settings)
     app.extensions["chartcite.audit"] = open_audit(settings.audit_db)
     if runner is None:
@@ -79,11 +80,19 @@ def init_blueprints(app: Flask) -> None:
 def init_security_headers(app: Flask, settings: Settings) -> None:
     registry = app.extensions["chartcite.registry"]
 
+    def framing_origins(response) -> list[str]:
+        """A page of one EHR's launch may be framed by that EHR's origins only; an error page by
+        any registered EHR's (it carries no patient data, and the clinician must read it in
+        whichever EHR it appeared); any other page by chartcite's own and the configured ones."""
+        tenant = g.get("frame_tenant")
+        if tenant is not None:
+            return registry.frame_origins(tenant)
+        return registry.frame_origins() if response.status_code >= 400 else []
+
     @app.after_request
     def security_headers(response):
-        # Framing is allowed for the registered EHRs' origins only (no X-Frame-Options: it
-        # cannot name several origins, and DENY would break the EHR's frame).
-        ancestors = " ".join(dict.fromkeys(["'self'", *settings.frame_ancestors.split(), *registry.frame_origins()]))
+        # No X-Frame-Options: it cannot name several origins, and DENY would break the EHR's frame.
+        ancestors = " ".join(dict.fromkeys(["'self'", *settings.frame_ancestors.split(), *framing_origins(response)]))
         form_action = " ".join(["'self'", response.headers.pop("X-Form-Action", "")]).strip()
         response.headers["Content-Security-Policy"] = (
             f"default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "

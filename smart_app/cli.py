@@ -362,6 +362,9 @@ def add_client_options(parser, defaults: bool) -> None:
     parser.add_argument("--client-secret-env", metavar="VARIABLE",
                         help="name of the environment variable holding the client secret (client_secret_basic); "
                              "a secret on the command line would show in the process list")
+    parser.add_argument("--secret-encoding", choices=("form", "raw"), default="form" if defaults else None,
+                        help="how the client secret goes into HTTP Basic: form-urlencoded first, as RFC 6749 says "
+                             "(the default), or raw, as many servers compare it; `chartcite ehr check` finds which")
     parser.add_argument("--request-scopes", default=DEFAULT_REQUEST_SCOPES if defaults else None,
                         help=f"identity and refresh scopes to ask for (default {DEFAULT_REQUEST_SCOPES!r}); the "
                              "resource scopes follow from --scopes")
@@ -406,7 +409,8 @@ def cmd_ehr(args, settings: Settings) -> int:
     try:
         if args.ehr_command == "add":
             ehr = registry.add_ehr(args.name, args.iss, args.client_id, args.scopes, args.frame_origin, args.group_id,
-                                   args.write_back, args.client_auth, client_secret_from(args), args.request_scopes)
+                                   args.write_back, args.client_auth, client_secret_from(args), args.request_scopes,
+                                   args.secret_encoding)
             print(f"registered {ehr.name}: launches from {ehr.iss} are accepted; tenant {ehr.name}; "
                   f"client {ehr.auth_method}; asks for {ehr.request_scopes}")
             if not registry.current_key():
@@ -418,7 +422,7 @@ def cmd_ehr(args, settings: Settings) -> int:
                                       frame_origins=args.frame_origin, group_id=args.group_id,
                                       write_back=args.write_back, client_auth=args.client_auth,
                                       client_secret=client_secret_from(args) or None,
-                                      request_scopes=args.request_scopes)
+                                      request_scopes=args.request_scopes, secret_encoding=args.secret_encoding)
             print(f"updated {ehr.name}: client {ehr.auth_method}; asks for {ehr.request_scopes}")
             return 0
         if args.ehr_command == "check":
@@ -432,19 +436,23 @@ def cmd_ehr(args, settings: Settings) -> int:
     except RegistryError as exc:
         print(f"chartcite: {exc}", file=sys.stderr)
         return 2
-    rows = [e.to_dict() for e in registry.ehrs()]
+    rows = [e.to_dict() | {"patient_syncs": registry.patient_sync_summary(e.name)} for e in registry.ehrs()]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     for e in rows:
-        last = time.strftime("%Y-%m-%d %H:%M", time.gmtime(e["last_sync_at"])) if e["last_sync_at"] else "never"
         print(f"{e['name']}  iss={e['iss']}  client={e['client_id']} ({e['client_auth']})  scopes={e['scopes']} "
               f"+ {' '.join(e['request_scopes']) or '-'}  "
-              f"frames={' '.join(e['frame_origins']) or '-'}  group={e['group_id'] or '-'}  last sync {last}: "
-              f"{e['last_sync_status']}")
+              f"frames={' '.join(e['frame_origins']) or '-'}  group={e['group_id'] or '-'}  "
+              f"last bulk sync {when(e['last_sync_at'])}: {e['last_sync_status']}  "
+              f"patients synced by launches: {e['patient_syncs']['patients']}, last {when(e['patient_syncs']['last'])}")
     if not rows:
         print("no EHR registered: chartcite ehr add --name ... --iss ... --client-id ...")
     return 0
+
+
+def when(timestamp: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(timestamp)) if timestamp else "never"
 
 
 def check_ehr(args, settings: Settings, registry) -> int:
@@ -458,7 +466,7 @@ def check_ehr(args, settings: Settings, registry) -> int:
     if not settings.public_url:
         print("note: CHARTCITE_PUBLIC_URL is not set; checking the JWKS at http://127.0.0.1:5000", file=sys.stderr)
     checker = EhrChecker(registry, ehr, settings.public_url or "http://127.0.0.1:5000",
-                         lambda: ehr_client(settings, registry, ehr))
+                         lambda checked: ehr_client(settings, registry, checked))
     checks = checker.run()
     print(json.dumps([c.to_dict() for c in checks], indent=2) if args.json else format_checks(checks))
     return 1 if any(c.status == "fail" for c in checks) else 0

@@ -1,12 +1,13 @@
 """The embedded frame and its JSON API. The patient always comes from the launch context."""
 from __future__ import annotations
 
+import calendar
 import logging
 import time
 from datetime import date
 from functools import lru_cache, wraps
 
-from flask import Blueprint, abort, g, jsonify, make_response, redirect, render_template, request, url_for
+from flask import Blueprint, abort, g, jsonify, make_response, render_template, request
 
 from fhir_ingest.load import BundleDirectorySource
 from fhir_ingest.normalize import human_name
@@ -14,7 +15,7 @@ from fhir_ingest.normalize import human_name
 from .bodies import PIPELINES, AskBody, DraftBody, SaveDraftBody, SyncBody, WriteBackBody, json_object, parse
 from .render import readable
 from .services import audit, metrics, registry, runner, search, sessions, settings
-from .sessions import COOKIE_NAME, SESSION_HEADER
+from .sessions import FRAME_COOKIE, PATIENT_HEADER, SESSION_HEADER
 
 bp = Blueprint("frame", __name__)
 log = logging.getLogger(__name__)
@@ -60,8 +61,14 @@ def launched(model=None):
                 abort(make_response(jsonify(error="no active launch: open chartcite from the EHR (or the demo "
                                                   "launcher) again"), 401))
             payload = json_object()
+            shown = request.headers.get(PATIENT_HEADER)
+            if shown is not None and shown != context.patient_id:
+                # A frame showing one patient must never get another's answers, whatever it holds.
+                abort(make_response(jsonify(error="this frame shows another patient than its launch: open chartcite "
+                                                  "from the EHR again"), 409))
             reject_other_patient(context, payload)
             g.handle, g.launch, g.body = handle, context, parse(model, payload) if model else payload
+            g.frame_tenant = context.tenant
             return view(*args, **kwargs)
         return wrapped
     return decorate
@@ -108,40 +115,74 @@ def demo_launch():
     if patient_id not in BundleDirectorySource(settings().demo_source).patient_ids():
         return render_template("error.html", message="That demo patient does not exist."), 400
     context, handle = sessions().create(settings().tenant, patient_id, clinician="demo-clinician", mode="demo")
-    if search().patient(context.tenant, patient_id) is None or last_sync_failed(context.tenant, patient_id):
+    if search().patient(context.tenant, patient_id) is None or sync_must_restart(context.tenant, patient_id):
         runner().enqueue_sync(context.tenant, patient_id)
     # The page is rendered straight from the launch so the session handle never appears in a URL.
     return render_patient(context, handle)
 
 
-def last_sync_failed(tenant: str, patient_id: str) -> bool:
-    """A failure belongs to the launch it happened in: the next launch retries the sync."""
+def sync_must_restart(tenant: str, patient_id: str) -> bool:
+    """A failure belongs to the launch it happened in, and a sync waiting out an EHR outage need
+    not wait once someone opens the patient: the next launch syncs at once."""
     job = runner().jobs.get(tenant, patient_id)
-    return job is not None and job.state == "failed"
+    return job is not None and job.state in ("failed", "waiting")
+
+
+RELAUNCH = ("This chartcite window is no longer connected to a launch: its session ended, or this browser "
+            "keeps no record of it. Open chartcite from the EHR again (it opens on the patient in context).")
+
+
+def relaunch_page():
+    """A frame whose own launch cannot be found shows this, never another launch's patient."""
+    return render_template("error.html", message=RELAUNCH, demo=settings().demo_launch), 401
 
 
 @bp.get("/app")
-def patient_view():
-    """Reload of the frame: works where the session cookie survives, else back to launch."""
-    handle = request.cookies.get(COOKIE_NAME)
+def frame_without_launch():
+    """The address of frames before each had its own: which launch it was cannot be known."""
+    return relaunch_page()
+
+
+@bp.get("/app/<frame>")
+def patient_view(frame: str):
+    """A reload (or back, or a restored tab) of one frame: its own launch, from the cookie kept for
+    this address alone, or the page that says to launch again."""
+    handle = request.cookies.get(FRAME_COOKIE)
     context = sessions().resolve(handle)
-    if context is None:
-        return redirect(url_for("frame.launcher"))
+    if context is None or not context.owns_frame(frame):
+        return relaunch_page()
     return render_patient(context, handle)
 
 
+@bp.post("/api/session/end")
+@launched()
+def end_session():
+    """The clinician signs out of this frame: its handle, cookie and EHR tokens are gone."""
+    context = g.launch
+    sessions().end(context.session_id)
+    registry().pop_secret(context.session_id, "tokens")
+    audit().record("session-ended", context.tenant, context.clinician, context.patient_id)
+    response = jsonify(ended=True)
+    response.delete_cookie(FRAME_COOKIE, path=context.frame_path, secure=True, samesite="None", partitioned=True)
+    return response
+
+
 def render_patient(context, handle: str):
+    g.frame_tenant = context.tenant        # framed only by the EHR this launch came from
     summary = search().patient(context.tenant, context.patient_id) or {}
     banner = dict(_demo_patient(str(settings().demo_source), 0, context.patient_id)) if context.mode == "demo" else {}
     banner.update({k: v for k, v in summary.items() if k in ("name", "gender", "birth_date", "age") and v})
     # The EHR shows its own patient banner when it says need_patient_banner is false.
     show_banner = context.details.get("need_patient_banner", True) is not False
     response = make_response(render_template("patient.html", handle=handle, patient=banner,
+                                             patient_id=context.patient_id, frame_path=context.frame_path,
                                              pipelines=PIPELINES if settings().show_pipeline else (),
                                              show_banner=show_banner, style=context.details.get("style") or {}))
-    # SameSite=None so the cookie survives inside the EHR's cross-site frame where the browser
-    # allows it at all; the API never depends on it (the handle travels in a header).
-    response.set_cookie(COOKIE_NAME, handle, httponly=True, samesite="None", secure=True)
+    # Kept for this frame's address only, so no other frame's reload can find it. SameSite=None
+    # and Partitioned so it survives inside the EHR's cross-site frame where the browser allows
+    # it at all; the API never depends on it (the handle travels in a header).
+    response.set_cookie(FRAME_COOKIE, handle, max_age=int(settings().session_minutes * 60), path=context.frame_path,
+                        httponly=True, samesite="None", secure=True, partitioned=True)
     return response
 
 
@@ -155,7 +196,16 @@ def status():
     banner = {k: (indexed or {}).get(k) for k in ("name", "gender", "birth_date", "age")}
     return jsonify(patient_id=context.patient_id, indexed=indexed is not None,
                    chunks=sum((indexed or {}).get("chunk_counts", {}).values()),
-                   job=job.to_dict() if job else None, banner=banner)
+                   synced_at=last_synced(context, indexed), job=job.to_dict() if job else None, banner=banner)
+
+
+def last_synced(context, indexed: dict | None) -> float | None:
+    """When the record the clinician is asking about was last read from its source (seconds)."""
+    synced = registry().patient_synced(context.tenant, context.patient_id)
+    if synced is not None:
+        return synced.synced_at
+    stamp = (indexed or {}).get("indexed_at")
+    return calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")) if stamp else None
 
 
 @bp.post("/api/sync")

@@ -11,11 +11,11 @@ import time
 from urllib.parse import urlencode, urlsplit
 
 import requests
-from flask import Blueprint, jsonify, make_response, redirect, render_template, request
+from flask import Blueprint, g, jsonify, make_response, redirect, render_template, request
 
 from fhir_ingest.smart_auth import LaunchError, SessionTokens
 
-from .frame import last_sync_failed, render_patient
+from .frame import sync_must_restart, render_patient
 from .services import public_url, registry, runner, search, sessions, settings
 from .smart import finish_authorization, start_authorization
 
@@ -44,6 +44,7 @@ def launch():
         log.warning("launch refused: the iss is not a registered EHR")
         return launch_error("This EHR is not registered with chartcite. Hospital IT registers it with "
                             "`chartcite ehr add`; until then chartcite cannot be launched from it.")
+    g.frame_tenant = ehr.name
     try:
         auth = start_authorization(registry(), ehr, redirect_uri(), launch_id)
     except LaunchError as exc:
@@ -74,8 +75,7 @@ def callback():
         error, description = request.args["error"][:60], request.args.get("error_description", "")[:300]
         log.warning("the EHR refused authorization: %s: %s", error, description or "(no description)")
         return launch_error(f"The EHR did not authorize chartcite ({error}"
-                            + (f": {description}" if description else "") + "). Open chartcite from the EHR again; "
-                            "if this repeats, hospital IT can check the registration's scopes.", 400)
+                            + (f": {description}" if description else "") + "). " + authorization_advice(error), 400)
     code, state = request.args.get("code", ""), request.args.get("state", "")
     if not code:
         return launch_error("The EHR sent no authorization code. Open chartcite from the EHR again.")
@@ -97,10 +97,31 @@ def callback():
     return response
 
 
+# What to do about each error an authorization endpoint may send back (RFC 6749 4.1.2.1, SMART).
+AUTHORIZATION_ADVICE = {
+    "access_denied": "The sign-in was declined at the EHR. Open chartcite from the EHR again to retry.",
+    "invalid_scope": "Open chartcite from the EHR again; if this repeats, hospital IT compares the scopes "
+                     "`chartcite registration-info` lists with the EHR's app registration.",
+    "unauthorized_client": "Hospital IT: the EHR does not let this client id use this launch; check the app "
+                           "registration's client id and launch types (`chartcite ehr check`).",
+    "invalid_client": "Hospital IT: the EHR does not recognise chartcite's client id or credentials "
+                      "(`chartcite ehr check` tests them and says what to fix).",
+    "invalid_request": "Hospital IT: the EHR found the request malformed; check that the redirect URI "
+                       "`chartcite registration-info` prints is registered exactly, and the --iss.",
+    "server_error": "The EHR had a problem of its own. Open chartcite from the EHR again in a moment.",
+    "temporarily_unavailable": "The EHR is busy. Open chartcite from the EHR again in a moment.",
+}
+
+
+def authorization_advice(error: str) -> str:
+    return AUTHORIZATION_ADVICE.get(error, "Open chartcite from the EHR again; if this repeats, hospital IT runs "
+                                           "`chartcite ehr check` for this EHR.")
+
+
 def needs_sync(tenant: str, patient_id: str) -> bool:
-    """A patient never indexed, last synced too long ago, or whose last sync failed: a failure
-    belongs to the launch it happened in, and the next launch retries it."""
-    if search().patient(tenant, patient_id) is None or last_sync_failed(tenant, patient_id):
+    """A patient never indexed, last synced too long ago, or whose last sync failed or is waiting
+    out an outage: a failure belongs to the launch it happened in, and the next launch retries it."""
+    if search().patient(tenant, patient_id) is None or sync_must_restart(tenant, patient_id):
         return True
     synced = registry().patient_synced(tenant, patient_id)
     stale_after = settings().patient_stale_minutes * 60

@@ -68,6 +68,7 @@ class Settings:
     fhir_max_concurrency: int = 2       # requests in flight to one EHR (whole deployment with Redis, else per process)
     fhir_max_requests_per_second: float = 20.0  # requests started per second to one EHR (same scope); 0 = no limit
     patient_stale_minutes: float = 60.0     # a launch re-syncs a patient last synced longer ago than this
+    session_minutes: float = 120.0          # a launch's session (and its frame) ends this long after the launch
     key_overlap_days: float = 7.0           # a rotated-out key stays in the JWKS this long
 
     @classmethod

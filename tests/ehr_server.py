@@ -98,11 +98,14 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
     @app.post("/_test/client")
     def configure_client():
         """The app registration as an EHR console holds it: how the client authenticates
-        ("private_key_jwt", "client_secret_basic" with its secret, or "any" as before) and which
-        scopes it may be granted (None = all)."""
+        ("private_key_jwt", "client_secret_basic" with its secret, or "any" as before), how a
+        Basic secret is compared ("form": form-decoded first, as RFC 6749 2.3.1 says; "raw": as
+        sent, as the SMART reference launcher and many servers do), and which scopes it may be
+        granted (None = all)."""
         body = request.get_json(force=True)
         state["client"] = {"auth": body.get("auth", "any"), "secret": body.get("secret", ""),
-                           "grantable": body.get("grantable")}
+                           "grantable": body.get("grantable"), "secret_encoding": body.get("secret_encoding", "form"),
+                           "jwks_url": body.get("jwks_url")}
         return jsonify(ok=True)
 
     @app.post("/_test/ignore-since")
@@ -255,21 +258,24 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
                 user, _, password = base64.b64decode(header[6:]).decode().partition(":")
             except ValueError:
                 return "malformed HTTP Basic credentials"
-            if not header.startswith("Basic ") or unquote_plus(user) != client_id or \
-                    unquote_plus(password) != state["client"]["secret"]:
+            decode = unquote_plus if state["client"].get("secret_encoding", "form") == "form" else str
+            if not header.startswith("Basic ") or decode(user) != client_id or \
+                    decode(password) != state["client"]["secret"]:
                 return "client_secret_basic credentials do not match"
             return ""
-        if form.get("client_assertion") or client_jwks_url or method == "private_key_jwt":
+        if form.get("client_assertion") or client_jwks_url or state["client"].get("jwks_url") or \
+                method == "private_key_jwt":
             return check_assertion(form)
         return "" if form.get("client_id") == client_id else "unknown client"
 
     def check_assertion(form) -> str:
         if form.get("client_assertion_type") != "urn:ietf:params:oauth:client-assertion-type:jwt-bearer":
             return "client_assertion_type must be jwt-bearer"
-        if not client_jwks_url:
+        registered_jwks = state["client"].get("jwks_url") or client_jwks_url
+        if not registered_jwks:
             return "this client has no JWKS registered"
         try:
-            keys = jwk.KeySet.import_key_set(requests.get(client_jwks_url, timeout=10).json())
+            keys = jwk.KeySet.import_key_set(requests.get(registered_jwks, timeout=10).json())
             decoded = jwt.decode(form["client_assertion"], keys, algorithms=["RS384", "ES384"])
         except (JoseError, ValueError, requests.RequestException) as exc:
             return f"assertion signature does not verify: {type(exc).__name__}"
@@ -390,8 +396,11 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
     def forward() -> Response:
         path = request.path[len("/fhir/"):]
         headers = {k: v for k, v in request.headers if k.lower() in ("accept", "prefer", "content-type")}
-        response = requests.request(request.method, f"{upstream}/{path}", params=list(request.args.items(multi=True)),
-                                    headers=headers, data=request.get_data(), timeout=60)
+        try:
+            response = requests.request(request.method, f"{upstream}/{path}", params=list(request.args.items(multi=True)),
+                                        headers=headers, data=request.get_data(), timeout=60)
+        except requests.ConnectionError:
+            return Response("", 502)      # a gateway whose FHIR server is down
         body = response.content.replace(upstream.encode(), base().encode())
         out = Response(body, response.status_code, content_type=response.headers.get("Content-Type"))
         for name in ("Content-Location", "X-Progress", "Retry-After", "Date", "ETag", "Last-Modified"):
@@ -468,7 +477,10 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
         state["launches"][launch_id] = {"patient": patient, "need_patient_banner": False,
                                         "smart_style_url": root() + "/style.json"}
         chartcite = app.config["CHARTCITE_URL"].rstrip("/")
-        src = f"{chartcite}/launch?{urlencode({'iss': base(), 'launch': launch_id})}"
+        # The iss is the FHIR base chartcite registered (this server binds 127.0.0.1), also when
+        # the chart page itself is opened by another name (localhost: same-site with chartcite).
+        iss = f"http://127.0.0.1:{request.host.rsplit(':', 1)[1]}/fhir"
+        src = f"{chartcite}/launch?{urlencode({'iss': iss, 'launch': launch_id})}"
         return (f"<!doctype html><title>EHR chart</title><h1>EHR chart · patient banner</h1>"
                 f"<iframe id='app' src='{src}' width='1100' height='800'></iframe>")
 

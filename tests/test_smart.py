@@ -29,6 +29,7 @@ OTHER = "8ef99ca1-5615-7aa6-d383-47fe931a1f14"          # 88 resources, two medi
 GROUP = "chartcite-test-group"
 CLIENT_ID = "chartcite-test-client"
 ADMIN_TOKEN = "admin-token-for-the-suite"
+FRAME_ORIGINS_WAIT = 31            # seconds: Registry.FRAME_ORIGINS_TTL, and a second
 TENANT = "testehr"
 
 
@@ -72,8 +73,10 @@ def stack(tmp_path_factory, synthea_dir):
         stack = Stack(app_url, ehr_root, f"{ehr_root}/fhir", env, folder / "chartcite.log", fhir_base)
         generated = stack.cli("keys", "generate")
         assert generated.returncode == 0, generated.stderr
+        # The EHR's pages are framed from its own origin and, same-site with chartcite, as localhost.
         added = stack.cli("ehr", "add", "--name", TENANT, "--iss", stack.fhir, "--client-id", CLIENT_ID,
-                          "--frame-origin", ehr_root, "--group-id", GROUP, "--write-back")
+                          "--frame-origin", ehr_root, "--frame-origin", same_site(ehr_root), "--group-id", GROUP,
+                          "--write-back")
         assert added.returncode == 0, added.stderr
         app = subprocess.Popen([sys.executable, "-m", "smart_app.cli", "serve", "--port", str(app_port)], cwd=REPO,
                                env=env, stdout=stack.app_log.open("w"), stderr=subprocess.STDOUT)
@@ -83,6 +86,11 @@ def stack(tmp_path_factory, synthea_dir):
     finally:
         for process in reversed(processes):
             stop(process)
+
+
+def same_site(origin: str) -> str:
+    """The EHR's origin (127.0.0.1) by the name chartcite is served at (localhost): same-site."""
+    return origin.replace("127.0.0.1", "localhost")
 
 
 # --- helpers: a browser's part of the launch ---------------------------------------------------------
@@ -176,7 +184,7 @@ def test_ehr_launch_in_chromium_inside_the_ehrs_iframe(stack, tmp_path):
         frame.locator("#ask-form[data-ready='yes']").wait_for(timeout=180_000)
         assert frame.locator("#banner").is_hidden()           # the EHR shows its own banner
         inner = next(f for f in page.frames if f.url.startswith(stack.app))
-        assert inner.url == f"{stack.app}/app"                 # the code left the address bar
+        assert re.fullmatch(re.escape(stack.app) + r"/app/[\w-]{16,}", inner.url)   # the code left the address bar
         frame.locator("#question").fill("Does she carry an EpiPen?")
         frame.locator("#ask-button").click()
         statement = frame.locator("#answer .statement").first
@@ -204,9 +212,12 @@ def test_the_id_token_names_the_clinician_and_tokens_never_reach_the_page_or_log
     assert code not in page.text and code not in log_text
     assert "access_token" not in page.text and "Bearer" not in page.text
     assert PID not in log_text                                   # no patient ids in the app log either
-    # Cookies: the session cookie is Secure, HttpOnly, SameSite=None.
+    # Cookies: the frame's cookie is Secure, HttpOnly, SameSite=None, Partitioned, and kept for its
+    # own frame's address only.
     cookie = page.headers.get("Set-Cookie", "")
-    assert "chartcite_session=" in cookie and "Secure" in cookie and "HttpOnly" in cookie and "SameSite=None" in cookie
+    frame = re.search(r'<meta name="chartcite-frame" content="([^"]+)"', page.text).group(1)
+    assert "chartcite_frame=" in cookie and f"Path={frame};" in cookie and "Partitioned" in cookie
+    assert "Secure" in cookie and "HttpOnly" in cookie and "SameSite=None" in cookie
     # Tokens are encrypted at rest: the registry holds no access token in the clear.
     db = (Path(stack.env["CHARTCITE_DATA_DIR"]) / "registry.sqlite").read_bytes()
     assert b"access_token" not in db and b"refresh_token" not in db
@@ -220,11 +231,30 @@ def test_standalone_launch_asks_for_a_patient_at_the_ehr(stack):
     assert status["patient_id"] == OTHER
 
 
-def test_csp_allows_only_registered_frame_origins(stack):
-    headers = requests.get(f"{stack.app}/.well-known/jwks.json", timeout=10).headers
-    csp = headers["Content-Security-Policy"]
-    assert f"frame-ancestors 'self' {stack.ehr}" in csp
-    assert "X-Frame-Options" not in headers
+def frame_ancestors(response: requests.Response) -> list[str]:
+    return re.search(r"frame-ancestors ([^;]+)", response.headers["Content-Security-Policy"]).group(1).split()
+
+
+def test_csp_lets_only_the_launching_ehr_frame_its_pages(stack):
+    """A launch's pages may be framed by the EHR it came from, not by every registered EHR's
+    origins; pages of no launch by chartcite alone; error pages by any registered EHR."""
+    other = "https://other-ehr.example.org"
+    added = stack.cli("ehr", "add", "--name", "other", "--iss", "https://other-ehr.example.org/fhir",
+                      "--client-id", "x", "--frame-origin", other)
+    assert added.returncode == 0, added.stderr
+    try:
+        time.sleep(FRAME_ORIGINS_WAIT)       # every process picks a registration up within its cache time
+        final, _ = launch(stack, stack.test_api("launch", {"patient": PID})["launch"])
+        assert frame_ancestors(final) == ["'self'", stack.ehr, same_site(stack.ehr)]
+        start = requests.get(f"{stack.app}/launch", params={"iss": stack.fhir}, timeout=30)
+        assert frame_ancestors(start) == ["'self'", stack.ehr, same_site(stack.ehr)]
+        plain = requests.get(f"{stack.app}/.well-known/jwks.json", timeout=10)
+        assert frame_ancestors(plain) == ["'self'"] and "X-Frame-Options" not in plain.headers
+        refused = requests.get(f"{stack.app}/launch", params={"iss": "https://nobody.example.org"}, timeout=10)
+        assert refused.status_code == 400
+        assert set(frame_ancestors(refused)) == {"'self'", stack.ehr, same_site(stack.ehr), other}
+    finally:
+        stack.cli("ehr", "remove", "other")
 
 
 def test_jwks_publishes_both_algorithms_and_no_private_parts(stack):
@@ -591,6 +621,55 @@ def test_ehr_check_passes_a_ready_registration_and_names_the_fix_otherwise(stack
         stack.cli("ehr", "update", TENANT, "--group-id", GROUP)
 
 
+def check_of(stack: Stack, name: str = "client") -> tuple[int, dict, list[dict]]:
+    """`ehr check --json`: the exit code, the named check, and the checks that did not pass."""
+    result = stack.cli("ehr", "check", TENANT, "--json")
+    checks = {c["name"]: c for c in json.loads(result.stdout)}
+    return result.returncode, checks[name], [c for c in checks.values() if c["status"] == "fail"]
+
+
+def test_ehr_check_proves_the_client_credentials_at_the_token_endpoint(stack):
+    """A wrong client id, a key the EHR cannot verify, a wrong secret: each fails with its fix and
+    exit 1 (they passed before, found only at a clinician's first launch). A secret the EHR
+    compares raw is found and the registration switched."""
+    code, client, _ = check_of(stack)
+    assert code == 0 and client["status"] == "ok" and "invalid_grant" in client["detail"]
+    assert stack.cli("ehr", "update", TENANT, "--client-id", "not-our-client").returncode == 0
+    try:
+        code, client, _ = check_of(stack)
+        assert code == 1 and client["status"] == "fail" and "invalid_client" in client["detail"]
+        assert "client id" in client["fix"] and "[FAIL] client" in stack.cli("ehr", "check", TENANT).stdout
+    finally:
+        assert stack.cli("ehr", "update", TENANT, "--client-id", CLIENT_ID).returncode == 0
+    stack.test_api("client", {"auth": "private_key_jwt", "jwks_url": f"{stack.ehr}/jwks"})    # another key set
+    try:
+        code, client, _ = check_of(stack)
+        assert code == 1 and "does not verify" in client["detail"] and "JWKS URL" in client["fix"]
+    finally:
+        stack.test_api("client", {})
+    secret = "p+ss%word/with=odd:chars"
+    stack.test_api("client", {"auth": "client_secret_basic", "secret": secret, "secret_encoding": "raw"})
+    try:
+        wrong = stack.cli("ehr", "update", TENANT, "--client-auth", "client_secret_basic", "--client-secret-env", "S",
+                          env={"S": "not-the-secret"})
+        assert wrong.returncode == 0
+        code, client, _ = check_of(stack)
+        assert code == 1 and "do not match" in client["detail"] and "--secret-encoding" in client["fix"]
+        denied, _ = launch(stack, stack.test_api("launch", {"patient": PID})["launch"])
+        assert denied.status_code == 400 and "--secret-encoding" in denied.text and "ehr check" in denied.text
+        assert "registration's scopes" not in denied.text
+        assert stack.cli("ehr", "update", TENANT, "--client-secret-env", "S", env={"S": secret}).returncode == 0
+        code, client, failed = check_of(stack)
+        assert code == 0 and "--secret-encoding raw" in client["detail"], failed
+        assert json.loads(stack.cli("ehr", "list", "--json").stdout)[0]["secret_encoding"] == "raw"
+        final, _ = launch(stack, stack.test_api("launch", {"patient": PID})["launch"])
+        assert final.status_code == 200, final.text[:500]
+    finally:
+        stack.test_api("client", {})
+        restored = stack.cli("ehr", "update", TENANT, "--client-auth", "private_key_jwt", "--secret-encoding", "form")
+        assert restored.returncode == 0, restored.stderr
+
+
 def test_registration_info_prints_what_the_consoles_ask_for(stack):
     info = stack.cli("registration-info")
     assert info.returncode == 0
@@ -705,3 +784,11 @@ def test_write_scopes_are_read_in_both_syntaxes():
     assert can_write_documents("patient/DocumentReference.write")
     assert can_write_documents("user/*.cruds")
     assert not can_write_documents("patient/DocumentReference.rs patient/*.read")
+
+
+def test_ehr_list_counts_the_patients_launches_synced(stack, launched):
+    """A tenant whose patients were synced by launches, not by a bulk round, is not "never synced"."""
+    row = json.loads(stack.cli("ehr", "list", "--json").stdout)[0]
+    assert row["patient_syncs"]["patients"] >= 1 and row["patient_syncs"]["last"] > time.time() - 3600
+    listed = stack.cli("ehr", "list").stdout
+    assert re.search(r"patients synced by launches: [1-9]\d*, last \d{4}-", listed), listed

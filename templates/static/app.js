@@ -2,11 +2,13 @@
 // Everything from the server is inserted as text, never as HTML.
 (function () {
   "use strict";
-  const handle = document.querySelector('meta[name="chartcite-session"]').content;
+  const meta = (name) => document.querySelector('meta[name="' + name + '"]').content;
+  const handle = meta("chartcite-session"), patientId = meta("chartcite-patient"), framePath = meta("chartcite-frame");
   const $ = (id) => document.getElementById(id);
 
-  // After a SMART callback the address bar holds the one-time code: replace it with a clean URL.
-  if (window.location.pathname === "/callback") window.history.replaceState(null, "", "/app");
+  // The frame's own address: a reload, back or restored tab comes back to this launch (never the
+  // browser's latest one), and after a SMART callback the one-time code leaves the address bar.
+  if (window.location.pathname !== framePath) window.history.replaceState(null, "", framePath);
 
   // The EHR's smart_style_url colours (checked server-side) become the frame's CSS variables.
   const styleNames = { color_highlight: "--accent", color_background: "--bg", color_error: "--warn",
@@ -18,7 +20,8 @@
 
   function api(path, options) {
     options = options || {};
-    options.headers = Object.assign({ "X-Chartcite-Session": handle }, options.headers || {});
+    options.headers = Object.assign({ "X-Chartcite-Session": handle, "X-Chartcite-Patient": patientId },
+                                    options.headers || {});
     // Every answer becomes {ok, status, body}: a page that is not JSON (a proxy's 502) or no answer
     // at all (network down) is an error the frame can show, never a promise left hanging.
     return fetch(path, options)
@@ -43,47 +46,73 @@
   }
 
   // --- indexing progress -------------------------------------------------------------------
-  let ready = false;
+  let ready = false, pollTimer = null;
+  function poll(ms) { clearTimeout(pollTimer); pollTimer = setTimeout(pollStatus, ms); }
+  function syncLine(text, percent) {
+    $("sync").hidden = false;
+    $("sync-text").textContent = text;
+    if (percent !== undefined) $("sync-bar").style.width = percent + "%";
+  }
+  // What the clinician is asking about while the EHR cannot be reached: the record as last indexed.
+  function indexedAge(body) {
+    return body.indexed && body.synced_at ? " Answers come from the record as indexed " +
+      relativeAge(new Date(body.synced_at * 1000).toISOString().slice(0, 10)) + "." : "";
+  }
   function pollStatus() {
     api("/api/status").then(({ ok, status, body }) => {
-      if (!ok) { if (status === 0 || status >= 500) setTimeout(pollStatus, 2000); return; }
+      if (!ok) { if (status === 0 || status >= 500) poll(2000); return; }
       fillBanner(body.banner || {});
       const job = body.job;
       const active = job && (job.state === "queued" || job.state === "running");
-      ready = body.indexed && !active;
+      const waiting = job && job.state === "waiting";
+      ready = body.indexed && !active && !waiting;
+      $("retry-sync").hidden = !(waiting || (job && job.state === "failed"));
       // A finished sync may still have something to say ("2 notes could not be read from the EHR").
       const notice = job && job.state === "done" && job.message;
       $("sync").hidden = ready && !(job && job.state === "failed") && !notice;
-      if (notice) { $("sync-text").textContent = job.message; $("sync-bar").style.width = "100%"; }
-      if (job && job.state === "failed") {
-        $("sync-text").textContent = "Indexing failed (" + (job.message || "error") + "). Reopen the patient to retry.";
+      if (notice) syncLine(job.message, 100);
+      if (waiting) {
+        const seconds = Math.max(0, Math.round(job.retry_at - Date.now() / 1000));
+        syncLine((job.message || "The EHR could not be reached") + "; retrying in " + seconds + " s." + indexedAge(body), 0);
+      } else if (job && job.state === "failed") {
+        syncLine("Indexing failed (" + (job.message || "error") + "). Retry, or reopen the patient from the EHR." +
+                 indexedAge(body));
       } else if (active) {
         let what = "Indexing this patient's record: reading resources…";
         if (job.phase === "fetching" && job.total) what = "Fetching the record from the EHR: " + job.done + " of " + job.total + " kinds of record";
         if (job.phase === "words") what = "Making this patient's record searchable…";
         if (job.phase === "embedding" && job.total) what = "Reading this patient's record: " + job.done + " of " + job.total + " passages read (problems, medications and allergies first)";
-        $("sync-text").textContent = what + (body.indexed
-          ? " — you can ask now; passages not yet read are found by their words only" : "");
-        $("sync-bar").style.width = (job.percent || 2) + "%";
+        syncLine(what + (body.indexed ? " — you can ask now; passages not yet read are found by their words only" : ""),
+                 job.percent || 2);
       }
       $("ask-button").disabled = !body.indexed;
       $("ask-form").dataset.ready = ready ? "yes" : "no";
-      if (!ready) setTimeout(pollStatus, 1000);
-    }).catch(() => setTimeout(pollStatus, 2000));
+      $("ask-form").dataset.sync = job ? job.state : "none";
+      if (!ready) poll(1000);
+    }).catch(() => poll(2000));
   }
 
   // A first launch renders before the record is indexed: the banner fills in from the status.
   function fillBanner(b) {
-    if (b.name) $("banner-name").textContent = b.name;
+    if (b.name) { $("banner-name").textContent = b.name; $("banner-name").classList.remove("muted"); }
     if (b.age !== null && b.age !== undefined) $("banner-age").textContent = b.age + " y";
     if (b.gender) $("banner-gender").textContent = b.gender;
     if (b.birth_date) $("banner-dob").textContent = "DOB " + b.birth_date;
   }
 
-  $("resync").addEventListener("click", () => {
+  function resync() {
     post("/api/sync", {}).then(({ ok, body }) => {
-      if (!ok) { $("sync").hidden = false; $("sync-text").textContent = body.error || "The refresh could not be started."; return; }
+      if (!ok) { syncLine(body.error || "The refresh could not be started."); return; }
       ready = false; $("ask-form").dataset.ready = "no"; pollStatus();
+    });
+  }
+  $("resync").addEventListener("click", resync);
+  $("retry-sync").addEventListener("click", resync);
+
+  $("end-session").addEventListener("click", () => {
+    post("/api/session/end", {}).then(() => {
+      document.querySelector(".frame").replaceChildren(
+        el("p", { class: "error-message" }, "Session ended. Open chartcite from the EHR again to continue."));
     });
   });
 
