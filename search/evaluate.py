@@ -118,7 +118,8 @@ def reciprocal_rank(result: dict, gold: list[list[str]]) -> float:
 def filter_figures(service, tenant: str, q: dict, result: dict) -> tuple[float, float]:
     """(corpus ratio, filtering recall) after the filter stage."""
     stages = {s["name"]: s for s in result["diagnostics"]["stages"]}
-    if "filter" not in stages or not result["diagnostics"]["corpus_size"]:
+    # A question answered as general medicine carries no retrieval of the record to measure.
+    if "filter" not in stages or not result["diagnostics"].get("corpus_size"):
         return 1.0, 1.0
     ratio = stages["filter"]["corpus_ratio"]
     f = result["diagnostics"]["filter"]
