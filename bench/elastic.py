@@ -23,8 +23,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from fhir_ingest.chunk import PatientChunker  # noqa: E402
-from fhir_ingest.load import load_resources  # noqa: E402
+from fhir_ingest.record.chunk import PatientChunker  # noqa: E402
+from fhir_ingest.record.load import load_resources  # noqa: E402
 from search.nlp.annotate import default_annotator, record_terms_from_chunks  # noqa: E402
 from search.evaluate import percentile  # noqa: E402
 from search.indexer import lexical_text  # noqa: E402

@@ -22,11 +22,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from fhir_ingest.bulk import BulkExport  # noqa: E402
-from fhir_ingest.client import FhirClient  # noqa: E402
-from fhir_ingest.fhir_source import PATIENT_SEARCHES, fetch_patient  # noqa: E402
-from fhir_ingest.load import LoadReport, checked  # noqa: E402
-from fhir_ingest.staging import PatientStaging  # noqa: E402
+from fhir_ingest.connection.bulk import BulkExport  # noqa: E402
+from fhir_ingest.connection.client import FhirClient  # noqa: E402
+from fhir_ingest.connection.fetch import PATIENT_SEARCHES, fetch_patient  # noqa: E402
+from fhir_ingest.record.load import LoadReport, checked  # noqa: E402
+from fhir_ingest.record.staging import PatientStaging  # noqa: E402
 from tests.fhir_servers import load_synthea, start_sekmet, stop  # noqa: E402
 
 

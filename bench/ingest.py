@@ -22,8 +22,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from fhir_ingest.chunk import PatientChunker  # noqa: E402
-from fhir_ingest.load import load_resources  # noqa: E402
+from fhir_ingest.record.chunk import PatientChunker  # noqa: E402
+from fhir_ingest.record.load import load_resources  # noqa: E402
 from search.collector import collect_less_often  # noqa: E402
 from search.indexer import FIRST_GROUP, PATIENTS_PER_ENCODE  # noqa: E402
 from search.models.embedders import load_embedder  # noqa: E402

@@ -15,9 +15,9 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from fhir_ingest.chunk import ChunkProblem, PatientChunker
-from fhir_ingest.load import ESSENTIAL_TYPES, PatientRecord
-from fhir_ingest.normalize import INDEXED_TYPES, SUPPORT_TYPES, human_name
+from fhir_ingest.record.chunk import ChunkProblem, PatientChunker
+from fhir_ingest.record.load import ESSENTIAL_TYPES, PatientRecord
+from fhir_ingest.record.normalize import INDEXED_TYPES, SUPPORT_TYPES, human_name
 
 from search.nlp.annotate import canonical_names, default_annotator, record_terms_from_chunks
 from search.backends.base import Backend

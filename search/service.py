@@ -8,9 +8,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from fhir_ingest.load import LoadReport, PatientRecord, assembled, merge_resources
-from fhir_ingest.normalize import INDEXED_TYPES
-from fhir_ingest.reader import read_path
+from fhir_ingest.record.load import LoadReport, PatientRecord, assembled, merge_resources
+from fhir_ingest.record.normalize import INDEXED_TYPES
+from fhir_ingest.record.reader import read_path
 
 from search.answering.answer import (NEW_PATIENT, asked_class, class_entries_answer, compose, context_evidence,
                                      while_reading)
@@ -322,7 +322,7 @@ class SearchService:
 
     def context(self, tenant: str, patient_id: str) -> dict:
         """The structured context bundle (problems, medications, allergies, labs, vitals, encounters)."""
-        from fhir_ingest.context import context_bundle
+        from fhir_ingest.record.context import context_bundle
 
         return context_bundle(self.catalog.patient_resources(tenant, patient_id))
 

@@ -12,7 +12,7 @@ from functools import lru_cache
 from sqlalchemy import Float, String, Text, create_engine, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-from fhir_ingest.registry import create_tables
+from fhir_ingest.connection.registry import create_tables
 
 
 class Base(DeclarativeBase):

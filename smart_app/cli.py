@@ -335,7 +335,7 @@ def registry_for(settings: Settings):
     ("list", "the keys and whether they are retiring", ()),
     ("prune", "drop retired keys whose overlap has passed", ())))
 def cmd_keys(args, settings: Settings) -> int:
-    from fhir_ingest.keys import generate_pair
+    from fhir_ingest.connection.keys import generate_pair
 
     registry = registry_for(settings)
     if args.keys_command == "generate":
@@ -354,7 +354,7 @@ def cmd_keys(args, settings: Settings) -> int:
 
 
 def add_client_options(parser, defaults: bool) -> None:
-    from fhir_ingest.registry import CLIENT_AUTH_METHODS, DEFAULT_REQUEST_SCOPES
+    from fhir_ingest.connection.registry import CLIENT_AUTH_METHODS, DEFAULT_REQUEST_SCOPES
 
     parser.add_argument("--client-auth", choices=CLIENT_AUTH_METHODS, default="private_key_jwt" if defaults else None,
                         help="how chartcite signs in at the token endpoint: private_key_jwt (confidential asymmetric, "
@@ -371,7 +371,7 @@ def add_client_options(parser, defaults: bool) -> None:
 
 
 def client_secret_from(args) -> str:
-    from fhir_ingest.registry import RegistryError
+    from fhir_ingest.connection.registry import RegistryError
 
     if not args.client_secret_env:
         return ""
@@ -403,7 +403,7 @@ def client_secret_from(args) -> str:
     ("check", "is the registration ready? discovery, capabilities, JWKS, Backend Services token, one search; "
               "each failure with its fix", (arg("name"), JSON))))
 def cmd_ehr(args, settings: Settings) -> int:
-    from fhir_ingest.registry import RegistryError
+    from fhir_ingest.connection.registry import RegistryError
 
     registry = registry_for(settings)
     try:
@@ -515,7 +515,7 @@ def cmd_registration_info(args, settings: Settings) -> int:
 def cmd_sync(args, settings: Settings) -> int:
     from tqdm import tqdm
 
-    from fhir_ingest.client import FhirError
+    from fhir_ingest.connection.client import FhirError
     from workers.progress import job_store
 
     from workers.sync import run_bulk_sync

@@ -14,10 +14,10 @@ from typing import Callable
 
 import requests
 
-from fhir_ingest.client_auth import ClientAuthError, ClientSecretBasic, client_auth_for
-from fhir_ingest.fhir_source import PATIENT_SEARCHES
-from fhir_ingest.registry import Ehr, Registry
-from fhir_ingest.smart_auth import BackendServicesToken, forget_discovery
+from fhir_ingest.connection.client_auth import ClientAuthError, ClientSecretBasic, client_auth_for
+from fhir_ingest.connection.fetch import PATIENT_SEARCHES
+from fhir_ingest.connection.registry import Ehr, Registry
+from fhir_ingest.connection.smart_auth import BackendServicesToken, forget_discovery
 
 TIMEOUT = 10
 

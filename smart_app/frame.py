@@ -9,8 +9,8 @@ from functools import lru_cache, wraps
 
 from flask import Blueprint, abort, g, jsonify, make_response, render_template, request
 
-from fhir_ingest.load import BundleDirectorySource
-from fhir_ingest.normalize import human_name
+from fhir_ingest.record.load import BundleDirectorySource
+from fhir_ingest.record.normalize import human_name
 
 from .bodies import PIPELINES, AskBody, DraftBody, SaveDraftBody, SyncBody, WriteBackBody, json_object, parse
 from .render import readable
@@ -315,8 +315,8 @@ def write_back_draft():
     if not entry or entry["kind"] != "draft-saved" or entry["patient_id"] != context.patient_id \
             or entry["tenant"] != context.tenant:
         return jsonify(error="save the draft first; only this patient's saved drafts can be written back"), 404
-    from fhir_ingest.client import AuthExpired, FhirError
-    from fhir_ingest.writeback import create_document, draft_document
+    from fhir_ingest.connection.client import AuthExpired, FhirError
+    from fhir_ingest.connection.writeback import create_document, draft_document
 
     from workers.sync import ehr_client
 

@@ -13,7 +13,7 @@ from urllib.parse import urlencode, urlsplit
 import requests
 from flask import Blueprint, g, jsonify, make_response, redirect, render_template, request
 
-from fhir_ingest.smart_auth import LaunchError, SessionTokens
+from fhir_ingest.connection.smart_auth import LaunchError, SessionTokens
 
 from .frame import sync_must_restart, render_patient
 from .services import public_url, registry, runner, search, sessions, settings

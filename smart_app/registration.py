@@ -1,7 +1,7 @@
 """What hospital IT types into the Epic / Oracle Health app registration consoles."""
 from __future__ import annotations
 
-from fhir_ingest.smart_auth import launch_scopes, system_scopes, write_scope
+from fhir_ingest.connection.smart_auth import launch_scopes, system_scopes, write_scope
 
 CAPABILITIES = [
     "launch-ehr", "launch-standalone", "client-confidential-asymmetric", "client-confidential-symmetric",

@@ -1,9 +1,9 @@
 """A readable view of one FHIR resource for the side panel: a title, key fields and note text."""
 from __future__ import annotations
 
-from fhir_ingest.chunk import PatientChunker, clinical_date
-from fhir_ingest.normalize import concept_text, quantity_text, status_code
-from fhir_ingest.notes import NoteDecodeError, decode_attachment
+from fhir_ingest.record.chunk import PatientChunker, clinical_date
+from fhir_ingest.record.normalize import concept_text, quantity_text, status_code
+from fhir_ingest.record.notes import NoteDecodeError, decode_attachment
 
 TITLE_FIELDS = {
     "Observation": "code", "Condition": "code", "AllergyIntolerance": "code", "Procedure": "code",

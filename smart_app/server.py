@@ -68,7 +68,7 @@ def gunicorn_options(settings: Settings, host: str, port: int, cert: str | None,
 
 def prepare_before_fork(settings: Settings) -> None:
     """Everything the workers would otherwise race to create."""
-    from fhir_ingest.registry import Registry
+    from fhir_ingest.connection.registry import Registry
 
     settings.prepare_data_dir()
     settings.ensure_secret()

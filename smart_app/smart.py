@@ -1,6 +1,6 @@
 """SMART App Launch 2.x, the interactive part: the authorization code flow with PKCE (through
 authlib) and id_token validation. Discovery, scopes, client authentication and token renewal are
-fhir_ingest/smart_auth.py (syncs need them too).
+fhir_ingest/connection/smart_auth.py (syncs need them too).
 
 The verifier and nonce of a pending authorization are kept encrypted in the registry, keyed by the
 opaque `state`.
@@ -16,9 +16,9 @@ from joserfc import jwt
 from joserfc.errors import JoseError
 from joserfc.jwk import KeySet
 
-from fhir_ingest.registry import Ehr, Registry
-from fhir_ingest.client_auth import client_auth_for
-from fhir_ingest.smart_auth import (DISCOVERY_TIMEOUT, LaunchError, can_write_documents, discover, kept_tokens,
+from fhir_ingest.connection.registry import Ehr, Registry
+from fhir_ingest.connection.client_auth import client_auth_for
+from fhir_ingest.connection.smart_auth import (DISCOVERY_TIMEOUT, LaunchError, can_write_documents, discover, kept_tokens,
                                     oauth_reason, scopes_for, token_session)
 
 PENDING_TTL = 600                 # seconds an authorization may take at the EHR

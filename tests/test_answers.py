@@ -53,7 +53,7 @@ def test_scrub_removes_the_patients_identifiers_from_synthea_notes(synthea_dir):
 # --- verification ----------------------------------------------------------------------------------------
 
 def make_chunk(text: str, concepts: list[dict], date: str = "2024-03-01"):
-    from fhir_ingest.contract import Chunk
+    from fhir_ingest.record.contract import Chunk
 
     return Chunk(tenant="t", patient_id="p", resource_type="Observation", resource_id="x", part="0", text=text,
                  label="label", date=date, semantic_type="lab", concepts=concepts)

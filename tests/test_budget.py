@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from fhir_ingest.budget import LocalBudget
+from fhir_ingest.connection.budget import LocalBudget
 
 from .conftest import redis_url
 
@@ -48,8 +48,8 @@ class CountingEhr(BaseHTTPRequestHandler):
 
 def client_process(base: str, redis: str, requests_each: int, concurrency: int, per_second: float, out) -> None:
     """One chartcite process (a web worker or a Celery worker): three threads reading the EHR."""
-    from fhir_ingest.budget import budget_for
-    from fhir_ingest.client import FhirClient
+    from fhir_ingest.connection.budget import budget_for
+    from fhir_ingest.connection.client import FhirClient
 
     budget = budget_for(base.split("//")[1].rstrip("/"), concurrency, per_second, redis)
     client = FhirClient(base, budget=budget)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import date
 
-from fhir_ingest.contract import Chunk
+from fhir_ingest.record.contract import Chunk
 from search.answering.answer import numbered
 from search.answering.clinical import dosage_words, drug_name, observation_name, unit, value_words
 from search.answering.lead import first_sentence

@@ -95,7 +95,7 @@ def test_reindexing_is_idempotent_and_deletes_remove_chunks(kind, tmp_path, embe
 def test_a_whole_record_without_a_resource_removes_its_stored_copy_too(kind, tmp_path, embedder, small_bundle):
     """Found when an EHR's full export no longer held a resource: its chunks went, its stored copy
     stayed, so its citation still opened and the next merge brought it back."""
-    from fhir_ingest.load import PatientRecord, load_resources
+    from fhir_ingest.record.load import PatientRecord, load_resources
 
     svc = make_service(kind, tmp_path)
     tenant = f"whole{uuid.uuid4().hex[:8]}"
@@ -251,7 +251,7 @@ def test_a_patient_twice_in_one_run_ends_as_its_later_record(tmp_path, embedder,
     later copy no longer holds is removed."""
     from dataclasses import replace
 
-    from fhir_ingest.load import load_resources
+    from fhir_ingest.record.load import load_resources
     from search.backends.base import Scope
     from search.indexer import index_in_turn
 
@@ -271,7 +271,7 @@ def test_a_patient_twice_in_one_run_ends_as_its_later_record(tmp_path, embedder,
 def test_a_patient_is_written_whole_or_not_at_all(tmp_path, embedder, synthea_dir, monkeypatch):
     """A stop between a patient's chunks and its summary (the last write) leaves the index as it
     was: no chunks without the record they cite, no record the patient list does not show."""
-    from fhir_ingest.load import load_resources
+    from fhir_ingest.record.load import load_resources
     from search.backends.base import Scope
 
     svc = make_service("embedded", tmp_path)
@@ -301,7 +301,7 @@ def test_writes_in_a_deferred_refresh_block_are_searchable_when_it_ends_even_by_
     clinician's launch) are searchable at once."""
     import threading
 
-    from fhir_ingest.load import load_resources
+    from fhir_ingest.record.load import load_resources
     from search.backends.base import Scope
 
     svc = make_service(kind, tmp_path)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from fhir_ingest.chunk import PatientChunker, TextBudget
-from fhir_ingest.datatypes import range_text, reference_range_text, value_text
+from fhir_ingest.record.chunk import PatientChunker, TextBudget
+from fhir_ingest.record.datatypes import range_text, reference_range_text, value_text
 
 PATIENT = {"resourceType": "Patient", "id": "p1"}
 BUDGET = TextBudget(254, lambda t: len(t.split()))
@@ -96,7 +96,7 @@ def test_trends_never_mix_codes_of_different_systems():
 
 
 def test_dosage_by_the_specification():
-    from fhir_ingest.datatypes import dosage_text
+    from fhir_ingest.record.datatypes import dosage_text
 
     oxycodone = {"text": "1-2 tablets every 4 hours as needed for pain",
                  "timing": {"repeat": {"frequency": 1, "period": 4, "periodUnit": "h"}, "code": {"text": "Q4H"}},
@@ -174,7 +174,7 @@ def test_notes_from_a_binary_in_the_same_input_by_any_reference():
 def test_a_transaction_bundles_urn_uuid_binary_is_resolved(tmp_path):
     import json
 
-    from fhir_ingest.load import load_resources
+    from fhir_ingest.record.load import load_resources
 
     bundle = {"resourceType": "Bundle", "type": "transaction", "entry": [
         {"fullUrl": "urn:uuid:11111111-1111-4111-8111-111111111111", "resource": {"resourceType": "Patient"},
@@ -234,7 +234,7 @@ def test_one_unreadable_part_never_costs_a_report_its_results_or_conclusion():
 def test_a_narrative_without_a_div_costs_only_the_narrative(tmp_path):
     import json
 
-    from fhir_ingest.load import load_resources
+    from fhir_ingest.record.load import load_resources
 
     path = tmp_path / "r.json"
     path.write_text(json.dumps({"resourceType": "Bundle", "type": "collection", "entry": [

@@ -243,7 +243,7 @@ def test_a_10_mb_note_is_capped_reported_and_cut_within_the_window(embedder):
     2 GB for 10 MB); what is left out is in the report. Time and memory: bench/hostile_size.py."""
     import base64
 
-    from fhir_ingest.chunk import MAX_NOTE_CHARS, PatientChunker
+    from fhir_ingest.record.chunk import MAX_NOTE_CHARS, PatientChunker
 
     text = "Patient seen today feeling well " * 320_000            # about 10 MB, one endless sentence
     note = {"resourceType": "DocumentReference", "id": "huge", "status": "current", "type": {"text": "Progress note"},

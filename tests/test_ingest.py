@@ -8,9 +8,9 @@ import re
 
 import pytest
 
-from fhir_ingest.chunk import PatientChunker, TextBudget
-from fhir_ingest.load import load_resources
-from fhir_ingest.reader import read_path
+from fhir_ingest.record.chunk import PatientChunker, TextBudget
+from fhir_ingest.record.load import load_resources
+from fhir_ingest.record.reader import read_path
 
 
 def test_every_shared_bundle_ingests_with_nothing_skipped(patient_files, embedder):
@@ -131,7 +131,7 @@ def test_malformed_resources_are_reported_and_the_rest_is_indexed(tmp_path):
 def test_the_quick_look_for_bad_code_systems_misses_none_the_full_walk_finds(system):
     """The code-system check first looks at the resource's JSON text and walks it only on a
     suspicion: every system the walk rejects, anywhere in the resource, must raise one."""
-    from fhir_ingest.normalize import _bad_code_system, _may_name_a_bad_system
+    from fhir_ingest.record.normalize import _bad_code_system, _may_name_a_bad_system
 
     nested = obs("o1", 3.4)
     nested["valueCodeableConcept"] = {"coding": [{"system": system, "code": "x"}]}
@@ -215,8 +215,8 @@ def test_entered_in_error_never_becomes_a_chunk():
 def test_a_bulk_export_parked_on_disk_regroups_like_the_in_memory_path(patient_files, tmp_path):
     """An export arrives sorted by type, not patient; staging hands each patient back whole, with
     only the Medications that patient's requests point at."""
-    from fhir_ingest.load import LoadReport, RecordAssembler, check_items
-    from fhir_ingest.reader import RawResource
+    from fhir_ingest.record.load import LoadReport, RecordAssembler, check_items
+    from fhir_ingest.record.reader import RawResource
 
     items = [item for path in patient_files[:3] for item in read_path(path)]
     by_type = sorted((i for i in items if isinstance(i, RawResource)), key=lambda i: i.resource["resourceType"])

@@ -64,7 +64,7 @@ def test_a_failed_sync_is_retried_by_the_next_launch(app):
 
 
 def test_an_expired_sign_in_is_one_warning_line(caplog):
-    from fhir_ingest.client import AuthExpired
+    from fhir_ingest.connection.client import AuthExpired
     from workers.runner import TaskRunner
 
     class ExpiringTask:

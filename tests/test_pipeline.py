@@ -98,7 +98,7 @@ def test_a_snomed_tag_in_a_structured_text_defines_no_abbreviation():
     """"Depression screening (procedure)" looked like a definition to the abbreviation detector
     ("procedure" the short form of "Depression"), so every screening carried the concept
     depression. A structured text's parenthesis is a tag; in a note it still defines (above)."""
-    from fhir_ingest.contract import Chunk
+    from fhir_ingest.record.contract import Chunk
 
     def chunk(text: str, semantic_type: str) -> Chunk:
         return Chunk(tenant="t", patient_id="p", resource_type="Procedure", resource_id="x", part="0", text=text,

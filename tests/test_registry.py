@@ -8,8 +8,8 @@ import time
 import pytest
 from cryptography.fernet import Fernet
 
-from fhir_ingest.keys import generate_pair
-from fhir_ingest.registry import Registry, RegistryError
+from fhir_ingest.connection.keys import generate_pair
+from fhir_ingest.connection.registry import Registry, RegistryError
 
 
 @pytest.fixture()
@@ -68,7 +68,7 @@ def test_an_older_registry_database_is_upgraded_in_place(tmp_path):
 
 
 def open_stores_together(folder: str, key: str, barrier) -> None:
-    from fhir_ingest.registry import Registry
+    from fhir_ingest.connection.registry import Registry
     from smart_app.audit import AuditTrail
 
     barrier.wait()           # every process creates the tables at the same moment

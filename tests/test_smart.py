@@ -19,7 +19,7 @@ import pytest
 import requests
 from cryptography.fernet import Fernet
 
-from fhir_ingest.smart_auth import resource_scopes
+from fhir_ingest.connection.smart_auth import resource_scopes
 
 from .conftest import clean_env, metric
 from .fhir_servers import REPO, free_port, load_synthea, start_ehr_server, start_sekmet, stop, wait_for
@@ -446,7 +446,7 @@ def test_a_symmetric_client_signs_in_with_its_secret_and_asks_only_for_its_regis
 
 
 def test_a_registration_needs_the_secret_of_its_client_type(tmp_path):
-    from fhir_ingest.registry import Registry, RegistryError
+    from fhir_ingest.connection.registry import Registry, RegistryError
 
     registry = Registry(f"sqlite:///{tmp_path / 'r.sqlite'}", Fernet.generate_key().decode())
     with pytest.raises(RegistryError, match="client secret"):
@@ -525,7 +525,7 @@ def test_client_assertions_expire_within_five_minutes_with_a_fresh_jti():
     from joserfc import jwt as jose_jwt
     from joserfc.jwk import KeySet
 
-    from fhir_ingest.keys import client_assertion, generate_pair
+    from fhir_ingest.connection.keys import client_assertion, generate_pair
 
     for alg in ("RS384", "ES384"):
         pair = generate_pair(alg)
@@ -684,7 +684,7 @@ def test_registration_info_prints_what_the_consoles_ask_for(stack):
 
 
 def test_an_interrupted_export_is_cancelled_at_the_ehr(stack):
-    from fhir_ingest.bulk import BulkExport
+    from fhir_ingest.connection.bulk import BulkExport
     from smart_app.settings import Settings
     from workers.sync import ehr_client, open_registry
 
@@ -778,7 +778,7 @@ def test_a_saved_draft_is_written_back_as_a_preliminary_note_when_the_ehr_allows
 
 
 def test_write_scopes_are_read_in_both_syntaxes():
-    from fhir_ingest.smart_auth import can_write_documents
+    from fhir_ingest.connection.smart_auth import can_write_documents
 
     assert can_write_documents("launch patient/DocumentReference.c patient/Observation.rs")
     assert can_write_documents("patient/DocumentReference.write")

@@ -49,7 +49,7 @@ def test_the_runner_counts_what_each_stage_passes_on():
 
 
 def test_the_runner_keeps_the_ranking_after_each_stage_for_per_stage_recall():
-    from fhir_ingest.contract import Chunk
+    from fhir_ingest.record.contract import Chunk
     from search.retrieval.pipeline import Evidence
 
     def rank(state, tools):
@@ -62,7 +62,7 @@ def test_the_runner_keeps_the_ranking_after_each_stage_for_per_stage_recall():
 
 
 def test_select_top_k_keeps_order_and_drops_identical_text():
-    from fhir_ingest.contract import Chunk
+    from fhir_ingest.record.contract import Chunk
     from search.retrieval.pipeline import Evidence
 
     def chunk(cid: str, text: str) -> Chunk:
@@ -86,7 +86,7 @@ class Record:
     """A tiny stand-in for a Backend: four chunks and canned rankings."""
 
     def __init__(self):
-        from fhir_ingest.contract import Chunk
+        from fhir_ingest.record.contract import Chunk
 
         self.chunks = {c.chunk_id: c for c in (
             Chunk("t", "p", "Condition", "asthma", "0", "Asthma.", "Asthma", "2020-01-01", "problem"),

@@ -49,6 +49,15 @@ def test_imports_run_one_way():
     assert not wrong, wrong
 
 
+def test_the_record_room_never_reaches_for_the_ehr_connection():
+    """fhir_ingest has two rooms: the record (files, checks, kinds, chunks) works on any FHIR it is
+    given; only the EHR connection talks to EHRs, and it may use the record, not the reverse."""
+    found = modules()
+    wrong = [f"{name} imports {target}" for name, tree in found.items() if name.startswith("fhir_ingest.record")
+             for target in imports_of(name, tree, set(found)) if target.startswith("fhir_ingest.connection")]
+    assert not wrong, wrong
+
+
 def test_no_import_circles():
     found = modules()
     graph = {name: imports_of(name, tree, set(found)) for name, tree in found.items()}

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from fhir_ingest.chunk import PatientChunker, TextBudget
-from fhir_ingest.load import load_resources
-from fhir_ingest.normalize import INDEXED_TYPES, quantity_text
+from fhir_ingest.record.chunk import PatientChunker, TextBudget
+from fhir_ingest.record.load import load_resources
+from fhir_ingest.record.normalize import INDEXED_TYPES, quantity_text
 
 from .conftest import SHARED, question_set_report, require_shared
 

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from fhir_ingest.load import load_resources
+from fhir_ingest.record.load import load_resources
 from search.answering.answer import NO_EVIDENCE_YET
 
 from .conftest import BACKENDS, drop_tenants, make_service

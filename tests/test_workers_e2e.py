@@ -66,8 +66,8 @@ def wait_job(jobs, tenant, pid, states, seconds=600, phase=None):
 
 
 def expected_chunk_ids(tenant, synthea_dir, pid, embedder) -> set[str]:
-    from fhir_ingest.chunk import PatientChunker
-    from fhir_ingest.load import load_resources
+    from fhir_ingest.record.chunk import PatientChunker
+    from fhir_ingest.record.load import load_resources
 
     records, _ = load_resources([synthea_dir / f"{pid}.json.gz"])
     return {c.chunk_id for c in PatientChunker(tenant, pid, records[0].resources, embedder.budget()).chunks()}

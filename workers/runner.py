@@ -53,7 +53,7 @@ class TaskRunner:
             return 0 if "sqla" in self.settings.celery_broker else None
 
     def _run_eagerly(self, task, tenant, patient_id, session_id):
-        from fhir_ingest.client import AuthExpired
+        from fhir_ingest.connection.client import AuthExpired
 
         from .sync import RetryLater
 

@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from urllib.parse import urlsplit
 
-from fhir_ingest.budget import budget_for
-from fhir_ingest.client import AuthExpired, FhirClient, FhirUnavailable
-from fhir_ingest.contract import PatientNotFound
-from fhir_ingest.load import BundleDirectorySource, LoadReport
-from fhir_ingest.registry import Ehr, Registry
-from fhir_ingest.smart_auth import BackendServicesToken, SessionTokens
+from fhir_ingest.connection.budget import budget_for
+from fhir_ingest.connection.client import AuthExpired, FhirClient, FhirUnavailable
+from fhir_ingest.record.contract import PatientNotFound
+from fhir_ingest.record.load import BundleDirectorySource, LoadReport
+from fhir_ingest.connection.registry import Ehr, Registry
+from fhir_ingest.connection.smart_auth import BackendServicesToken, SessionTokens
 from search.backends.base import BackendUnavailable
 
 from .progress import job_store
@@ -89,8 +89,8 @@ def read_ehr_patient(settings, registry: Registry, ehr: Ehr, patient_id: str, he
                      session_id: str | None, progress=None) -> PatientRead:
     """The patient's record from the EHR: everything on the first sync, then what changed since the
     last one (by the EHR's own clock), merged into the resources chartcite already holds."""
-    from fhir_ingest.fhir_source import fetch_patient, to_record
-    from fhir_ingest.load import merge_resources
+    from fhir_ingest.connection.fetch import fetch_patient, to_record
+    from fhir_ingest.record.load import merge_resources
 
     client = ehr_client(settings, registry, ehr, session_id, interactive=True)
     cursor = registry.patient_synced(ehr.name, patient_id)
@@ -205,8 +205,8 @@ class ExportRound:
 
 def download_export(client: FhirClient, ehr: Ehr, group_id: str, cursor: str, assembler, say) -> ExportRound:
     """Kick off, wait for and download one export into the assembler (parked on disk)."""
-    from fhir_ingest.bulk import BulkExport, SinceCheck
-    from fhir_ingest.fhir_source import PATIENT_SEARCHES
+    from fhir_ingest.connection.bulk import BulkExport, SinceCheck
+    from fhir_ingest.connection.fetch import PATIENT_SEARCHES
 
     def downloaded(items):
         for count, item in enumerate(items, start=1):
@@ -234,7 +234,7 @@ def run_bulk_sync(settings, registry: Registry, ehr: Ehr, service, group_id: str
     """One Backend Services + Bulk Data round for an EHR (`full`: everything, not just changes
     since the last round's transactionTime). Nothing is lost on failure: the cursor moves only at
     the end."""
-    from fhir_ingest.load import RecordAssembler
+    from fhir_ingest.record.load import RecordAssembler
 
     def say(phase, done=0, total=0, note=""):
         if progress:

@@ -88,7 +88,7 @@ def reindex_tenant(self, tenant: str) -> dict:
 def sync_tenant(self, tenant: str) -> dict:
     """Celery beat's periodic job: a registered EHR gets a bulk sync; the demo tenant queues a
     sync of every patient in its bundle folder (one not already queued or running)."""
-    from fhir_ingest.load import BundleDirectorySource
+    from fhir_ingest.record.load import BundleDirectorySource
 
     settings = settings_of(self)
     if sync.open_registry(settings).ehr(tenant) is not None:

@@ -2,7 +2,7 @@
 chunk draws on, read the same way (search/answering/facts.py)."""
 from __future__ import annotations
 
-from fhir_ingest.contract import Chunk
+from fhir_ingest.record.contract import Chunk
 
 from search.answering.facts import Reader, series_facts
 from search.answering.lead import Series

@@ -9,9 +9,9 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from fhir_ingest.datatypes import timing_text
-from fhir_ingest.normalize import codings, concept_text, quantity_text
-from fhir_ingest.words import _strip_tag
+from fhir_ingest.record.datatypes import timing_text
+from fhir_ingest.record.normalize import codings, concept_text, quantity_text
+from fhir_ingest.record.words import _strip_tag
 
 SHORT_NAMES = Path(__file__).with_name("data") / "short_names.tsv"
 UNITS = {"Cel": "°C", "[degF]": "°F", "mm[Hg]": "mmHg", "kg/m2": "kg/m²", "mL/min/{1.73_m2}": "mL/min/1.73 m²",

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from datetime import date
 from typing import Callable
 
-from fhir_ingest.chunk import blood_pressure, clinical_date, day
-from fhir_ingest.context import observation_flag
-from fhir_ingest.normalize import codings, concept_text, ref_id, status_code
+from fhir_ingest.record.chunk import blood_pressure, clinical_date, day
+from fhir_ingest.record.context import observation_flag
+from fhir_ingest.record.normalize import codings, concept_text, ref_id, status_code
 
 from search.answering.clinical import (condition_name, dosage_words, drug_name, observation_name, unit,
                                        value_words)

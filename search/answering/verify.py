@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 
-from fhir_ingest.contract import Chunk
+from fhir_ingest.record.contract import Chunk
 
 from search.nlp.annotate import RecordTerm, default_annotator
 

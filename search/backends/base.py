@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fhir_ingest.contract import Chunk
+from fhir_ingest.record.contract import Chunk
 
 
 # The text hash a chunk written before its vector carries: it never equals a real hash, so a

@@ -20,7 +20,7 @@ from itertools import chain
 import numpy as np
 from elasticsearch.serializer import JsonSerializer, OrjsonSerializer
 
-from fhir_ingest.contract import Chunk
+from fhir_ingest.record.contract import Chunk
 
 from search.nlp.annotate import asserted_keys
 from search.backends.base import (PENDING_PROBLEM, VECTOR_PENDING, Backend, BackendError, BackendUnavailable, Hit,

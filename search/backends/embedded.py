@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from fhir_ingest.contract import Chunk
+from fhir_ingest.record.contract import Chunk
 
 from search.nlp.annotate import asserted_keys
 from search.backends.base import PENDING_PROBLEM, VECTOR_PENDING, Backend, Hit, IndexCheck, ModelMismatch, Scope

@@ -9,7 +9,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from fhir_ingest.chunk import TextBudget
+from fhir_ingest.record.chunk import TextBudget
 
 log = logging.getLogger(__name__)
 

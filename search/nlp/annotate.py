@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterable, Iterator
 
-from fhir_ingest.contract import Chunk
+from fhir_ingest.record.contract import Chunk
 
 from search.nlp.lexicon import Lexicon, default_lexicon
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from datetime import date, timedelta
 from typing import Callable
 
-from fhir_ingest.contract import Chunk
+from fhir_ingest.record.contract import Chunk
 
 from search.nlp.abbreviations import expansions
 from search.nlp.annotate import RecordTerm, asserted_keys, default_annotator

@@ -16,7 +16,7 @@ from authlib.integrations.requests_client import OAuth2Session
 
 from .client import AuthExpired
 from .client_auth import ClientAuthError, client_auth_for
-from .fhir_source import PATIENT_SEARCHES, REFERENCED_TYPES
+from .fetch import PATIENT_SEARCHES, REFERENCED_TYPES
 from .registry import DEFAULT_REQUEST_SCOPES, Ehr, Registry
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from typing import Callable, Iterator
 import requests
 
 from .client import FhirClient, FhirError, retry_after_seconds
-from .reader import RawResource, ReadItem, ReadProblem
+from ..record.reader import RawResource, ReadItem, ReadProblem
 
 log = logging.getLogger(__name__)
 

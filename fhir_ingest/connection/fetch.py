@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from .client import FhirClient, FhirError
-from .contract import PatientNotFound
-from .load import LoadReport, PatientRecord, check_items
-from .normalize import human_name
-from .reader import RawResource, ReadItem, ReadProblem
+from ..record.contract import PatientNotFound
+from ..record.load import LoadReport, PatientRecord, check_items
+from ..record.normalize import human_name
+from ..record.reader import RawResource, ReadItem, ReadProblem
 
 log = logging.getLogger(__name__)
 
