@@ -24,7 +24,8 @@ sys.path.insert(0, str(REPO))
 
 from fhir_ingest.connection.bulk import BulkExport  # noqa: E402
 from fhir_ingest.connection.client import FhirClient  # noqa: E402
-from fhir_ingest.connection.fetch import PATIENT_SEARCHES, fetch_patient  # noqa: E402
+from fhir_ingest.connection.fetch import fetch_patient  # noqa: E402
+from fhir_ingest.record.kinds import PATIENT_SEARCHES  # noqa: E402
 from fhir_ingest.record.load import LoadReport, checked  # noqa: E402
 from fhir_ingest.record.staging import PatientStaging  # noqa: E402
 from tests.fhir_servers import load_synthea, start_sekmet, stop  # noqa: E402

@@ -16,8 +16,9 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 
 from fhir_ingest.record.chunk import ChunkProblem, PatientChunker
-from fhir_ingest.record.load import ESSENTIAL_TYPES, PatientRecord
-from fhir_ingest.record.normalize import INDEXED_TYPES, SUPPORT_TYPES, human_name
+from fhir_ingest.record.kinds import ESSENTIAL_TYPES, INDEXED_TYPES, SUPPORT_TYPES
+from fhir_ingest.record.load import PatientRecord
+from fhir_ingest.record.normalize import human_name
 
 from search.nlp.annotate import canonical_names, default_annotator, record_terms_from_chunks
 from search.backends.base import Backend

@@ -9,16 +9,15 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from fhir_ingest.record.load import LoadReport, PatientRecord, assembled, merge_resources
-from fhir_ingest.record.normalize import INDEXED_TYPES
+from fhir_ingest.record.kinds import INDEXED_TYPES
 from fhir_ingest.record.reader import read_path
 
-from search.answering.answer import (NEW_PATIENT, asked_class, class_entries_answer, compose, context_evidence,
-                                     while_reading)
-from search.answering.charts import trend_chart
+from search.answering.answer import compose
 from search.answering.grounded import GENERAL_BANNER, GENERAL_REFUSAL, grounded_answer
 from search.answering.phi import Identifiers
+from search.answering.steps import AnswerContext, apply_steps
 from search.answering.types import Answer
-from search.backends.base import Backend, BackendError, Scope
+from search.backends.base import Backend, BackendError
 from search.backends.elastic import ElasticOptions
 from search.indexer import IndexResult, index_in_turn, index_record
 from search.models.crossrank import CrossEncoderRanker, load_reranker
@@ -26,7 +25,7 @@ from search.models.embed import Embedder
 from search.models.embedders import load_embedder
 from search.models.llm import ChatClient, LlmError, LlmSettings, general_answer, is_general_question
 from search.nlp.lexicon import clean_text
-from search.retrieval.pipeline import Evidence, fact_key, patient_terms, retrieve
+from search.retrieval.pipeline import patient_terms, retrieve
 
 log = logging.getLogger(__name__)
 
@@ -35,26 +34,6 @@ log = logging.getLogger(__name__)
 class IndexSummary:
     load: LoadReport
     result: IndexResult
-
-
-class RecordReader:
-    """One patient's stored resources by reference, each read once per answer; `prefetch` reads
-    many in one call (one round trip to Elasticsearch) before they are asked for one by one."""
-
-    def __init__(self, backend: Backend, tenant: str, patient_id: str):
-        self.backend, self.tenant, self.patient_id = backend, tenant, patient_id
-        self.cache: dict[str, dict | None] = {}
-
-    def prefetch(self, refs: list[str]) -> None:
-        missing = [r for r in dict.fromkeys(refs) if r and r not in self.cache]
-        if missing:
-            found = self.backend.get_resources(self.tenant, self.patient_id, missing)
-            self.cache.update({ref: found.get(ref) for ref in missing})
-
-    def __call__(self, ref: str) -> dict | None:
-        if ref and ref not in self.cache:
-            self.cache[ref] = self.backend.get_resource(self.tenant, self.patient_id, ref)
-        return self.cache.get(ref)
 
 
 class SearchService:
@@ -205,66 +184,17 @@ class SearchService:
         measurement = any(c["semantic_type"] in ("lab", "vital") for c in analysis.concepts)
         if is_general_question(question, about_record, measurement):
             return self.general(question, tenant, patient_id, question_id, retrieval, use_llm)
-        read = self.reader(tenant, patient_id)      # one per answer: each record read once
-        result = compose(retrieval, patient_id, read, question_id)
-        if retrieval.corpus_size == 0:
-            result.answer = self.empty_record_answer(tenant, patient_id)
-        else:
-            result = self.never_hide_the_class(tenant, patient_id, retrieval, result)
-        if use_llm and self.llm is not None and not result.abstained:
+        result = compose(retrieval, patient_id, question_id)
+        return apply_steps(result, self.answer_context(tenant, patient_id, retrieval, use_llm))
+
+    def answer_context(self, tenant: str, patient_id: str, retrieval, use_llm: bool) -> AnswerContext:
+        def grounded(result: Answer) -> Answer:
+            # Names, MRNs, birth dates and addresses are scrubbed from all that is sent.
             ids = Identifiers.from_patient(self.resource(tenant, patient_id, f"Patient/{patient_id}"))
-            result = grounded_answer(self.llm, retrieval, result, ids, patient_terms(self.backend, tenant, patient_id))
-        if not result.abstained and result.chart is None:
-            cited = {c.ref for c in result.citations}
-            trend = next((e.chunk for e in retrieval.evidence if e.chunk.category == "trend" and e.chunk.ref in cited), None)
-            if trend is not None:
-                result.chart = trend_chart(read, trend)
-        return while_reading(result, retrieval)
+            return grounded_answer(self.llm, retrieval, result, ids, patient_terms(self.backend, tenant, patient_id))
 
-    def reader(self, tenant: str, patient_id: str) -> "RecordReader":
-        return RecordReader(self.backend, tenant, patient_id)
-
-    def never_hide_the_class(self, tenant: str, patient_id: str, retrieval, result: Answer) -> Answer:
-        """An abstention never stands alone when the record holds what was asked about's class
-        (allergies, problems, medications, procedures): those entries are listed, cited, with the
-        word that none matches; a fact the question mentioned as context is shown as such."""
-        klass = asked_class(retrieval.analysis)
-        result.diagnostics["asked_class"] = {"class": klass}
-        if not result.abstained:
-            return result          # an answer lists nothing more: no count on the common path
-        scope = Scope(tenant, patient_id, semantic_types=(klass,)) if klass else None
-        held = self.backend.count(scope) if scope else 0
-        result.diagnostics["asked_class"]["records"] = held
-        context = context_evidence(retrieval)
-        if not held and context is None:
-            return result
-        return class_entries_answer(result, klass if held else "", self.class_entries(scope) if held else [], context)
-
-    def class_entries(self, scope: Scope) -> list[Evidence]:
-        """What the record holds of a class, newest first, one per fact; current entries (active
-        problems, allergies and orders) before the rest."""
-        chunks = self.backend.get_chunks(scope.tenant, [h.chunk_id for h in self.backend.latest(scope, 500)])
-        ordered = [c for c in chunks if c.status == "active"] + [c for c in chunks if c.status != "active"]
-        seen, entries = set(), []
-        for chunk in ordered:
-            if chunk.category == "trend" or fact_key(chunk) in seen:
-                continue
-            seen.add(fact_key(chunk))
-            entries.append(Evidence(chunk, 0.0))
-        return entries
-
-    def empty_record_answer(self, tenant: str, patient_id: str) -> str:
-        """"New patient" only when the record holds nothing clinical; records read but not indexed
-        are a different situation, and a clinician must not mistake one for the other."""
-        summary = self.patient(tenant, patient_id) or {}
-        if summary.get("vectors_pending"):
-            return "This patient's record is being read; ask again in a moment."
-        counts = summary.get("resource_counts") or {}
-        clinical = sum(n for rt, n in counts.items() if rt in INDEXED_TYPES)
-        if not clinical:
-            return NEW_PATIENT
-        return (f"{clinical} clinical records were read for this patient, but none could be indexed; "
-                f"the index report says why. I cannot answer from them.")
+        return AnswerContext(tenant, patient_id, retrieval, self.backend, lambda: self.patient(tenant, patient_id),
+                             grounded if use_llm and self.llm is not None else None, INDEXED_TYPES)
 
     def general(self, question: str, tenant: str, patient_id: str, question_id: str | None, retrieval,
                 use_llm: bool) -> Answer:

@@ -15,7 +15,7 @@ from typing import Callable
 import requests
 
 from fhir_ingest.connection.client_auth import ClientAuthError, ClientSecretBasic, client_auth_for
-from fhir_ingest.connection.fetch import PATIENT_SEARCHES
+from fhir_ingest.record.kinds import PATIENT_SEARCHES
 from fhir_ingest.connection.registry import Ehr, Registry
 from fhir_ingest.connection.smart_auth import BackendServicesToken, forget_discovery
 

@@ -351,8 +351,6 @@ def record():
     resource = search().resource(context.tenant, context.patient_id, ref)
     if resource is None:
         return jsonify(error="no such record for this patient"), 404
-    medication = None
-    med_ref = (resource.get("medicationReference") or {}).get("reference", "")
-    if med_ref:
-        medication = search().resource(context.tenant, context.patient_id, med_ref)
-    return jsonify(ref=ref, readable=readable(resource, medication), resource=resource)
+    # The records it points at (a drug's Medication, a reason's Condition), of this patient only.
+    resolve = lambda other: search().resource(context.tenant, context.patient_id, other) if other else None  # noqa: E731
+    return jsonify(ref=ref, readable=readable(resource, resolve), resource=resource)

@@ -1,46 +1,68 @@
-"""A readable view of one FHIR resource for the side panel: a title, key fields and note text."""
+"""A readable view of one FHIR resource for the side panel: a title, its fields and note text.
+
+The fields are the resource's typed fact (the kind's reader, the same fact the answer words), so
+the panel shows what the answer says it shows: a value with its comparator, a dose with its range
+and timing, an onset of any type, the drug of a referenced Medication.
+"""
 from __future__ import annotations
 
-from fhir_ingest.record.chunk import PatientChunker, clinical_date
-from fhir_ingest.record.normalize import concept_text, quantity_text, status_code
+from dataclasses import fields
+
+from fhir_ingest.record.facts import Component, Dose, Quantity, Reaction, ReferenceRange, Value
+from fhir_ingest.record.kinds import clinical_date, fact_of, kind_of
+from fhir_ingest.record.kinds.observations import measured_words
+from fhir_ingest.record.normalize import concept_text
 from fhir_ingest.record.notes import NoteDecodeError, decode_attachment
 
-TITLE_FIELDS = {
-    "Observation": "code", "Condition": "code", "AllergyIntolerance": "code", "Procedure": "code",
-    "Immunization": "vaccineCode", "MedicationRequest": "medicationCodeableConcept",
-    "MedicationAdministration": "medicationCodeableConcept", "DiagnosticReport": "code",
-    "DocumentReference": "type", "Device": "type",
-}
+HIDDEN = {"kind", "name", "codes", "date", "points", "medication", "value", "components", "sections", "onset_date"}
+LABELS = {"verification": "verification status", "status_reason": "status reason", "visit_reasons": "reason of the visit",
+          "allergy_type": "type", "encounter_class": "class", "body_site": "body site", "ranges": "reference range",
+          "doses": "dosage", "notes": "note"}
 
 
-def readable(resource: dict, medication: dict | None = None) -> dict:
+def words(value) -> str:
+    """A fact's field in words, whatever its type."""
+    if isinstance(value, (Value, Quantity)):
+        return value.text
+    if isinstance(value, Dose):
+        from fhir_ingest.record.context import dose_words
+
+        return dose_words([value])
+    if isinstance(value, ReferenceRange):
+        return value.text
+    if isinstance(value, Reaction):
+        return ", ".join(value.manifestations) + (f" ({value.severity})" if value.severity else "") + (
+            f" to {value.substance}" if value.substance else "")
+    if isinstance(value, Component):
+        return f"{value.name}: {value.value.text}"
+    if isinstance(value, list):
+        return "; ".join(w for w in (words(v) for v in value) if w)
+    return str(value) if value not in (None, "", False) else ""
+
+
+def fact_fields(fact) -> list[list[str]]:
+    rows = []
+    if getattr(fact, "kind", "") == "measurement":
+        rows.append(["Value", measured_words(fact)])
+    for f in fields(fact):
+        if f.name in HIDDEN:
+            continue
+        value = getattr(fact, f.name)
+        if f.name == "details":
+            rows += [[label, text] for label, text in value]
+            continue
+        rows.append([LABELS.get(f.name, f.name.replace("_", " ")), words(value)])
+    return [row for row in rows if row[1]]
+
+
+def readable(resource: dict, resolve) -> dict:
+    """Title, fields and note text of a resource; `resolve` reads the records it points at."""
     rt = resource.get("resourceType", "")
-    title_field = TITLE_FIELDS.get(rt)
-    title = concept_text(resource.get(title_field)) if title_field else ""
-    if not title and medication:
-        title = concept_text(medication.get("code"))
-    if not title and rt == "Encounter":
-        title = ", ".join(concept_text(t) for t in resource.get("type") or [])
-    fields: list[list[str]] = [["Date", clinical_date(resource)[:16].replace("T", " ")]]
-    for name in ("status", "clinicalStatus", "verificationStatus", "intent", "criticality"):
-        value = status_code(resource, name)
-        if value:
-            fields.append([name, value])
-    if rt == "Observation":
-        fields.append(["Value", PatientChunker.observation_value(resource)])
-        for rr in resource.get("referenceRange") or []:
-            fields.append(["Reference range", f"{quantity_text(rr.get('low'))} – {quantity_text(rr.get('high'))}"])
-    for name in ("reasonCode", "category", "interpretation"):
-        for concept in resource.get(name) or []:
-            text = concept_text(concept) if isinstance(concept, dict) else str(concept)
-            if text:
-                fields.append([name, text])
-    for dosage in resource.get("dosageInstruction") or []:
-        if dosage.get("text"):
-            fields.append(["Dosage", dosage["text"]])
-    for reaction in resource.get("reaction") or []:
-        manifest = ", ".join(concept_text(m) for m in reaction.get("manifestation") or [])
-        fields.append(["Reaction", f"{manifest} ({reaction.get('severity', '')})".replace(" ()", "")])
+    fact = fact_of(resource, resolve)
+    kind = kind_of(rt)
+    title = (getattr(fact, "medication", "") or (fact.name if fact else "")
+             or (concept_text(resource.get(kind.title)) if kind and kind.title else ""))
+    rows = [["Date", clinical_date(resource)[:16].replace("T", " ")]] + (fact_fields(fact) if fact else [])
     note_text = ""
     attachments = [c.get("attachment") or {} for c in resource.get("content") or []] + list(resource.get("presentedForm") or [])
     for attachment in attachments:
@@ -50,4 +72,4 @@ def readable(resource: dict, medication: dict | None = None) -> dict:
             except NoteDecodeError as exc:
                 note_text = f"(note text unavailable: {exc})"
             break
-    return {"title": title or rt, "resource_type": rt, "fields": [f for f in fields if f[1]], "note_text": note_text}
+    return {"title": title or rt, "resource_type": rt, "fields": [f for f in rows if f[1]], "note_text": note_text}

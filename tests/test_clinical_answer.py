@@ -6,6 +6,8 @@ from __future__ import annotations
 from datetime import date
 
 from fhir_ingest.record.contract import Chunk
+from fhir_ingest.record.kinds import fact_of
+from fhir_ingest.record.kinds.medications import doses_of
 from search.answering.answer import numbered
 from search.answering.clinical import dosage_words, drug_name, observation_name, unit, value_words
 from search.answering.lead import first_sentence
@@ -28,22 +30,25 @@ def order(oid: str, drug: str, status: str, when: str, **extra) -> dict:
             "medicationCodeableConcept": {"text": drug}, **extra}
 
 
-def evidence(resource: dict, semantic_type: str, keys: list[str], category: str = "") -> Evidence:
+def evidence(resource: dict, semantic_type: str, keys: list[str], category: str = "", resolve=lambda ref: None) -> Evidence:
+    """Evidence as indexing makes it: the chunk carries its resource's typed fact (by its kind)."""
     concepts = [{"key": k, "display": k.split(":")[-1], "semantic_type": semantic_type, "negated": False} for k in keys]
+    fact = fact_of(resource, resolve)
     chunk = Chunk("t", "p", resource["resourceType"], resource["id"], "0", "text", "label",
                   date=resource.get("effectiveDateTime") or resource.get("authoredOn") or "", semantic_type=semantic_type,
-                  category=category, concepts=concepts, refs=[f"{resource['resourceType']}/{resource['id']}"])
+                  category=category, concepts=concepts, refs=[f"{resource['resourceType']}/{resource['id']}"],
+                  fact=fact.to_dict() if fact else {})
     return Evidence(chunk, 1.0)
 
 
 def answer_to(question: str, resources: list[tuple[dict, str, list[str]]], asked: list[tuple[str, str]], **wants):
     """(lead text, the Lead) for a question whose analysis names `asked` (key, semantic type)."""
     by_ref = {f"{r['resourceType']}/{r['id']}": r for r, _, _ in resources}
-    relevant = [evidence(r, kind, keys, "laboratory" if kind == "lab" else "") for r, kind, keys in resources]
+    relevant = [evidence(r, kind, keys, "laboratory" if kind == "lab" else "", by_ref.get) for r, kind, keys in resources]
     concepts = [{"key": k, "display": k.split(":")[-1], "semantic_type": t, "negated": False, "role": "", "start": i}
                 for i, (k, t) in enumerate(asked)]
     analysis = Analysis(question, concepts, question.lower().split(), [t for _, t in asked], **wants)
-    lead = first_sentence(analysis, relevant, by_ref.get, lambda ev: "")
+    lead = first_sentence(analysis, relevant, lambda ev: "")
     statements, citations = numbered([lead.draft])
     return statements[0].text, lead, citations
 
@@ -122,7 +127,7 @@ def test_a_reason_is_given_when_asked_why():
     by_ref = {"Condition/c1": problem, "MedicationRequest/m1": fosamax}
     analysis = Analysis("Why is she on Fosamax?", [{"key": "lex:alendronate", "semantic_type": "medication", "display": "x"}],
                         ["fosamax"], ["medication"], wants_why=True)
-    lead = first_sentence(analysis, [evidence(fosamax, "medication", ["lex:alendronate"])], by_ref.get, lambda ev: "")
+    lead = first_sentence(analysis, [evidence(fosamax, "medication", ["lex:alendronate"], resolve=by_ref.get)], lambda ev: "")
     assert numbered([lead.draft])[0][0].text == ("Alendronic acid 10 mg oral tablet, completed, ordered 2022-05-09, "
                                                  "for osteoporosis [1].")
 
@@ -135,11 +140,14 @@ def test_clinical_words_for_coded_names_units_and_doses():
     assert value_words({"value": 37.888, "unit": "Cel"}) == "37.888 °C"
     assert value_words({"value": 6.3, "unit": "%"}) == "6.3%" and value_words({"value": 99, "unit": "/min"}) == "99/min"
     assert unit("{score}") == "" and unit("mm[Hg]") == "mmHg"
-    assert dosage_words([{"text": "Take as needed.", "asNeededBoolean": True}]) == "as needed"
-    assert dosage_words([{"timing": {"repeat": {"frequency": 2, "period": 1, "periodUnit": "d"}}}]) == "twice daily"
-    assert dosage_words([{"timing": {"repeat": {"frequency": 1, "period": 6, "periodUnit": "h"}}, "asNeededBoolean": True}]) \
-        == "every 6 hours, as needed"
-    assert dosage_words([{"text": "Take 1 tablet by mouth daily"}]) == "Take 1 tablet by mouth daily"
+    assert dosage_words(doses_of([{"text": "Take as needed.", "asNeededBoolean": True}])) == "as needed"
+    assert dosage_words(doses_of([{"timing": {"repeat": {"frequency": 2, "period": 1, "periodUnit": "d"}}}])) == "twice daily"
+    assert dosage_words(doses_of([{"timing": {"repeat": {"frequency": 1, "period": 6, "periodUnit": "h"}},
+                                   "asNeededBoolean": True}])) == "every 6 hours, as needed"
+    assert dosage_words(doses_of([{"text": "Take 1 tablet by mouth daily"}])) == "Take 1 tablet by mouth daily"
+    ranged = [{"doseAndRate": [{"doseRange": {"low": {"value": 1, "unit": "tablet"}, "high": {"value": 2, "unit": "tablet"}}}],
+               "timing": {"repeat": {"frequency": 1, "period": 6, "periodUnit": "h"}}}]
+    assert dosage_words(doses_of(ranged)) == "1-2 tablet, every 6 hours"
 
 
 def test_the_reading_metrics_count_words_first_sentence_facts_and_uncited_clauses():
@@ -157,13 +165,13 @@ def test_a_resource_the_sentence_writer_cannot_read_falls_back_to_the_records_wo
     from search.answering.answer import clinical_statements
     from search.retrieval.pipeline import Retrieval
 
-    odd = order("m1", "Clopidogrel 75 MG Oral Tablet", "active", RECENT, dosageInstruction=[{"timing": {"repeat": {
-        "frequency": 1, "period": "one", "periodUnit": "h"}}}])       # a period no writer expects
+    odd = order("m1", "Clopidogrel 75 MG Oral Tablet", "active", RECENT)
     ev = evidence(odd, "medication", ["lex:clopidogrel"])
+    ev.chunk.fact["doses"] = "a stored fact of a shape no writer expects"
     analysis = Analysis("Is he on clopidogrel?", [{"key": "lex:clopidogrel", "semantic_type": "medication",
                                                    "display": "clopidogrel"}], ["clopidogrel"], ["medication"])
     retrieval = Retrieval.__new__(Retrieval)
     retrieval.analysis, retrieval.evidence = analysis, [ev]
-    statements, citations, _ = clinical_statements(retrieval, [ev], {"MedicationRequest/m1": odd}.get)
+    statements, citations, _ = clinical_statements(retrieval, [ev])
     assert statements and statements[0].text.startswith("Text") and citations[0].ref == "MedicationRequest/m1"
     assert "writing the first sentence failed" in caplog.text

@@ -49,7 +49,13 @@ def outage_stack(request, tmp_path_factory, synthea_dir):
         settings = dict(data_dir=folder / "data", demo_launch="false", public_url=app_url,
                         token_key=Fernet.generate_key().decode())
         if mode == "worker":
-            settings |= dict(tasks_eager="false", redis_url=redis_url())
+            # A Redis database of its own: no task another test left queued (or scheduled to retry)
+            # reaches this worker, and flushing it touches nothing else.
+            import redis
+
+            own = redis_url().rsplit("/", 1)[0] + "/3"
+            redis.Redis.from_url(own).flushdb()
+            settings |= dict(tasks_eager="false", redis_url=own)
         env = clean_env(**settings)
         ehr, ehr_root = start_ehr_server(folder, fhir_base, CLIENT_ID, app_url, f"{app_url}/.well-known/jwks.json")
         processes.append(ehr)

@@ -11,7 +11,8 @@ import pytest
 
 from fhir_ingest.record.chunk import PatientChunker, TextBudget
 from fhir_ingest.record.load import load_resources
-from fhir_ingest.record.normalize import INDEXED_TYPES, quantity_text
+from fhir_ingest.record.kinds import INDEXED_TYPES
+from fhir_ingest.record.normalize import quantity_text
 
 from .conftest import SHARED, question_set_report, require_shared
 

@@ -83,6 +83,7 @@ class PatientRead:
     server_time: str = ""          # the EHR's clock when the read began ("" for the bundle folder)
     fetched: int = 0
     from_ehr: bool = False
+    not_read: list[str] = field(default_factory=list)   # kinds of record the EHR did not give, one line each
 
 
 def read_ehr_patient(settings, registry: Registry, ehr: Ehr, patient_id: str, held: list[dict],
@@ -96,9 +97,11 @@ def read_ehr_patient(settings, registry: Registry, ehr: Ehr, patient_id: str, he
     cursor = registry.patient_synced(ehr.name, patient_id)
     since = cursor.server_time if cursor and held else ""
     server_time = client.server_time()
-    fetched = fetch_patient(client, patient_id, since, progress)
+    granted = SessionTokens(registry, session_id, ehr).granted() if session_id else ""
+    fetched = fetch_patient(client, patient_id, since, progress, granted)
     record, report = to_record(patient_id, merge_resources(held, fetched.resources), fetched.problems, ehr.name)
-    return PatientRead([record] if record else [], report, server_time, len(fetched.resources), True)
+    return PatientRead([record] if record else [], report, server_time, len(fetched.resources), True,
+                       fetched.not_read)
 
 
 def read_patient(settings, registry: Registry, service, tenant: str, patient_id: str, session_id: str | None,
@@ -140,10 +143,8 @@ def sync_patient(settings, service, tenant: str, patient_id: str, session_id: st
         raise
     if read.from_ehr:
         registry.mark_patient_synced(tenant, patient_id, read.server_time)
-    unread = unreadable_notes(read.report, result)
     jobs.add("patient_syncs", "done")
-    jobs.set(tenant, patient_id, "done", "done", result.chunks, result.chunks,
-             message=f"{unread} note{'s' if unread > 1 else ''} could not be read from the EHR" if unread else "",
+    jobs.set(tenant, patient_id, "done", "done", result.chunks, result.chunks, message=sync_notice(read, result),
              attempts=0)
     skipped = len(read.report.skipped) + len(result.problems)
     log.info("patient synced: %s resources fetched, %s chunks (%s new, %s removed), %s skipped", read.fetched,
@@ -185,6 +186,16 @@ def record_patient_failure(jobs, tenant: str, patient_id: str, exc: Exception) -
     jobs.add("patient_syncs", outcome)
 
 
+def sync_notice(read: PatientRead, result) -> str:
+    """What the frame says after a sync that left something out: unreadable notes, and the kinds
+    of record this EHR does not give chartcite (one line each, as the sync found them)."""
+    unread = unreadable_notes(read.report, result)
+    parts = [f"{unread} note{'s' if unread > 1 else ''} could not be read from the EHR"] if unread else []
+    if read.not_read:
+        parts.append("Not read from this EHR: " + "; ".join(read.not_read))
+    return ". ".join(parts)
+
+
 def unreadable_notes(report, result) -> int:
     """Notes whose text could not be fetched or read: the frame says how many, never silent."""
     refs = {s.origin for s in report.skipped if "attachment could not be fetched" in s.reason}
@@ -206,7 +217,7 @@ class ExportRound:
 def download_export(client: FhirClient, ehr: Ehr, group_id: str, cursor: str, assembler, say) -> ExportRound:
     """Kick off, wait for and download one export into the assembler (parked on disk)."""
     from fhir_ingest.connection.bulk import BulkExport, SinceCheck
-    from fhir_ingest.connection.fetch import PATIENT_SEARCHES
+    from fhir_ingest.record.kinds import PATIENT_SEARCHES
 
     def downloaded(items):
         for count, item in enumerate(items, start=1):

@@ -12,21 +12,13 @@ from typing import Callable, Iterable
 
 from .client import FhirClient, FhirError
 from ..record.contract import PatientNotFound
+from ..record.kinds import PATIENT_SEARCHES
 from ..record.load import LoadReport, PatientRecord, check_items
 from ..record.normalize import human_name
 from ..record.reader import RawResource, ReadItem, ReadProblem
 
 log = logging.getLogger(__name__)
 
-# What chartcite reads of a patient, with the search parameter naming the patient.
-PATIENT_SEARCHES = {
-    "Encounter": "patient", "Condition": "patient", "AllergyIntolerance": "patient",
-    "MedicationRequest": "patient", "Observation": "patient", "DiagnosticReport": "patient",
-    "DocumentReference": "patient", "Procedure": "patient", "Immunization": "patient",
-}
-# Read through references, not searched by patient.
-REFERENCED_TYPES = ("Patient", "Medication", "Binary")
-READ_TYPES = tuple(PATIENT_SEARCHES) + REFERENCED_TYPES
 PAGE_SIZE = 100
 _CONDITIONAL = re.compile(r"^[A-Z][A-Za-z]+\?[^\s]+$")
 
@@ -38,39 +30,99 @@ class FetchResult:
     resources: list[dict]
     problems: list[ReadProblem] = field(default_factory=list)
     requests: int = 0
+    not_read: list[str] = field(default_factory=list)     # one line per kind of record this EHR did not give
 
 
-def fetch_patient(client: FhirClient, patient_id: str, since: str = "", progress: Progress | None = None) -> FetchResult:
-    """Everything of the patient (or, with `since`, what changed from then), attachments inlined."""
+@dataclass
+class Offer:
+    """What this EHR gives chartcite of a patient: the searches to run (type → the parameter naming
+    the patient) and, one line each, the kinds it does not give and why."""
+    searches: dict[str, str]
+    not_read: list[str] = field(default_factory=list)
+
+
+def offered_searches(statement: dict, granted: str = "") -> Offer:
+    """Every kind chartcite indexes that the server's CapabilityStatement offers for search, with
+    a patient search parameter it declares, and that the granted scopes cover. A statement that
+    lists no resources at all (some EHRs publish a bare one) offers every kind."""
+    offered = {r.get("type"): r for rest in statement.get("rest") or [] if isinstance(rest, dict)
+               and rest.get("mode", "server") == "server" for r in rest.get("resource") or [] if isinstance(r, dict)}
+    searches, not_read = {}, []
+    for rtype, param in PATIENT_SEARCHES.items():
+        entry = offered.get(rtype) if offered else {}
+        if entry is None:
+            not_read.append(f"{rtype}: not offered by this EHR")
+            continue
+        declared = {p.get("name") for p in entry.get("searchParam") or [] if isinstance(p, dict)}
+        chosen = next((p for p in (param, "patient", "subject") if not declared or p in declared), None)
+        if chosen is None:
+            not_read.append(f"{rtype}: this EHR offers no search by patient")
+        elif granted and not scope_covers(granted, rtype):
+            not_read.append(f"{rtype}: not granted (scopes)")
+        else:
+            searches[rtype] = chosen
+    return Offer(searches, not_read)
+
+
+def scope_covers(granted: str, resource_type: str) -> bool:
+    """Do the granted SMART scopes (v1 or v2, patient/user/system, wildcards) allow reading the type?"""
+    for scope in granted.split():
+        context, _, rest = scope.partition("/")
+        rtype, _, access = rest.partition(".")
+        if context in ("patient", "user", "system") and rtype in (resource_type, "*") and \
+                (access in ("read", "*") or ("r" in access.split("?")[0] and set(access.split("?")[0]) <= set("cruds"))):
+            return True
+    return False
+
+
+def fetch_patient(client: FhirClient, patient_id: str, since: str = "", progress: Progress | None = None,
+                  granted: str = "") -> FetchResult:
+    """Everything of the patient the EHR offers (or, with `since`, what changed from then),
+    attachments inlined. A kind the EHR does not offer, or refuses, is skipped with one line."""
+    try:
+        statement = client.get_json("metadata")
+    except FhirError:
+        statement = {}
+    offer = offered_searches(statement, granted)
     resources: list[dict] = []
     problems: list[ReadProblem] = []
-    steps = len(PATIENT_SEARCHES) + 1
+    steps = len(offer.searches) + 1
     try:
         resources.append(client.get_json(f"Patient/{patient_id}"))
     except FhirError as exc:
         if exc.status == 404:
             raise PatientNotFound("the EHR has no such patient") from exc
         raise
-    for i, (rtype, param) in enumerate(PATIENT_SEARCHES.items(), start=1):
+    not_read = list(offer.not_read)
+    for i, (rtype, param) in enumerate(offer.searches.items(), start=1):
         params = {param: patient_id, "_count": str(PAGE_SIZE)}
         if since:
             params["_lastUpdated"] = f"ge{since}"
-        found = list(client.search(rtype, params))
-        resources += found
+        try:
+            resources += list(client.search(rtype, params))
+        except FhirError as exc:
+            if exc.status not in (400, 403, 404, 405, 501):
+                raise
+            not_read.append(f"{rtype}: the EHR refused the search ({exc.status})")
         if progress:
             progress("fetching", i, steps)
-    medications = sorted({ref.split("/", 1)[1] for r in resources
-                          for ref in [(r.get("medicationReference") or {}).get("reference", "")]
-                          if ref.startswith("Medication/")})
-    if medications:
-        resources += list(client.search("Medication", {"_id": ",".join(medications), "_count": str(PAGE_SIZE)}))
+    resources += referenced_medications(client, resources)
     resolver = ConditionalResolver(client)
     for resource in resources:
         problems += inline_attachments(client, resource)
         resolver.rewrite(resource)
     if progress:
         progress("fetching", steps, steps)
-    return FetchResult(resources, problems, client.requests_made)
+    if not_read:
+        log.info("kinds of record this EHR did not give: %s", "; ".join(not_read))
+    return FetchResult(resources, problems, client.requests_made, not_read)
+
+
+def referenced_medications(client: FhirClient, resources: list[dict]) -> list[dict]:
+    """The Medications the patient's medication records point at (read by id, not by patient)."""
+    ids = sorted({ref.split("/", 1)[1] for r in resources
+                  for ref in [(r.get("medicationReference") or {}).get("reference", "")] if ref.startswith("Medication/")})
+    return list(client.search("Medication", {"_id": ",".join(ids), "_count": str(PAGE_SIZE)})) if ids else []
 
 
 def attachments_of(resource: dict) -> Iterable[dict]:

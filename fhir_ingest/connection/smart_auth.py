@@ -16,7 +16,7 @@ from authlib.integrations.requests_client import OAuth2Session
 
 from .client import AuthExpired
 from .client_auth import ClientAuthError, client_auth_for
-from .fetch import PATIENT_SEARCHES, REFERENCED_TYPES
+from ..record.kinds import PATIENT_SEARCHES, REFERENCED_TYPES
 from .registry import DEFAULT_REQUEST_SCOPES, Ehr, Registry
 
 log = logging.getLogger(__name__)
@@ -149,6 +149,10 @@ class SessionTokens:
         if tokens is None:
             raise AuthExpired("this session's EHR sign-in has ended; open chartcite from the EHR again", 401)
         return tokens
+
+    def granted(self) -> str:
+        """The scopes the EHR granted this session ("" when it did not say)."""
+        return str(self._tokens().get("scope") or "")
 
     def token(self) -> str:
         tokens = self._tokens()

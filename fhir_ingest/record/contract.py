@@ -17,12 +17,13 @@ class Chunk:
     date: str = ""                 # clinically relevant date, ISO (YYYY-MM-DD or full)
     semantic_type: str = ""        # medication, lab, vital, problem, allergy, encounter, procedure, note, ...
     category: str = ""             # note type, observation category, ...
-    section: str = ""              # note heading for note chunks
+    sections: list[str] = field(default_factory=list)     # the note headings this chunk holds
     version_id: str = ""
     status: str = ""
-    codes: list[str] = field(default_factory=list)        # "system|code|display"
+    codes: list[dict] = field(default_factory=list)       # codings as objects: system, code, display
     concepts: list[dict] = field(default_factory=list)    # filled by search.annotate
     refs: list[str] = field(default_factory=list)         # every resource the text draws on; refs[0] is the source
+    fact: dict = field(default_factory=dict)              # the typed fact (fhir_ingest.record.facts), as a dict
     embedding_model: str = ""
 
     @property
@@ -48,7 +49,14 @@ class Chunk:
     @classmethod
     def from_dict(cls, d: dict) -> "Chunk":
         names = cls.__dataclass_fields__.keys()
-        return cls(**{k: v for k, v in d.items() if k in names})
+        chunk = cls(**{k: v for k, v in d.items() if k in names})
+        # A chunk stored before codes became objects and headings a list reads as one written now;
+        # its typed fact arrives when its patient is next indexed (the changed chunk is rewritten).
+        chunk.codes = [c if isinstance(c, dict) else dict(zip(("system", "code", "display"), (c.split("|") + ["", ""])[:3]))
+                       for c in chunk.codes]
+        if "sections" not in d and d.get("section"):
+            chunk.sections = [h.strip() for h in d["section"].split(",") if h.strip()]
+        return chunk
 
 
 def make_label(date: str, kind: str, words: str, limit: int = 60) -> str:

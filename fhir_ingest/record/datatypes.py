@@ -164,6 +164,25 @@ def timing_text(timing: dict | None) -> str:
     return "; ".join(b for b in bits if b)
 
 
+FREQUENCY = {1: "once", 2: "twice", 3: "three times", 4: "four times"}
+PERIOD_NAMES = {"h": "hour", "d": "day", "wk": "week", "mo": "month"}
+PERIODS = {"d": "daily", "wk": "weekly", "mo": "monthly", "a": "yearly"}
+
+
+def frequency_text(timing: dict | None) -> str:
+    """How often, as a prescriber says it: 'once daily', 'twice daily', 'every 6 hours'; other
+    timings in full (timing_text)."""
+    repeat = (timing or {}).get("repeat") if isinstance((timing or {}).get("repeat"), dict) else {}
+    frequency, period, period_unit = repeat.get("frequency"), repeat.get("period"), repeat.get("periodUnit", "")
+    if frequency in FREQUENCY and period in (1, 1.0) and period_unit in PERIODS and not repeat.get("frequencyMax"):
+        return f"{FREQUENCY[frequency]} {PERIODS[period_unit]}"
+    if frequency in (1, None) and isinstance(period, (int, float)) and period and period_unit in PERIOD_NAMES \
+            and not repeat.get("periodMax"):
+        count = int(period) if float(period).is_integer() else period
+        return f"every {count} {PERIOD_NAMES[period_unit]}s"
+    return timing_text(timing)
+
+
 def dosage_text(dosage: dict) -> str:
     """One Dosage by the specification: its text, dose (quantity or range) and rate, timing, as
     needed (and for what), route, and the maximum doses."""

@@ -18,9 +18,9 @@ from datetime import date, timedelta
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from .chunk import clinical_date
 from .contract import PatientNotFound
-from .normalize import (IGNORED_TYPES, INDEXED_TYPES, SUPPORT_TYPES, InvalidResource, binary_ref, check_content,
+from .kinds import IGNORED_TYPES, INDEXED_TYPES, SUPPORT_TYPES, clinical_date
+from .normalize import (InvalidResource, binary_ref, check_content,
                         check_identity, checked_later, patient_of, ref_id)
 from .reader import RawResource, ReadItem, ReadProblem, ReadWarning, read_path
 from .staging import PatientStaging, StagedResource
@@ -68,11 +68,6 @@ class PatientRecord:
             if r["resourceType"] == "Patient":
                 return r
         return {"resourceType": "Patient", "id": self.patient_id}
-
-
-# The problem list, medications and allergies: a first sync embeds them first, so the clinician
-# can ask about them by meaning while results, notes and visits are still embedding.
-ESSENTIAL_TYPES = {"Patient", "Condition", "AllergyIntolerance", "MedicationRequest", "Medication", "Immunization"}
 
 
 def merge_resources(held: list[dict], changed: list[dict]) -> list[dict]:

@@ -15,36 +15,9 @@ from functools import lru_cache
 import orjson
 from pydantic import ValidationError
 
-# Resources chartcite turns into chunks, and the ones it reads only to resolve references.
-INDEXED_TYPES = {
-    "Encounter", "MedicationRequest", "MedicationAdministration", "MedicationStatement", "MedicationDispense",
-    "Observation", "DocumentReference", "DiagnosticReport", "Composition", "Condition", "AllergyIntolerance",
-    "Procedure", "Immunization", "CarePlan", "Device", "ImagingStudy", "ServiceRequest", "Goal",
-    "FamilyMemberHistory", "QuestionnaireResponse", "Coverage", "CareTeam", "Media",
-}
-# Read to complete what indexed resources point at: a drug's name, a note's content, a result's specimen.
-SUPPORT_TYPES = {"Patient", "Medication", "Binary", "Specimen"}
-# Read, counted and deliberately not indexed, with the reason the index report gives.
-IGNORED_TYPES = {
-    "Claim": "billing", "ExplanationOfBenefit": "billing", "ClaimResponse": "billing", "Account": "billing",
-    "Invoice": "billing", "ChargeItem": "billing",
-    "Provenance": "record-keeping about other records", "AuditEvent": "record-keeping about other records",
-    "Practitioner": "directory data (names appear through references)",
-    "PractitionerRole": "directory data (names appear through references)",
-    "Organization": "directory data (names appear through references)",
-    "Location": "directory data (names appear through references)", "Endpoint": "directory data",
-    "HealthcareService": "directory data", "RelatedPerson": "contact data, not clinical content",
-    "Person": "contact data, not clinical content", "Group": "lists of patients",
-    "Questionnaire": "a form definition; the answers are indexed", "Library": "knowledge artefact",
-    "ValueSet": "terminology", "CodeSystem": "terminology", "ConceptMap": "terminology",
-    "StructureDefinition": "conformance", "CapabilityStatement": "conformance", "OperationOutcome": "server message",
-    "SupplyDelivery": "logistics", "SupplyRequest": "logistics", "Schedule": "scheduling", "Slot": "scheduling",
-    "Appointment": "scheduling", "Task": "workflow", "Communication": "messaging", "Consent": "consent records",
-    "List": "a list of other records (each indexed on its own)", "Bundle": "a container (its entries are read)",
-}
-_VALIDATED_TYPES = frozenset(INDEXED_TYPES | SUPPORT_TYPES)
-# Every other valid type is read, counted under "not indexed" with no reason: never dropped silently.
-
+# Every type the kinds registry knows (indexed or read to complete others) is checked against the
+# FHIR model; every other valid type is read, counted under "not indexed" or "ignored", never dropped
+# silently (fhir_ingest/record/kinds).
 _URI = re.compile(r"^(?:[a-zA-Z][a-zA-Z0-9+.-]*:)\S+$")
 _TYPE_NAME = re.compile(r"^[A-Z][A-Za-z]{1,63}$")
 _ID = re.compile(r"^[A-Za-z0-9\-.]{1,64}$")
@@ -88,7 +61,7 @@ def check_content(resource: dict, warn=None) -> dict:
     """The resource (a malformed narrative left out, said through `warn`) once its content passes
     the FHIR R4(B) model (types chartcite reads) and names proper code systems; else InvalidResource."""
     resource_type, rid = resource["resourceType"], resource["id"]
-    if resource_type not in _VALIDATED_TYPES:
+    if resource_type not in validated_types():
         return resource  # counted, not indexed: no need to parse it fully
     try:
         _model_class(resource_type).model_validate(resource)
@@ -113,7 +86,15 @@ def checked_later(resource: dict, patient_id: str) -> bool:
     content checked when its patient's record is assembled (beside the embedding model, which
     meanwhile embeds earlier patients) rather than when it is read (before any patient can start):
     a patient's own resources, but for the Patient, which decides what its document defines."""
-    return bool(patient_id) and resource["resourceType"] in _VALIDATED_TYPES and resource["resourceType"] != "Patient"
+    return bool(patient_id) and resource["resourceType"] in validated_types() and resource["resourceType"] != "Patient"
+
+
+@lru_cache(maxsize=1)
+def validated_types() -> frozenset[str]:
+    """The types chartcite reads (the kinds registry, which itself reads these accessors)."""
+    from .kinds import KINDS
+
+    return frozenset(KINDS)
 
 
 def narrative_only(exc: ValidationError) -> bool:
@@ -181,12 +162,10 @@ def concept_text(concept: dict | None) -> str:
     return ""
 
 
-def code_keys(*concepts: dict | None) -> list[str]:
-    keys = []
-    for concept in concepts:
-        for c in codings(concept):
-            keys.append(f"{c.get('system', '')}|{c.get('code', '')}|{c.get('display', '')}")
-    return keys
+def code_keys(*concepts: dict | None) -> list[dict]:
+    """Every coding of the concepts as {system, code, display} (what a Chunk's `codes` holds)."""
+    return [{"system": str(c.get("system") or ""), "code": str(c.get("code") or ""), "display": str(c.get("display") or "")}
+            for concept in concepts for c in codings(concept)]
 
 
 def status_code(resource: dict, field: str) -> str:

@@ -1,51 +1,11 @@
-"""Small words-level helpers shared by the renderers: the clinically relevant date of any
-resource, a sentence from optional parts, a de-duplicated list, a SNOMED display without its tag."""
+"""Small words-level helpers shared by the renderers: a day of an ISO date, a sentence from
+optional parts, a de-duplicated list, a SNOMED display without its tag. (A resource's clinically
+relevant date is its kind's: fhir_ingest.record.kinds.clinical_date.)"""
 from __future__ import annotations
 
 import re
 from datetime import date
 from typing import Iterable
-
-# Where each resource type keeps its clinically relevant date, in order of preference (FHIR R4).
-DATE_FIELDS = {
-    "Observation": ("effectiveDateTime", "effectivePeriod", "effectiveInstant", "issued"),
-    "MedicationRequest": ("authoredOn",),
-    "MedicationAdministration": ("effectiveDateTime", "effectivePeriod"),
-    "MedicationStatement": ("effectiveDateTime", "effectivePeriod", "dateAsserted"),
-    "MedicationDispense": ("whenHandedOver", "whenPrepared"),
-    "Condition": ("onsetDateTime", "onsetPeriod", "recordedDate"),
-    "AllergyIntolerance": ("onsetDateTime", "recordedDate"),
-    "Encounter": ("period",),
-    "Procedure": ("performedDateTime", "performedPeriod"),
-    "Immunization": ("occurrenceDateTime", "recorded"),
-    "DocumentReference": ("context", "date"),
-    "DiagnosticReport": ("effectiveDateTime", "effectivePeriod", "issued"),
-    "CarePlan": ("period", "created"),
-    "Device": ("manufactureDate",),
-    "ImagingStudy": ("started",),
-    "ServiceRequest": ("occurrenceDateTime", "occurrencePeriod", "authoredOn"),
-    "Goal": ("startDate", "statusDate"),
-    "FamilyMemberHistory": ("date",),
-    "QuestionnaireResponse": ("authored",),
-    "Composition": ("date",),
-    "CareTeam": ("period",),
-    "Coverage": ("period",),
-    "Media": ("createdDateTime", "createdPeriod", "issued"),
-}
-
-
-def clinical_date(resource: dict) -> str:
-    candidates = DATE_FIELDS.get(resource.get("resourceType"), ())
-    for field in candidates:
-        value = resource.get(field)
-        if field == "context" and isinstance(value, dict):
-            value = value.get("period")
-        if isinstance(value, dict):
-            value = value.get("start") or value.get("end")
-        if isinstance(value, str) and value:
-            return value
-    return ""
-
 
 def day(iso: str) -> str:
     return iso[:10] if iso else ""

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from search.answering.charts import series_chart
-from search.answering.facts import Fact, Reader
+from search.answering.facts import Fact
 from search.answering.lead import ALLERGY_WORDS, SUPPORTING, Draft, Lead, first_sentence, note_words
 from search.answering.types import Answer, Citation, EvidenceItem, Statement
 from search.nlp.annotate import RecordTerm, asserted_keys, default_annotator
@@ -189,7 +189,7 @@ WHOLE_SECTION_CHARS = 400
 
 def note_sections(body: str, headings: list[str]) -> list[tuple[str, str]]:
     """(heading, text) pairs of a note chunk's body, split on the headings the chunker recorded
-    (Chunk.section); text before the first heading has none."""
+    (Chunk.sections); text before the first heading has none."""
     if not headings:
         return [("", body.strip())]
     names = "|".join(re.escape(h) for h in sorted(headings, key=len, reverse=True))
@@ -247,7 +247,7 @@ def statement_for(ev: Evidence, analysis: Analysis, first: bool = False) -> str:
     if ev.chunk.semantic_type != "note":
         return text
     header, _, body = text.partition(". ")
-    sections = note_sections(body, [h for h in ev.chunk.section.split(", ") if h])
+    sections = note_sections(body, ev.chunk.sections)
     named = [(h, t) for h, t in sections if _asks_for_section(h, analysis)]
     if analysis.sections_asked and not named and not analysis.keys and not first:
         return ""      # another part of the note: the asked-for section is in a different chunk
@@ -329,8 +329,8 @@ def note_conflict(retrieval: Retrieval, cited: list[Evidence]) -> tuple[Evidence
     return None
 
 
-def compose(retrieval: Retrieval, patient_id: str, read: Reader, question_id: str | None = None) -> Answer:
-    """The extractive answer; `read` gives the patient's stored resources by reference."""
+def compose(retrieval: Retrieval, patient_id: str, question_id: str | None = None) -> Answer:
+    """The extractive answer, from the evidence's chunks and their typed facts."""
     evidence = [EvidenceItem.of(e, i + 1) for i, e in enumerate(retrieval.evidence)]
     diagnostics = retrieval_diagnostics(retrieval)
 
@@ -346,7 +346,7 @@ def compose(retrieval: Retrieval, patient_id: str, read: Reader, question_id: st
     if not support.supported:
         return abstain(NO_EVIDENCE)
     relevant = relevant_evidence(retrieval)
-    statements, citations, chart = clinical_statements(retrieval, relevant, read)
+    statements, citations, chart = clinical_statements(retrieval, relevant)
     conflict = note_conflict(retrieval, relevant)
     if conflict is not None:
         ev, sentence = conflict
@@ -377,13 +377,12 @@ def retrieval_diagnostics(retrieval: Retrieval) -> dict:
                          "date_from": analysis.date_from, "date_to": analysis.date_to}}
 
 
-def clinical_statements(retrieval: Retrieval, relevant: list[Evidence],
-                        read: Reader) -> tuple[list[Statement], list[Citation], dict | None]:
+def clinical_statements(retrieval: Retrieval, relevant: list[Evidence]) -> tuple[list[Statement], list[Citation], dict | None]:
     """The answer first, in clinical words, then a few short supporting sentences; every clause
     cites. Evidence that cannot be put in clinical words keeps its own words."""
     analysis = retrieval.analysis
     try:
-        lead = first_sentence(analysis, relevant, read, lambda ev: _passage(ev, statement_for(ev, analysis, first=True)))
+        lead = first_sentence(analysis, relevant, lambda ev: _passage(ev, statement_for(ev, analysis, first=True)))
     except Exception:      # a resource shape the sentence writer did not foresee: the record's own words
         log.exception("writing the first sentence failed; the evidence's own words are used")
         lead = Lead(None, [])

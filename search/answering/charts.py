@@ -1,10 +1,10 @@
-"""The frame's trend chart: the series a first sentence states, or the observations a cited trend
-chunk draws on, read the same way (search/answering/facts.py)."""
+"""The frame's trend chart: the series a first sentence states, or the readings a cited trend
+chunk's typed fact holds (search/answering/facts.py)."""
 from __future__ import annotations
 
 from fhir_ingest.record.contract import Chunk
 
-from search.answering.facts import Reader, series_facts
+from search.answering.facts import series_facts
 from search.answering.lead import Series
 from search.retrieval.pipeline import Evidence
 
@@ -22,10 +22,10 @@ def series_chart(series) -> dict | None:
             "series": names, "range": {"low": low, "high": high} if series.range else None}
 
 
-def trend_chart(read: Reader, chunk: Chunk) -> dict | None:
+def trend_chart(chunk: Chunk) -> dict | None:
     """The chart of a trend chunk an answer cites (a model-written answer, or one whose first
     sentence is not about a measurement)."""
-    facts = series_facts(Evidence(chunk, 0.0), read)
+    facts = series_facts(Evidence(chunk, 0.0))
     if not facts:
         return None
     series = Series(facts[0].series)

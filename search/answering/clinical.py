@@ -9,7 +9,6 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from fhir_ingest.record.datatypes import timing_text
 from fhir_ingest.record.normalize import codings, concept_text, quantity_text
 from fhir_ingest.record.words import _strip_tag
 
@@ -25,9 +24,6 @@ DOSE_FORM_WORDS = re.compile(
     r"Rectal|Suppository|Film|Coated|Enteric|Sublingual|Otic|Pen|Injector|Cartridge|Actuation|Dry|Liquid|Elixir|Syrup|"
     r"Product|Kit|Medicated|Pad|Shampoo|Foam|Mouthwash|Lozenge|Granules|Buccal)\b")
 APPLICATION_NUMBER = re.compile(r"^\s*(?:N?DA|ANDA|BLA)\d+\s+")
-FREQUENCY = {1: "once", 2: "twice", 3: "three times", 4: "four times"}
-PERIOD_NAMES = {"h": "hour", "d": "day", "wk": "week", "mo": "month"}
-PERIODS = {"d": "daily", "wk": "weekly", "mo": "monthly", "a": "yearly"}
 BOILERPLATE_DOSE = re.compile(r"^(take as needed|as needed)\.?$", re.I)
 
 
@@ -79,42 +75,22 @@ def drug_name(name: str) -> str:
     return DOSE_FORM_WORDS.sub(lambda m: m.group(0).lower(), name).strip()
 
 
-def dosage_words(dosages: list | None) -> str:
-    """'once daily', 'twice daily, as needed', or the prescriber's own text when the EHR sends it."""
+def dosage_words(doses: list) -> str:
+    """'once daily', 'twice daily, as needed', '1-2 tablet every 6 hours', or the prescriber's own
+    text when the EHR sends it (the typed doses of a medication fact)."""
     out = []
-    for dosage in dosages or []:
-        if not isinstance(dosage, dict):
-            continue
-        text = dosage.get("text") if isinstance(dosage.get("text"), str) else ""
-        bits = [text] if text and not BOILERPLATE_DOSE.match(text.strip()) else []
+    for dose in doses or []:
+        bits = [dose.text] if dose.text and not BOILERPLATE_DOSE.match(dose.text.strip()) else []
         if not bits:
-            bits += [b for b in (dose_words(dosage), frequency_words(dosage.get("timing"))) if b]
-        if dosage.get("asNeededBoolean") or isinstance(dosage.get("asNeededCodeableConcept"), dict):
-            reason = concept_text(dosage.get("asNeededCodeableConcept"))
-            bits.append(f"as needed for {reason}" if reason else "as needed")
+            amount = dose.amount.text if dose.amount is not None and (dose.amount.kind == "range" or (
+                dose.amount.quantity is not None and dose.amount.quantity.unit)) else ""
+            bits += [b for b in (amount, dose.frequency) if b]
+        if dose.as_needed:
+            bits.append(dose.as_needed)
         words = ", ".join(b for b in bits if b)
         if words and words not in out:
             out.append(words)
     return "; ".join(out)
-
-
-def dose_words(dosage: dict) -> str:
-    for dose_rate in dosage.get("doseAndRate") or []:
-        q = dose_rate.get("doseQuantity") if isinstance(dose_rate, dict) else None
-        if isinstance(q, dict) and q.get("value") is not None and (q.get("unit") or q.get("code")):
-            return quantity_text(q)
-    return ""
-
-
-def frequency_words(timing: dict | None) -> str:
-    repeat = (timing or {}).get("repeat") if isinstance((timing or {}).get("repeat"), dict) else {}
-    frequency, period, period_unit = repeat.get("frequency"), repeat.get("period"), repeat.get("periodUnit", "")
-    if frequency in FREQUENCY and period in (1, 1.0) and period_unit in PERIODS and not repeat.get("frequencyMax"):
-        return f"{FREQUENCY[frequency]} {PERIODS[period_unit]}"
-    if frequency in (1, None) and period and period_unit in ("h", "d", "wk", "mo") and not repeat.get("periodMax"):
-        count = int(period) if float(period).is_integer() else period
-        return f"every {count} {PERIOD_NAMES[period_unit]}s"
-    return timing_text(timing)
 
 
 def condition_name(code: dict | None) -> str:

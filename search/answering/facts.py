@@ -1,26 +1,23 @@
-"""What a piece of evidence says, read from the FHIR resource it cites, in clinical words.
+"""What a piece of evidence says, in clinical words, from the typed fact its chunk carries.
 
 A `Fact` is one cited thing: a medication order with its dose and status, a measurement with its
 values and dates, a problem, an allergy with its reactions, a procedure, a visit, a vaccine. The
 answer's first sentence and its short supporting sentences are written from facts, so every word
-of them comes from the record the [n] opens. A resource is read as the FHIR specification
-defines it, whoever sent it (Synthea, Epic, Oracle Health).
+of them comes from the record the [n] opens. The typed fact was read from the resource by its
+kind when the record was indexed (fhir_ingest.record.kinds); nothing here reads FHIR.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import date
-from typing import Callable
 
-from fhir_ingest.record.chunk import blood_pressure, clinical_date, day
-from fhir_ingest.record.context import observation_flag
-from fhir_ingest.record.normalize import codings, concept_text, ref_id, status_code
+from fhir_ingest.record import facts as typed
+from fhir_ingest.record.kinds.observations import pressure_sides
+from fhir_ingest.record.words import day
 
-from search.answering.clinical import (condition_name, dosage_words, drug_name, observation_name, unit,
-                                       value_words)
+from search.answering.clinical import condition_name, dosage_words, drug_name, observation_name, unit, value_words
 from search.retrieval.pipeline import Evidence
 
-Reader = Callable[[str], "dict | None"]
 CURRENT_ORDER = {"active", "on-hold"}
 STOPPED_ORDER = {"stopped", "cancelled", "revoked"}
 ENCOUNTER_CLASS = {"EMER": "emergency visit", "IMP": "hospital admission", "ACUTE": "hospital admission",
@@ -31,10 +28,11 @@ ENCOUNTER_CLASS = {"EMER": "emergency visit", "IMP": "hospital admission", "ACUT
 class Point:
     date: str
     values: list[float]
-    text: str            # '116/98 mmHg', '4.68 mmol/L': as recorded
+    text: str            # '116/98 mmHg', '<6 ng/mL': as recorded, comparator included
     ref: str
     flag: str = ""       # high / low, as the record interprets it or against its reference range
     unit: str = ""       # as a chart writes it ('mmHg', '%')
+    note: str = ""       # what qualifies the reading: its specimen's condition, the record's note
 
 
 @dataclass
@@ -42,7 +40,7 @@ class Fact:
     ev: Evidence
     kind: str            # medication, measurement, problem, allergy, procedure, immunization, encounter, note, other
     name: str            # the clinical short name ('eGFR', 'clopidogrel 75 mg oral tablet')
-    words: str           # the clause a sentence is built from, without the name when `named` is False
+    words: str           # the clause a sentence is built from
     date: str = ""
     status: str = ""
     current: bool = True
@@ -64,21 +62,21 @@ def years_before_today(iso: str) -> float:
         return 0.0
 
 
-def medication_fact(ev: Evidence, r: dict, read: Reader) -> Fact:
-    name = concept_text(r.get("medicationCodeableConcept"))
-    if not name:
-        med = read(ref_id(r.get("medicationReference"))) or {}
-        name = concept_text(med.get("code")) or (r.get("medicationReference") or {}).get("display", "medication")
-    status = r.get("status", "")
-    when = day(r.get("authoredOn") or clinical_date(r))
-    dose = dosage_words(r.get("dosageInstruction"))
-    reason = reason_words(r, read)
+def typed_fact(ev: Evidence):
+    return typed.fact_from_dict(ev.chunk.fact)
+
+
+def medication_fact(ev: Evidence, f: typed.MedicationFact) -> Fact:
+    status = f.status
+    when = day(f.date)
+    dose = dosage_words(f.doses)
+    reason = ", ".join(dict.fromkeys(condition_name({"text": r}) for r in f.reasons or f.visit_reasons))
     since = f"active since {when}" if status in CURRENT_ORDER else f"{status or 'ordered'}, ordered {when}"
     if status in CURRENT_ORDER and years_before_today(when) > 3:
         since = f"marked active but ordered {when}, may be outdated"
-    words = ", ".join(b for b in (drug_name(name), dose, since) if b)
-    return Fact(ev, "medication", drug_name(name), words, when, status, status in CURRENT_ORDER,
-                status in STOPPED_ORDER, reason, series=ingredient(name))
+    words = ", ".join(b for b in (drug_name(f.medication), dose, since) if b)
+    return Fact(ev, "medication", drug_name(f.medication), words, when, status, status in CURRENT_ORDER,
+                status in STOPPED_ORDER, reason, series=ingredient(f.medication))
 
 
 def ingredient(name: str) -> str:
@@ -88,163 +86,155 @@ def ingredient(name: str) -> str:
     return " ".join(kept[:2])
 
 
-def reason_words(r: dict, read: Reader) -> str:
-    """Why: the order's own reason, else the reason of the visit it was ordered at."""
-    own = reasons_of(r, read)
-    if own or not ref_id(r.get("encounter")):
-        return own
-    return reasons_of(read(ref_id(r["encounter"])) or {}, read)
+def flag_of(interpretation: str, value: typed.Value | None, ranges: list[typed.ReferenceRange]) -> str:
+    """The interpretation the record gives, else high/low against its reference range."""
+    if interpretation:
+        return interpretation.lower()
+    number = value.number if value else None
+    for rr in ranges:
+        if number is not None:
+            if rr.low is not None and rr.low.value is not None and number < rr.low.value:
+                return "low"
+            if rr.high is not None and rr.high.value is not None and number > rr.high.value:
+                return "high"
+    return ""
 
 
-def observation_points(r: dict, ref: str) -> Point | None:
-    bp = blood_pressure(r)
-    when = day(clinical_date(r))
-    if bp:
-        sys_q, dia_q = (c.get("valueQuantity") or {} for c in bp)
-        if sys_q.get("value") is None or dia_q.get("value") is None:
+def point_of(ref: str, when: str, value: typed.Value | None, components: list[typed.Component],
+             note: str = "") -> Point | None:
+    """A reading: a blood pressure's two sides, else the value (its comparator kept in the words)."""
+    sides = pressure_sides(typed.MeasurementFact(components=components))
+    if sides is not None:
+        top, bottom = sides
+        if top is None or top.value is None or bottom is None or bottom.value is None:
             return None
-        text = f"{value_words({'value': sys_q['value']})}/{value_words({'value': dia_q['value']})} {unit(sys_q.get('unit', 'mm[Hg]'))}"
-        return Point(when, [float(sys_q["value"]), float(dia_q["value"])], text, ref, unit=unit(sys_q.get("unit", "mm[Hg]")))
-    q = r.get("valueQuantity") or {}
-    if isinstance(q.get("value"), (int, float)):
-        return Point(when, [float(q["value"])], value_words(q), ref, unit=unit(q.get("unit") or q.get("code") or ""))
-    return None
+        shown = unit(top.unit or "mm[Hg]")
+        text = f"{value_words({'value': top.value})}/{value_words({'value': bottom.value})} {shown}"
+        return Point(when, [float(top.value), float(bottom.value)], text, ref, unit=shown, note=note)
+    q = value.quantity if value else None
+    if q is None or q.value is None:
+        return None
+    text = (q.comparator or "") + value_words({"value": q.value, "unit": q.unit})
+    return Point(when, [float(q.value)], text, ref, unit=unit(q.unit), note=note)
 
 
-def flag_words(r: dict) -> str:
-    return observation_flag(r).lower()
+def reading_note(specimen: str, notes: str) -> str:
+    """What a clinician must know beside a value: the specimen's condition ('hemolyzed'), the
+    record's note on the result."""
+    return "; ".join(x for x in (f"specimen: {specimen}" if specimen else "", notes) if x)
 
 
-def reference_range(r: dict) -> tuple[float | None, float | None] | None:
-    for rr in r.get("referenceRange") or []:
-        low, high = (rr.get("low") or {}).get("value"), (rr.get("high") or {}).get("value")
-        if low is not None or high is not None:
-            return low, high
-    return None
+def series_name(codes: list[typed.Coding], name: str) -> str:
+    """The analyte's clinical short name by its codes ('eGFR'), else its recorded name shortened."""
+    return observation_name({"coding": [c.__dict__ for c in codes], "text": name}) or name
 
 
-def measurement_fact(ev: Evidence, r: dict, ref: str) -> Fact | None:
-    point = observation_points(r, ref)
+def measurement_fact(ev: Evidence, f: typed.MeasurementFact, ref: str) -> Fact | None:
+    when = day(f.date)
+    point = point_of(ref, when, f.value, f.components, reading_note(f.specimen, f.notes))
     if point is None:
         return None
-    point.flag = flag_words(r) if len(point.values) == 1 else ""
-    name = observation_name(r.get("code"))
-    series = next((f"{c.get('system')}|{c.get('code')}" for c in codings(r.get("code")) if c.get("code")), name)
-    return Fact(ev, "measurement", name, f"{name} {point.text} on {point.date}", point.date, r.get("status", ""),
-                series=name or series, unit=point.unit, points=[point],
-                flag=flag_words(r), range=reference_range(r), coded=concept_text(r.get("code")))
+    ranges = f.ranges
+    point.flag = flag_of(f.interpretation, f.value, ranges) if len(point.values) == 1 else ""
+    name = series_name(f.codes, f.name)
+    first_range = next(((r.low.value if r.low else None, r.high.value if r.high else None) for r in ranges
+                        if (r.low and r.low.value is not None) or (r.high and r.high.value is not None)), None)
+    return Fact(ev, "measurement", name, f"{name} {point.text} on {point.date}", point.date, f.status,
+                series=name, unit=point.unit, points=[point], flag=flag_of(f.interpretation, f.value, ranges),
+                range=first_range, coded=f.name)
 
 
-def condition_fact(ev: Evidence, r: dict) -> Fact:
-    name = condition_name(r.get("code"))
-    clinical = status_code(r, "clinicalStatus")
-    verification = status_code(r, "verificationStatus")
-    onset = day(clinical_date(r))
-    if verification == "refuted":
+def problem_fact(ev: Evidence, f: typed.ProblemFact) -> Fact:
+    name = condition_name({"text": f.name})
+    onset = day(f.onset_date) or day(f.date)
+    if f.verification == "refuted":
         return Fact(ev, "problem", name, f"{name} recorded as refuted", onset, "refuted", False, True)
-    ended = day(r.get("abatementDateTime") or "")
-    if clinical in ("resolved", "inactive", "remission"):
-        when = f"{onset}, {clinical}" + (f" {ended}" if ended else "")
+    ended = day(f.abatement) if f.abatement[:4].isdigit() else ""
+    if f.status in ("resolved", "inactive", "remission"):
+        when = f"{onset or f.onset}, {f.status}" + (f" {ended}" if ended else "")
+    elif f.onset_date:
+        when = f"since {day(f.onset_date)}"
+    elif f.onset:
+        # An onset the record gives in words ("childhood", "at age 12") is said as it was given.
+        when = f"onset {f.onset}" + (f", recorded {day(f.recorded)}" if f.recorded else "")
     else:
         when = f"since {onset}" if onset else "date not recorded"
-    return Fact(ev, "problem", name, f"{name} ({when})", onset, clinical, clinical not in ("resolved", "inactive", "remission"))
+    return Fact(ev, "problem", name, f"{name} ({when})", onset, f.status,
+                f.status not in ("resolved", "inactive", "remission"))
 
 
-def allergy_fact(ev: Evidence, r: dict) -> Fact:
-    name = condition_name(r.get("code"))
-    verification = status_code(r, "verificationStatus")
-    recorded = day(r.get("recordedDate") or clinical_date(r))
-    if verification == "refuted":
+def allergy_fact(ev: Evidence, f: typed.AllergyFact) -> Fact:
+    name = condition_name({"text": f.name})
+    recorded = day(f.recorded or f.date)
+    if f.verification == "refuted":
         return Fact(ev, "allergy", name, f"an allergy to {name} is recorded as refuted ({recorded})", recorded,
                     "refuted", False, True)
-    reactions = []
-    for reaction in r.get("reaction") or []:
-        severity = reaction.get("severity", "")
-        for m in reaction.get("manifestation") or []:
-            reactions.append(condition_name(m) + (f" ({severity})" if severity else ""))
-    detail = [", ".join(dict.fromkeys(reactions)), f"{r['criticality']} criticality" if r.get("criticality") else "",
+    reactions = [condition_name({"text": m}) + (f" ({reaction.severity})" if reaction.severity else "")
+                 for reaction in f.reactions for m in reaction.manifestations]
+    detail = [", ".join(dict.fromkeys(reactions)), f"{f.criticality} criticality" if f.criticality else "",
               f"recorded {recorded}" if recorded else ""]
     words = name if "allerg" in name.lower() else f"{name} allergy"
     words += f" — {', '.join(d for d in detail if d)}" if any(detail) else ""
-    return Fact(ev, "allergy", name, words, recorded, status_code(r, "clinicalStatus"),
-                status_code(r, "clinicalStatus") != "inactive")
+    return Fact(ev, "allergy", name, words, recorded, f.status, f.status != "inactive")
 
 
-def reasons_of(r: dict, read: Reader) -> str:
-    """reasonCode and reasonReference by the specification (the referenced Condition's name)."""
-    reasons = [condition_name(c) for c in r.get("reasonCode") or []]
-    reasons += [condition_name((read(ref_id(x)) or {}).get("code")) or x.get("display", "")
-                for x in r.get("reasonReference") or []]
-    return ", ".join(dict.fromkeys(x for x in reasons if x))
-
-
-def procedure_fact(ev: Evidence, r: dict, kind: str, read: Reader) -> Fact:
-    code = r.get("vaccineCode") if kind == "immunization" else r.get("code")
-    name = condition_name(code)
-    when = day(clinical_date(r))
-    status = r.get("status", "")
-    if status == "not-done":
-        why = concept_text(r.get("statusReason")) if isinstance(r.get("statusReason"), dict) else ""
-        return Fact(ev, kind, name, f"{name} not done ({when}{', ' + why.lower() if why else ''})", when, status,
+def procedure_fact(ev: Evidence, f: typed.ProcedureFact) -> Fact:
+    kind = "immunization" if f.kind == "immunization" else "procedure"
+    name = condition_name({"text": f.name})
+    when = day(f.date)
+    if f.status == "not-done":
+        why = f.status_reason
+        return Fact(ev, kind, name, f"{name} not done ({when}{', ' + why.lower() if why else ''})", when, f.status,
                     False, True)
-    reason = reasons_of(r, read)
+    reason = ", ".join(condition_name({"text": r}) for r in f.reasons)
     words = (f"{name} on {when}" if when else name) + (f" for {reason}" if reason else "")
-    return Fact(ev, kind, name, words, when, status, reason=reason)
+    return Fact(ev, kind, name, words, when, f.status, reason=reason)
 
 
-def encounter_fact(ev: Evidence, r: dict, read: Reader) -> Fact:
-    kind = condition_name((r.get("type") or [{}])[0]) if r.get("type") else ""
-    label = ENCOUNTER_CLASS.get((r.get("class") or {}).get("code", ""), "")
+def encounter_fact(ev: Evidence, f: typed.EncounterFact) -> Fact:
+    kind = condition_name({"text": f.types[0]}) if f.types else ""
+    label = ENCOUNTER_CLASS.get(f.encounter_class, "")
     name = kind or label or "visit"
     if label and label.split()[0] not in name.lower():
         name = f"{name} ({label})"
-    period = r.get("period") or {}
-    start, end = day(period.get("start") or clinical_date(r)), day(period.get("end") or "")
-    reason = reasons_of(r, read)
+    start, end = day(f.date), day(f.end)
+    reason = ", ".join(dict.fromkeys(condition_name({"text": r}) for r in f.reasons if r))
     words = f"{name} on {start}" + (f" to {end}" if end and end != start else "") + (f" for {reason}" if reason else "")
-    return Fact(ev, "encounter", name, words, start, r.get("status", ""), reason=reason)
+    return Fact(ev, "encounter", name, words, start, f.status, reason=reason)
 
 
-def fact_of(ev: Evidence, read: Reader) -> Fact | None:
-    """The fact a chunk's source resource states, or None when it is not one of the kinds above
-    (a note, a trend, a panel, a care plan: the caller words those)."""
+def fact_of(ev: Evidence) -> Fact | None:
+    """The fact a chunk's source states, in clinical words, or None when it is not one of the
+    kinds above (a note, a trend, a panel, a care plan: the caller words those)."""
     chunk = ev.chunk
     if chunk.category == "trend" or chunk.semantic_type == "note":
         return None
-    r = read(chunk.ref)
-    if not r:
-        return None
-    kind = r.get("resourceType")
-    if kind == "MedicationRequest":
-        return medication_fact(ev, r, read)
-    if kind == "Observation":
-        return measurement_fact(ev, r, chunk.ref)
-    if kind == "Condition":
-        return condition_fact(ev, r)
-    if kind == "AllergyIntolerance":
-        return allergy_fact(ev, r)
-    if kind in ("Procedure", "Immunization"):
-        return procedure_fact(ev, r, kind.lower(), read)
-    if kind == "Encounter":
-        return encounter_fact(ev, r, read)
+    f = typed_fact(ev)
+    if isinstance(f, typed.MedicationFact) and f.form == "order":
+        return medication_fact(ev, f)
+    if isinstance(f, typed.MeasurementFact):
+        return measurement_fact(ev, f, chunk.ref)
+    if isinstance(f, typed.ProblemFact):
+        return problem_fact(ev, f)
+    if isinstance(f, typed.AllergyFact):
+        return allergy_fact(ev, f)
+    if isinstance(f, typed.ProcedureFact) and f.kind in ("procedure", "immunization"):
+        return procedure_fact(ev, f)
+    if isinstance(f, typed.EncounterFact):
+        return encounter_fact(ev, f)
     return None
 
 
-def prefetch(read: Reader, refs: list[str]) -> None:
-    """Read many resources at once when the reader can (a plain lookup reads them one by one)."""
-    many = getattr(read, "prefetch", None)
-    if many is not None:
-        many(refs)
-
-
-def series_facts(ev: Evidence, read: Reader) -> list[Fact]:
-    """The measurements a trend chunk or a lab panel draws on, one fact per result."""
+def series_facts(ev: Evidence) -> list[Fact]:
+    """The measurements a trend chunk or a lab panel states, one fact per result."""
+    f = typed_fact(ev)
+    if not isinstance(f, typed.SeriesFact):
+        return []
     out = []
-    refs = ev.chunk.refs[1:] if ev.chunk.category != "trend" else ev.chunk.refs
-    prefetch(read, [ref for ref in refs if ref.startswith("Observation/")])
-    for ref in refs:
-        r = read(ref) if ref.startswith("Observation/") else None
-        fact = measurement_fact(ev, r, ref) if r else None
+    for p in f.points:
+        measured = typed.MeasurementFact(name=p.name, codes=p.codes, date=p.date, status=p.status, value=p.value,
+                                         components=p.components, ranges=p.ranges, interpretation=p.interpretation)
+        fact = measurement_fact(ev, measured, p.ref)
         if fact is not None:
             fact.trend = ev.chunk.category == "trend"
             out.append(fact)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from search.answering.facts import Fact, Reader, fact_of, prefetch, series_facts
+from search.answering.facts import Fact, fact_of, series_facts
 from search.nlp.annotate import asserted_keys, default_annotator
 from search.retrieval.pipeline import Analysis, Evidence
 
@@ -97,15 +97,14 @@ def affirms(question: str) -> bool:
     return bool(ASKS_IF_RECORDED.search(question))
 
 
-def first_sentence(analysis: Analysis, relevant: list[Evidence], read: Reader, note_passage) -> Lead:
+def first_sentence(analysis: Analysis, relevant: list[Evidence], note_passage) -> Lead:
     """The lead sentence and the facts of the relevant evidence; no sentence when none can be
     written in clinical words (the caller keeps the evidence's own words)."""
-    prefetch(read, [ev.chunk.ref for ev in relevant])
-    facts = [f for f in (fact_of(ev, read) for ev in relevant) if f is not None]
+    facts = [f for f in (fact_of(ev) for ev in relevant) if f is not None]
     top = relevant[0]
     kind = asked_kind(analysis, facts, top)
     if kind == "measurement":
-        measured = measurement_series(analysis, relevant, facts, read)
+        measured = measurement_series(analysis, relevant, facts)
         if measured:
             sentence, shown = measurement_sentence(analysis, measured)
             return Lead(sentence, facts, shown)
@@ -253,13 +252,13 @@ def encounter_sentence(analysis: Analysis, facts: list[Fact]) -> Draft:
 
 # --- measurements ----------------------------------------------------------------------------
 
-def measurement_series(analysis: Analysis, relevant: list[Evidence], facts: list[Fact], read: Reader) -> list[Series]:
+def measurement_series(analysis: Analysis, relevant: list[Evidence], facts: list[Fact]) -> list[Series]:
     """The asked tests' values, one series per test: from single results, trend chunks and
     panels (only the panel's results the question asks about, unless it asks for the panel)."""
     found: list[Fact] = [f for f in facts if f.kind == "measurement"]
     for ev in relevant:
         if ev.chunk.category == "trend" or (ev.chunk.semantic_type == "lab" and ev.chunk.category == "panel"):
-            found += series_facts(ev, read)
+            found += series_facts(ev)
     if not found:
         return []
     asked = asked_tests(analysis, found)

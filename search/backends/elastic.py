@@ -301,7 +301,8 @@ class ElasticsearchBackend(Backend):
         chunk.embedding_model = self.embedding_model or chunk.embedding_model
         doc = {"chunk_id": chunk.chunk_id, "tenant": chunk.tenant, "patient_id": chunk.patient_id,
                "resource_type": chunk.resource_type, "ref": chunk.ref, "refs": chunk.refs,
-               "semantic_type": chunk.semantic_type, "category": chunk.category, "codes": chunk.codes,
+               "semantic_type": chunk.semantic_type, "category": chunk.category,
+               "codes": [f"{c['system']}|{c['code']}" for c in chunk.codes],
                "concepts": sorted(asserted_keys(chunk.concepts)), "date": chunk.date,
                "text_hash": VECTOR_PENDING if vector is None else text_hash(chunk, lexical),
                "lexical": self._lexical(lexical), "data": chunk.to_dict()}

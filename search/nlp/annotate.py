@@ -47,8 +47,8 @@ def record_terms_from_chunks(chunks: Iterable[Chunk]) -> list[RecordTerm]:
     ingredient before the strength ("Tacrolimus 1 MG Oral Capsule" → "tacrolimus")."""
     terms = {}
     for chunk in chunks:
-        for code_key in chunk.codes:
-            system, code, display = (code_key.split("|") + ["", ""])[:3]
+        for coding in chunk.codes:
+            system, code, display = coding["system"], coding["code"], coding["display"]
             if not display or not code:
                 continue
             key = f"{system}|{code}"
@@ -351,8 +351,8 @@ class Annotator:
                 for c in concepts:
                     c["negated"] = False
             by_key = {c["key"]: c for c in concepts}
-            for code_key in chunk.codes:
-                system, code, display = (code_key.split("|") + ["", ""])[:3]
+            for coding in chunk.codes:
+                system, code, display = coding["system"], coding["code"], coding["display"]
                 if code:
                     by_key[f"{system}|{code}"] = {"key": f"{system}|{code}", "display": display,
                                                   "semantic_type": chunk.semantic_type, "negated": False}
@@ -364,7 +364,7 @@ def without_headings(chunk: Chunk) -> str:
     """A note's section headings ("Allergies:", "Medications:") name a topic, they assert nothing:
     "Allergies: No Known Allergies." must read as a denial, not as an allergy."""
     text = chunk.text
-    for heading in filter(None, (h.strip() for h in chunk.section.split(","))):
+    for heading in chunk.sections:
         text = re.sub(rf"\b{re.escape(heading)}(?: \(continued\))?:", " ", text)
     return text
 

@@ -416,7 +416,7 @@ def holds_asked_section(chunk: Chunk, analysis: Analysis) -> bool:
     Complaint): of a note's pieces, that one answers."""
     asked = analysis.sections_asked
     return bool(asked) and chunk.semantic_type == "note" and any(
-        heading.strip().lower() in asked for heading in chunk.section.split(","))
+        heading.lower() in asked for heading in chunk.sections)
 
 
 # The feature rerank's weights. The fused recall score (an RRF score, about 0.02-0.03 at the
@@ -505,10 +505,18 @@ def fact_key(chunk: Chunk) -> str:
     """What makes two chunks the same fact: identical text, or for orders and results the same
     code (yearly renewals of one drug, the same analyte repeated on one day)."""
     if chunk.semantic_type == "medication" and chunk.codes:
-        return "med:" + chunk.codes[0].split("|")[1]
+        return "med:" + chunk.codes[0]["code"]
     if chunk.resource_type == "Observation" and chunk.category != "trend" and chunk.codes:
-        return f"obs:{chunk.codes[0].split('|')[1]}:{chunk.date[:10]}:{chunk.text.split('=', 1)[-1]}"
+        return f"obs:{chunk.codes[0]['code']}:{chunk.date[:10]}:{measured_value(chunk)}"
     return "text:" + " ".join(chunk.text.split()).lower()
+
+
+def measured_value(chunk: Chunk) -> str:
+    """A result's value and components as its typed fact states them."""
+    fact = chunk.fact or {}
+    parts = [(fact.get("value") or {}).get("text", "")]
+    parts += [f"{c['name']}: {c['value'].get('text', '')}" for c in fact.get("components") or []]
+    return "; ".join(p for p in parts if p)
 
 
 def select(evidence: list[Evidence], k: int, by_fact: bool = True, diverse: bool = False) -> list[Evidence]:
@@ -521,7 +529,7 @@ def select(evidence: list[Evidence], k: int, by_fact: bool = True, diverse: bool
         if key in seen:
             continue
         seen.add(key)
-        codes = {c.split("|", 2)[0] + "|" + c.split("|", 2)[1] for c in ev.chunk.codes} if diverse else set()
+        codes = {f"{c['system']}|{c['code']}" for c in ev.chunk.codes} if diverse else set()
         if diverse and codes and codes <= covered:
             deferred.append(ev)
             continue

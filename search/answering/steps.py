@@ -1,0 +1,114 @@
+"""Answer policy in one place: after the extractive answer is composed, a list of small steps, each
+deciding one thing in order, like the retrieval stages. Each step takes the answer so far and the
+question's context and returns the answer to pass on.
+
+1. `empty_record`: a record with nothing indexed says which of "new patient", "being read" or
+   "read but not indexed" it is, never the bare no-evidence sentence.
+2. `never_hide_the_class`: an abstention lists what the record holds of the asked class (cited),
+   so "no evidence" is never read as "none recorded".
+3. `grounded_by_model`: with a configured language model, its verified statements replace the
+   extractive ones (identifiers scrubbed before anything is sent).
+4. `trend_chart`: an answer that cites a trend gets its chart.
+5. `while_reading`: an answer given while the record is still being embedded says so.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from search.answering.answer import (NEW_PATIENT, asked_class, class_entries_answer, context_evidence,
+                                     while_reading as reading_notice)
+from search.answering.charts import trend_chart as chart_of_trend
+from search.answering.types import Answer
+from search.backends.base import Backend, Scope
+from search.retrieval.pipeline import Evidence, Retrieval, fact_key
+
+
+@dataclass
+class AnswerContext:
+    """What the steps may consult: the retrieval, the index, and the service's optional parts."""
+    tenant: str
+    patient_id: str
+    retrieval: Retrieval
+    backend: Backend
+    summary: Callable[[], dict]                 # the patient's index summary, read when a step needs it
+    grounded: Callable[[Answer], Answer] | None = None    # the language-model step, when one is configured
+    indexed_types: frozenset[str] = frozenset()
+
+
+AnswerStep = Callable[[Answer, AnswerContext], Answer]
+
+
+def empty_record(result: Answer, ctx: AnswerContext) -> Answer:
+    """"New patient" only when the record holds nothing clinical; records read but not indexed
+    are a different situation, and a clinician must not mistake one for the other."""
+    if ctx.retrieval.corpus_size != 0:
+        return result
+    summary = ctx.summary() or {}
+    if summary.get("vectors_pending"):
+        return replace(result, answer="This patient's record is being read; ask again in a moment.")
+    counts = summary.get("resource_counts") or {}
+    clinical = sum(n for rt, n in counts.items() if rt in ctx.indexed_types)
+    if not clinical:
+        return replace(result, answer=NEW_PATIENT)
+    return replace(result, answer=f"{clinical} clinical records were read for this patient, but none could be "
+                                  f"indexed; the index report says why. I cannot answer from them.")
+
+
+def never_hide_the_class(result: Answer, ctx: AnswerContext) -> Answer:
+    """An abstention never stands alone when the record holds what was asked about's class
+    (allergies, problems, medications, procedures): those entries are listed, cited, with the
+    word that none matches; a fact the question mentioned as context is shown as such."""
+    if ctx.retrieval.corpus_size == 0:
+        return result
+    klass = asked_class(ctx.retrieval.analysis)
+    result.diagnostics["asked_class"] = {"class": klass}
+    if not result.abstained:
+        return result          # an answer lists nothing more: no count on the common path
+    scope = Scope(ctx.tenant, ctx.patient_id, semantic_types=(klass,)) if klass else None
+    held = ctx.backend.count(scope) if scope else 0
+    result.diagnostics["asked_class"]["records"] = held
+    context = context_evidence(ctx.retrieval)
+    if not held and context is None:
+        return result
+    return class_entries_answer(result, klass if held else "", class_entries(ctx.backend, scope) if held else [],
+                                context)
+
+
+def class_entries(backend: Backend, scope: Scope) -> list[Evidence]:
+    """What the record holds of a class, newest first, one per fact; current entries (active
+    problems, allergies and orders) before the rest."""
+    chunks = backend.get_chunks(scope.tenant, [h.chunk_id for h in backend.latest(scope, 500)])
+    ordered = [c for c in chunks if c.status == "active"] + [c for c in chunks if c.status != "active"]
+    seen, entries = set(), []
+    for chunk in ordered:
+        if chunk.category == "trend" or fact_key(chunk) in seen:
+            continue
+        seen.add(fact_key(chunk))
+        entries.append(Evidence(chunk, 0.0))
+    return entries
+
+
+def grounded_by_model(result: Answer, ctx: AnswerContext) -> Answer:
+    return ctx.grounded(result) if ctx.grounded is not None and not result.abstained else result
+
+
+def trend_chart(result: Answer, ctx: AnswerContext) -> Answer:
+    if result.abstained or result.chart is not None:
+        return result
+    cited = {c.ref for c in result.citations}
+    trend = next((e.chunk for e in ctx.retrieval.evidence if e.chunk.category == "trend" and e.chunk.ref in cited), None)
+    return replace(result, chart=chart_of_trend(trend)) if trend is not None else result
+
+
+def while_reading(result: Answer, ctx: AnswerContext) -> Answer:
+    return reading_notice(result, ctx.retrieval)
+
+
+STEPS: tuple[AnswerStep, ...] = (empty_record, never_hide_the_class, grounded_by_model, trend_chart, while_reading)
+
+
+def apply_steps(result: Answer, ctx: AnswerContext, steps: tuple[AnswerStep, ...] = STEPS) -> Answer:
+    for step in steps:
+        result = step(result, ctx)
+    return result
