@@ -108,6 +108,13 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
                            "jwks_url": body.get("jwks_url")}
         return jsonify(ok=True)
 
+    @app.post("/_test/unsupported")
+    def set_unsupported():
+        """Resource types this FHIR server does not have: left out of its CapabilityStatement, and
+        a search for one answers 404 not-supported, as servers answer an unknown type."""
+        state["unsupported"] = set(request.get_json(force=True).get("types") or [])
+        return jsonify(ok=True)
+
     @app.post("/_test/ignore-since")
     def ignore_since():
         state["ignore_since"] = bool(request.get_json(force=True)["on"])
@@ -393,6 +400,16 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
                 and len(first) == 1 and asked != patient:
             abort(403)
 
+    def without_unsupported(response: Response) -> Response:
+        gone = state.get("unsupported")
+        if not gone or response.status_code != 200:
+            return response
+        statement = json.loads(response.get_data())
+        for rest in statement.get("rest") or []:
+            rest["resource"] = [r for r in rest.get("resource") or [] if r.get("type") not in gone]
+        response.set_data(json.dumps(statement))
+        return response
+
     def forward() -> Response:
         path = request.path[len("/fhir/"):]
         headers = {k: v for k, v in request.headers if k.lower() in ("accept", "prefer", "content-type")}
@@ -413,7 +430,10 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
         state["log"].append({"method": request.method, "path": request.path, "args": request.args.to_dict(flat=False),
                              "accept": request.headers.get("Accept", ""), "auth": bool(request.headers.get("Authorization"))})
         if path == "metadata":
-            return forward()
+            return without_unsupported(forward())
+        if path.split("/")[0] in state.get("unsupported", ()):
+            return jsonify(resourceType="OperationOutcome", issue=[{"severity": "error", "code": "not-supported",
+                                                                    "diagnostics": "Unknown resource type"}]), 404
         time.sleep(state.get("latency", 0.0))
         grant = bearer()
         fault = take_fault("fhir")

@@ -105,6 +105,20 @@ def support_bundles(synthea: Path, patient_ids: list[str]) -> list[Path]:
                   if int(p.name.split("Information")[1][:13]) // 1000 in stamps)
 
 
+def load_uscore(base: str, uscore: Path) -> None:
+    """HL7's US Core example resources, each at its own id (one transaction of PUTs)."""
+    entries = []
+    for path in sorted(uscore.glob("*.json")):
+        resource = json.loads(path.read_text())
+        if resource.get("resourceType") != "Bundle":
+            entries.append({"resource": resource, "request": {"method": "PUT",
+                                                              "url": f"{resource['resourceType']}/{resource['id']}"}})
+    response = requests.post(base, json={"resourceType": "Bundle", "type": "transaction", "entry": entries},
+                             headers={"Content-Type": "application/fhir+json"}, timeout=300)
+    if response.status_code >= 300:
+        raise RuntimeError(f"sekmet refused the US Core examples: {response.status_code} {response.text[:300]}")
+
+
 def load_synthea(base: str, synthea: Path, patient_ids: list[str], group_id: str = "chartcite-test-group") -> None:
     """Support bundles first (they resolve the Practitioner?identifier= references), then patients,
     then a Group of them for Bulk Data."""

@@ -21,10 +21,11 @@ from cryptography.fernet import Fernet
 
 from fhir_ingest.connection.smart_auth import resource_scopes
 
-from .conftest import clean_env, metric
-from .fhir_servers import REPO, free_port, load_synthea, start_ehr_server, start_sekmet, stop, wait_for
+from .conftest import SHARED, clean_env, metric
+from .fhir_servers import REPO, free_port, load_synthea, load_uscore, start_ehr_server, start_sekmet, stop, wait_for
 
 PID = "936988e9-d587-ef42-ebdf-541238540ff3"            # 46 resources
+USCORE = SHARED / "data" / "uscore"                     # HL7's US Core examples, of Patient/example
 OTHER = "8ef99ca1-5615-7aa6-d383-47fe931a1f14"          # 88 resources, two medications
 GROUP = "chartcite-test-group"
 CLIENT_ID = "chartcite-test-client"
@@ -63,6 +64,7 @@ def stack(tmp_path_factory, synthea_dir):
         sekmet, fhir_base = start_sekmet(folder)
         processes.append(sekmet)
         load_synthea(fhir_base, synthea_dir, [PID, OTHER], GROUP)
+        load_uscore(fhir_base, USCORE)
         app_port = free_port()
         app_url = f"http://localhost:{app_port}"
         env = clean_env(data_dir=folder / "data", demo_launch="false", public_url=app_url,
@@ -792,3 +794,38 @@ def test_ehr_list_counts_the_patients_launches_synced(stack, launched):
     assert row["patient_syncs"]["patients"] >= 1 and row["patient_syncs"]["last"] > time.time() - 3600
     listed = stack.cli("ehr", "list").stdout
     assert re.search(r"patients synced by launches: [1-9]\d*, last \d{4}-", listed), listed
+
+
+def test_a_launch_reads_every_clinical_kind_the_ehr_offers_and_says_which_it_does_not(stack):
+    """A launch on the US Core example patient, served by sekmet: every clinical type the input
+    holds for that patient is fetched and indexed (CarePlan, CareTeam, Goal, Device, Coverage,
+    ServiceRequest, MedicationDispense, QuestionnaireResponse... were never read at a launch), and
+    a type the server does not have is skipped with one line in the sync status."""
+    from fhir_ingest.record.kinds import INDEXED_TYPES
+    from fhir_ingest.record.normalize import patient_of
+    from search.service import SearchService
+
+    held = {}
+    for path in USCORE.glob("*.json"):
+        resource = json.loads(path.read_text())
+        if resource.get("resourceType") in INDEXED_TYPES and patient_of(resource) == "example":
+            held.setdefault(resource["resourceType"], set()).add(resource["id"])
+    stack.test_api("unsupported", {"types": ["Media"]})
+    try:
+        final, _ = launch(stack, stack.test_api("launch", {"patient": "example"})["launch"])
+        status = wait_synced(stack, handle_of(final.text))
+    finally:
+        stack.test_api("unsupported", {"types": []})
+    assert status["job"]["state"] == "done", status
+    assert "Media: not offered by this EHR" in status["job"]["message"]
+    svc = SearchService("embedded", Path(stack.env["CHARTCITE_DATA_DIR"]) / "index.sqlite")
+    try:
+        indexed = {}
+        for resource in svc.catalog.patient_resources(TENANT, "example"):
+            indexed.setdefault(resource["resourceType"], set()).add(resource["id"])
+    finally:
+        svc.close()
+    missing = {rt: ids - indexed.get(rt, set()) for rt, ids in held.items() if rt != "Media"}
+    assert not any(missing.values()), missing
+    assert {"CarePlan", "CareTeam", "Goal", "Device", "ServiceRequest", "QuestionnaireResponse"} <= set(indexed)
+    assert "Media" not in indexed

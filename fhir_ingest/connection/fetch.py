@@ -36,32 +36,36 @@ class FetchResult:
 @dataclass
 class Offer:
     """What this EHR gives chartcite of a patient: the searches to run (type → the parameter naming
-    the patient) and, one line each, the kinds it does not give and why."""
+    the patient), which of them its CapabilityStatement does not declare (tried, and skipped if
+    refused: some servers serve more than they declare), and, one line each, the kinds it does not
+    give and why."""
     searches: dict[str, str]
+    undeclared: set[str] = field(default_factory=set)
     not_read: list[str] = field(default_factory=list)
 
 
 def offered_searches(statement: dict, granted: str = "") -> Offer:
-    """Every kind chartcite indexes that the server's CapabilityStatement offers for search, with
-    a patient search parameter it declares, and that the granted scopes cover. A statement that
-    lists no resources at all (some EHRs publish a bare one) offers every kind."""
+    """Every kind chartcite indexes that the granted scopes cover, searched with the patient
+    parameter the server's CapabilityStatement declares for it (its own when the statement lists
+    no parameters). A kind the statement declares without any patient search is skipped; one it
+    does not declare is tried."""
     offered = {r.get("type"): r for rest in statement.get("rest") or [] if isinstance(rest, dict)
                and rest.get("mode", "server") == "server" for r in rest.get("resource") or [] if isinstance(r, dict)}
-    searches, not_read = {}, []
+    offer = Offer({})
     for rtype, param in PATIENT_SEARCHES.items():
-        entry = offered.get(rtype) if offered else {}
-        if entry is None:
-            not_read.append(f"{rtype}: not offered by this EHR")
+        if granted and not scope_covers(granted, rtype):
+            offer.not_read.append(f"{rtype}: not granted (scopes)")
             continue
-        declared = {p.get("name") for p in entry.get("searchParam") or [] if isinstance(p, dict)}
+        entry = offered.get(rtype)
+        declared = {p.get("name") for p in (entry or {}).get("searchParam") or [] if isinstance(p, dict)}
         chosen = next((p for p in (param, "patient", "subject") if not declared or p in declared), None)
         if chosen is None:
-            not_read.append(f"{rtype}: this EHR offers no search by patient")
-        elif granted and not scope_covers(granted, rtype):
-            not_read.append(f"{rtype}: not granted (scopes)")
-        else:
-            searches[rtype] = chosen
-    return Offer(searches, not_read)
+            offer.not_read.append(f"{rtype}: this EHR offers no search by patient")
+            continue
+        offer.searches[rtype] = chosen
+        if entry is None:
+            offer.undeclared.add(rtype)
+    return offer
 
 
 def scope_covers(granted: str, resource_type: str) -> bool:
@@ -101,9 +105,10 @@ def fetch_patient(client: FhirClient, patient_id: str, since: str = "", progress
         try:
             resources += list(client.search(rtype, params))
         except FhirError as exc:
-            if exc.status not in (400, 403, 404, 405, 501):
+            if exc.status not in (400, 403, 404, 405, 501) and rtype not in offer.undeclared:
                 raise
-            not_read.append(f"{rtype}: the EHR refused the search ({exc.status})")
+            why = "not offered by this EHR" if rtype in offer.undeclared else "the EHR refused the search"
+            not_read.append(f"{rtype}: {why} ({exc.status or 'error'})")
         if progress:
             progress("fetching", i, steps)
     resources += referenced_medications(client, resources)

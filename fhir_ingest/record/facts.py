@@ -205,7 +205,7 @@ class DetailFact(Fact):
     """Care plans, goals, orders, devices, family history, surveys, coverage, care teams: a name, a
     status and the record's details as (label, words) pairs."""
     kind: str = "record"
-    details: list[tuple[str, str]] = field(default_factory=list)
+    details: list[list[str]] = field(default_factory=list)     # [label, words]
 
 
 FACT_TYPES = {cls.kind: cls for cls in (MedicationFact, MeasurementFact, ProblemFact, AllergyFact, ProcedureFact,
@@ -226,8 +226,6 @@ def _rebuild(cls, data: dict):
             value = [_rebuild(inner, v) if isinstance(v, dict) else v for v in value]
         elif inner is not None and isinstance(value, dict):
             value = _rebuild(inner, value)
-        elif f.name == "details" and isinstance(value, list):
-            value = [tuple(v) for v in value]
         kwargs[f.name] = value
     return cls(**kwargs)
 

@@ -15,7 +15,7 @@ def coverage_fact(r: dict, resolve: Resolver) -> DetailFact:
     payors = _join(reference_words(resolve, p) for p in r.get("payor") or [])
     return DetailFact(kind="coverage", name=concept_words(r.get("type")) or payors, codes=codings_of(r.get("type")),
                       date=clinical_date(r), status=str(r.get("status") or ""),
-                      details=[(label, words) for label, words in (("payer", payors), ("valid", period_text(r.get("period"))),
+                      details=[[label, words] for label, words in (("payer", payors), ("valid", period_text(r.get("period"))),
                                                                    ("relationship", concept_text(r.get("relationship"))))
                                if words])
 

@@ -38,7 +38,7 @@ def detail_fact(kind: str, r: dict, name: str, concept, details: list[tuple[str,
     return DetailFact(kind=kind, name=name, codes=codings_of(concept), date=clinical_date(r),
                       status=status or str(r.get("status") or ""),
                       notes=_join((n.get("text", "") for n in r.get("note") or [] if isinstance(n, dict)), " "),
-                      details=[(label, words) for label, words in details if words])
+                      details=[[label, words] for label, words in details if words])
 
 
 # --- care plans ---------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ def report_fact(r: dict, resolve: Resolver) -> DetailFact:
     coded = _join(concept_words(c) for c in r.get("conclusionCode") or [])
     return DetailFact(kind="report", name=concept_text(r.get("code")), codes=codings_of(r.get("code")),
                       date=clinical_date(r), status=str(r.get("status") or ""),
-                      details=[(label, words) for label, words in
+                      details=[[label, words] for label, words in
                                (("conclusion", r.get("conclusion") if isinstance(r.get("conclusion"), str) else ""),
                                 ("coded conclusion", coded)) if words])
 
@@ -48,7 +48,7 @@ def media_fact(r: dict, resolve: Resolver) -> DetailFact:
     kind = concept_text(r.get("type")) or concept_text(r.get("modality")) or "media"
     return DetailFact(kind="media", name=kind, codes=codings_of(r.get("type")), date=clinical_date(r),
                       status=str(r.get("status") or ""),
-                      details=[(label, words) for label, words in
+                      details=[[label, words] for label, words in
                                (("title", content.get("title") if isinstance(content.get("title"), str) else ""),
                                 ("view", concept_text(r.get("view"))), ("body site", concept_text(r.get("bodySite"))),
                                 ("reason", _join(concept_text(c) for c in r.get("reasonCode") or []))) if words])
