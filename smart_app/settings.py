@@ -94,6 +94,7 @@ class Settings:
         if settings.backend not in ("embedded", "elasticsearch"):
             raise SettingsError(f"CHARTCITE_BACKEND must be 'embedded' or 'elasticsearch', not {settings.backend!r}")
         settings.data_dir = Path(settings.data_dir).resolve()
+        settings.frame_ancestors = checked_frame_ancestors(settings.frame_ancestors)
         return settings
 
     def ensure_secret(self) -> str:
@@ -210,6 +211,17 @@ def mask_url_password(url: str) -> str:
 def mask_urls(value: str) -> str:
     """Each of several comma-separated URLs (CHARTCITE_ES_URL) masked on its own."""
     return ",".join(mask_url_password(part) for part in value.split(","))
+
+
+def checked_frame_ancestors(value: str) -> str:
+    """The configured origins, each checked: they are written into the CSP header, where a `*`, a
+    path or a `;` would change the policy itself."""
+    from fhir_ingest.origins import OriginError, normalised_origin
+
+    try:
+        return " ".join(normalised_origin(origin) for origin in value.split())
+    except OriginError as exc:
+        raise SettingsError(f"CHARTCITE_FRAME_ANCESTORS holds {exc}; list origins separated by spaces") from None
 
 
 def make_private_dir(path: Path) -> None:

@@ -86,6 +86,19 @@ def test_config_masks_secrets(env):
     assert settings["backend"] == "embedded"
 
 
+@pytest.mark.parametrize("origin", ["https://x.example *", "https://x; script-src 'unsafe-inline'"])
+def test_a_frame_origin_that_is_not_an_origin_is_refused_with_a_sentence(env, origin):
+    """Registered or configured, an origin lands in the CSP header: a `*` would let any site frame
+    the app, and a `;` would start a directive of the attacker's choosing."""
+    out = run(["ehr", "add", "--name", "evil", "--iss", "https://evil.example/fhir", "--client-id", "c",
+               "--frame-origin", origin], env)
+    assert out.returncode == 2 and f"{origin!r} is not an origin" in out.stderr, out.stderr
+    assert "evil" not in run(["ehr", "list"], env).stdout
+    configured = run(["config"], {**env, "CHARTCITE_FRAME_ANCESTORS": f"https://ok.example.org {origin}"})
+    assert configured.returncode == 2 and "CHARTCITE_FRAME_ANCESTORS" in configured.stderr, configured.stderr
+    assert "is not an origin" in configured.stderr and "Traceback" not in configured.stderr
+
+
 def test_unknown_patient_and_missing_paths_are_clear_errors(env):
     out = run(["index", "/nonexistent/file.json"], env)
     assert out.returncode == 2 and "no such file" in out.stderr
