@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from .logs import configure_logging, keep_chartcite_logging_in_celery
 from .settings import Settings, SettingsError
 
 log = logging.getLogger("chartcite")
@@ -66,8 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"chartcite: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+    configure_logging(settings.log_level)
     if args.command != "config":
         settings.prepare_data_dir()
     handler = COMMANDS[args.command][2]
@@ -557,6 +557,7 @@ def cmd_beat(args, settings: Settings) -> int:
     from workers.celery_app import make_celery
 
     app = make_celery(settings)
+    keep_chartcite_logging_in_celery()
     schedule = settings.data_dir / "celerybeat-schedule"
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     app.start(["beat", "--loglevel", settings.log_level.upper(), "--schedule", str(schedule)])
@@ -619,6 +620,7 @@ def cmd_worker(args, settings: Settings) -> int:
     from workers.celery_app import make_celery
 
     app = make_celery(settings)
+    keep_chartcite_logging_in_celery()
     app.worker_main(["worker", "--loglevel", settings.log_level.upper(), "--concurrency", "1", "--pool", "solo"])
     return 0
 

@@ -77,6 +77,28 @@ def test_an_expired_sign_in_is_one_warning_line(caplog):
     assert [(r.levelname, r.exc_info) for r in caplog.records] == [("WARNING", None)]
 
 
+def test_a_log_record_is_one_line_and_a_traceback_only_continues_it():
+    """chartcite's formatter (command line, gunicorn, Celery): text from outside cannot start a
+    record of its own, in the message or in an exception's message."""
+    from smart_app.logs import LOG_FORMAT, OneLineFormatter
+
+    formatter = OneLineFormatter(LOG_FORMAT)
+    hostile = "ok\n2099-01-01 INFO forged\r\u2028\u2029\x85\x1b[31m\u202etxt\u2066\x00"
+    line = formatter.format(logging.makeLogRecord({"msg": "refused: %s", "args": (hostile,), "levelname": "WARNING",
+                                                   "name": "smart_app.launch"}))
+    assert len(line.splitlines()) == 1 and "\\n2099-01-01 INFO forged" in line
+    assert "\\u202etxt" in line and "\\x1b[31m" in line and "\\x85" in line
+    try:
+        raise ValueError(hostile)
+    except ValueError:
+        import sys
+
+        record = logging.makeLogRecord({"msg": "failed", "levelname": "ERROR", "name": "x", "exc_info": sys.exc_info()})
+    first, *rest = formatter.format(record).splitlines()
+    assert first.endswith("x: failed") and rest and all(line.startswith("  | ") for line in rest)
+    assert any("forged" in line for line in rest)
+
+
 def test_a_failed_callback_leaves_no_code_in_the_address(app):
     client = app.test_client()
     page = client.get("/callback?code=secret-one-time-code&state=forged").get_data(as_text=True)

@@ -88,6 +88,33 @@ def test_gunicorn_serves_and_the_access_log_holds_no_query_strings(server):
     assert "Booting worker" in text
 
 
+# Everything that ends or reorders a line for a reader or a log shipper.
+LINE_BREAKERS = ["\n", "\r", "\r\n", "\u2028", "\u2029", "\x85", "\x0b", "\x0c", "\x1c", "\x1b[2K\r"]
+
+
+def test_no_request_parameter_can_start_a_log_line(server):
+    """Unauthenticated requests put text into the log (an EHR's error_description, a path): a
+    newline in it must not start a line of the sender's choosing, in the app's log or gunicorn's."""
+    marker = f"forged-{time.time_ns()}"
+    # The error is logged cut to 60 characters; the description and the path hold the marker.
+    for breaker in LINE_BREAKERS:
+        forged = f"{breaker}2099-01-01 00:00:00,000 INFO smart_app.launch: {marker}"
+        requests.get(f"{server['url']}/callback", params={"error": f"x{forged}", "error_description": f"ok{forged}"},
+                     timeout=10)
+        requests.get(f"{server['url']}/nowhere{requests.utils.quote(forged)}", timeout=10)
+    requests.get(f"{server['url']}/callback", params={"error": "x", "error_description": f"\u202e{marker}"},
+                 timeout=10)
+    deadline = time.time() + 10
+    while server["log"].read_text().count(marker) < 2 * len(LINE_BREAKERS) + 1 and time.time() < deadline:
+        time.sleep(0.2)
+    text = server["log"].read_text()
+    assert text.count(marker) >= 2 * len(LINE_BREAKERS) + 1, text[-3000:]
+    forged_lines = [line for line in text.splitlines() if marker in line
+                    and "the EHR refused authorization: x" not in line and '"GET /nowhere' not in line]
+    assert not forged_lines, forged_lines
+    assert "\u202e" not in text and "\\u202e" + marker in text
+
+
 def test_metrics_sum_every_worker(server):
     handle = demo_session(server["url"])
     wait_indexed(server["url"], handle)
