@@ -174,3 +174,15 @@ def test_metrics_need_the_admin_token_outside_the_demo(tmp_path, embedder):
     assert client.get("/metrics").status_code == 403
     scraped = client.get("/metrics", headers={"Authorization": "Bearer t0ken"})
     assert scraped.status_code == 200 and scraped.content_type.startswith("text/plain")
+
+
+def test_shared_rate_counts_are_one_count_and_start_again_with_their_window(tmp_path):
+    """Two stores on one file (two workers): one count; a window that has passed starts at zero."""
+    from smart_app.rate_store import SqliteRateStorage, rate_store_uri
+
+    uri = rate_store_uri(tmp_path / "rate limits #1.sqlite")
+    first, second = SqliteRateStorage(uri), SqliteRateStorage(uri)
+    assert [first.incr("clinician:t:c", 1), second.incr("clinician:t:c", 1), first.incr("clinician:t:c", 1)] == [1, 2, 3]
+    assert second.get("clinician:t:c") == 3 and second.get_expiry("clinician:t:c") > time.time()
+    time.sleep(1.1)
+    assert second.get("clinician:t:c") == 0 and first.incr("clinician:t:c", 1) == 1
