@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from .logs import configure_logging, keep_chartcite_logging_in_celery
-from .settings import Settings, SettingsError
+from .settings import Settings, SettingsError, mask_url_password
 
 log = logging.getLogger("chartcite")
 
@@ -79,6 +79,19 @@ def main(argv: list[str] | None = None) -> int:
     except (BackendError, ModelNotFound, SettingsError, FileNotFoundError) as exc:
         print(f"chartcite: {exc}", file=sys.stderr)
         return 2
+    except redis_unreachable_errors() as exc:
+        print(f"chartcite: Redis at {mask_url_password(settings.redis_url)} cannot be reached ({exc}); start it, or "
+              f"correct CHARTCITE_REDIS_URL", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def redis_unreachable_errors() -> tuple[type[Exception], ...]:
+    """What Redis (job progress, the EHR request budget) and Celery's broker connection raise when
+    the server is down or unreachable: a command says so in a sentence, not a traceback."""
+    from kombu.exceptions import OperationalError
+    from redis.exceptions import ConnectionError, TimeoutError
+
+    return ConnectionError, TimeoutError, OperationalError
 
 
 def service(settings: Settings):
@@ -516,6 +529,7 @@ def cmd_sync(args, settings: Settings) -> int:
     from tqdm import tqdm
 
     from fhir_ingest.client import FhirError
+    from fhir_ingest.smart_auth import LaunchError
     from workers.progress import job_store
 
     from workers.sync import run_bulk_sync
@@ -535,7 +549,7 @@ def cmd_sync(args, settings: Settings) -> int:
     tally = job_store(settings)
     try:
         summary = run_bulk_sync(settings, registry, ehr, service(settings), args.group, progress, args.full)
-    except FhirError as exc:
+    except (FhirError, LaunchError) as exc:   # the EHR (or its SMART configuration) could not be read
         bar.close()
         registry.record_sync(ehr.name, f"failed: {type(exc).__name__}")
         tally.add("bulk_syncs", "failed")
