@@ -15,6 +15,7 @@ from urllib.parse import unquote_plus
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SECRET_FIELDS = {"secret_key", "es_api_key", "es_password", "llm_api_key", "token_key", "admin_token"}
+TOKEN_NAME = re.compile(r"[A-Za-z0-9._-]{1,40}")
 # Settings that hold URLs, which may carry credentials (user:secret@host, ?api_key=...).
 URL_FIELDS = {"redis_url", "broker_url", "es_url", "registry_url", "audit_url", "llm_url", "public_url"}
 
@@ -58,7 +59,8 @@ class Settings:
     sync_interval_minutes: float = 60.0     # Celery beat: how often each tenant's record source is re-synced
     public_url: str = ""                  # how EHRs reach chartcite (https://chartcite.hospital.org); "" = the request's host
     token_key: str = ""                   # Fernet key encrypting tokens and private keys at rest; generated per data dir when empty
-    admin_token: str = ""                 # bearer token for /admin; "" = loopback only
+    admin_token: str = ""                 # bearer token for /admin and /metrics, named "default"; "" = loopback only
+    admin_tokens: str = ""                # more named ones, so one can be rotated out: "ops-2026:secretA,ops-old:secretB"
     audit_url: str = ""                   # SQLAlchemy URL of the audit trail; "" = SQLite in the data dir
     registry_url: str = ""                # SQLAlchemy URL of the registration database; "" = SQLite in the data dir
     web_workers: int = 1                # gunicorn worker processes (each loads the model)
@@ -96,7 +98,20 @@ class Settings:
             raise SettingsError(f"CHARTCITE_BACKEND must be 'embedded' or 'elasticsearch', not {settings.backend!r}")
         settings.data_dir = Path(settings.data_dir).resolve()
         settings.frame_ancestors = checked_frame_ancestors(settings.frame_ancestors)
+        settings.admin_credentials()          # a malformed token list stops the start, not the first request
         return settings
+
+    def admin_credentials(self) -> dict[str, str]:
+        """Each bearer token that opens /admin and /metrics, by its name (the audit records the name,
+        never the secret); CHARTCITE_ADMIN_TOKEN is the one named "default"."""
+        named = named_tokens(self.admin_tokens)
+        if self.admin_token:
+            if "default" in named:
+                raise SettingsError("CHARTCITE_ADMIN_TOKENS may not name a token 'default': that is CHARTCITE_ADMIN_TOKEN")
+            named = {"default": self.admin_token, **named}
+        if len(set(named.values())) < len(named):
+            raise SettingsError("two admin tokens have the same secret, so the audit could not tell which was used")
+        return named
 
     def ensure_secret(self) -> str:
         """A stable signing key: the configured one, else one kept in the data dir."""
@@ -182,6 +197,8 @@ class Settings:
             value = getattr(self, f.name)
             if f.name in SECRET_FIELDS and value:
                 value = "****"
+            elif f.name == "admin_tokens" and value:
+                value = ",".join(f"{name}:****" for name in named_tokens(value))
             elif f.name in URL_FIELDS and value:
                 value = mask_urls(str(value))
             out[f.name] = str(value) if isinstance(value, Path) else value
@@ -258,6 +275,23 @@ def names_a_credential(name: str) -> bool:
 def mask_urls(value: str) -> str:
     """Each of several comma-separated URLs (CHARTCITE_ES_URL) masked on its own."""
     return ",".join(mask_url_password(part) for part in split_urls(value))
+
+
+def named_tokens(value: str) -> dict[str, str]:
+    """CHARTCITE_ADMIN_TOKENS, "name:secret" separated by commas, checked: a name of letters,
+    digits, '.', '_' or '-', a secret after it, each name once."""
+    named: dict[str, str] = {}
+    for entry in filter(None, (part.strip() for part in value.split(","))):
+        name, colon, secret = entry.partition(":")
+        if not colon or not TOKEN_NAME.fullmatch(name) or not secret:
+            # Without a colon the entry may be a bare secret: it is never repeated in the message.
+            shown = name if colon and TOKEN_NAME.fullmatch(name) else "each entry"
+            raise SettingsError(f"CHARTCITE_ADMIN_TOKENS: {shown} must be written name:secret (a name of up to 40 "
+                                f"letters, digits, '.', '_' or '-', then the secret)")
+        if name in named:
+            raise SettingsError(f"CHARTCITE_ADMIN_TOKENS names {name} twice")
+        named[name] = secret
+    return named
 
 
 def checked_frame_ancestors(value: str) -> str:

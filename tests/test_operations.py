@@ -186,3 +186,50 @@ def test_shared_rate_counts_are_one_count_and_start_again_with_their_window(tmp_
     assert second.get("clinician:t:c") == 3 and second.get_expiry("clinician:t:c") > time.time()
     time.sleep(1.1)
     assert second.get("clinician:t:c") == 0 and first.incr("clinician:t:c", 1) == 1
+
+
+ROTATING = "ops-2026:new-secret-2026-aaaa,ops-old:old-secret-2025-bbbb"
+
+
+def test_named_admin_tokens_rotate_and_the_audit_says_which_was_used(tmp_path, embedder):
+    """Hospital IT adds a new token beside the old, moves Prometheus and people over, then drops
+    the old one: each access is audited under its token's name, never its secret."""
+    data = str(tmp_path / "data")
+    settings = Settings.load({"CHARTCITE_DATA_DIR": data, "CHARTCITE_ADMIN_TOKEN": "t0ken-default",
+                              "CHARTCITE_ADMIN_TOKENS": ROTATING})
+    app = create_app(settings, runner=InlineRunner(settings))
+    client = app.test_client()
+    for path in ("/admin", "/metrics", "/admin/audit"):
+        for secret in ("new-secret-2026-aaaa", "old-secret-2025-bbbb", "t0ken-default"):
+            assert client.get(path, headers={"Authorization": f"Bearer {secret}"}).status_code == 200, (path, secret)
+        for wrong in ("Bearer new-secret-2026-aaa", "Bearer ops-2026", "new-secret-2026-aaaa", ""):
+            assert client.get(path, headers={"Authorization": wrong}).status_code == 403, (path, wrong)
+    with app.app_context():
+        from smart_app.services import audit
+
+        entries = audit().entries(kind="admin", limit=100)
+    assert sorted({(e["token"], e["request"]) for e in entries}) == sorted(
+        (token, f"GET {path}") for token in ("default", "ops-2026", "ops-old") for path in ("/admin", "/metrics",
+                                                                                          "/admin/audit"))
+    assert all(e["clinician"] == f"admin token {e['token']}" for e in entries)
+    stored = (tmp_path / "data" / "audit.sqlite").read_bytes()
+    assert b"secret-2026" not in stored and b"secret-2025" not in stored and b"t0ken-default" not in stored
+    rotated = Settings.load({"CHARTCITE_DATA_DIR": data, "CHARTCITE_ADMIN_TOKENS": "ops-2026:new-secret-2026-aaaa"})
+    after = create_app(rotated, runner=InlineRunner(rotated)).test_client()
+    assert after.get("/metrics", headers={"Authorization": "Bearer old-secret-2025-bbbb"}).status_code == 403
+    assert after.get("/metrics", headers={"Authorization": "Bearer t0ken-default"}).status_code == 403
+    assert after.get("/metrics", headers={"Authorization": "Bearer new-secret-2026-aaaa"}).status_code == 200
+
+
+def test_admin_tokens_are_masked_by_name_and_checked_when_settings_load(tmp_path):
+    from smart_app.settings import SettingsError
+
+    settings = Settings.load({"CHARTCITE_ADMIN_TOKENS": ROTATING, "CHARTCITE_ADMIN_TOKEN": "t0ken-default"})
+    assert settings.masked()["admin_tokens"] == "ops-2026:****,ops-old:****"
+    assert settings.masked()["admin_token"] == "****"
+    for value, says in [("bare-secret-no-name", "name:secret"), ("ops:", "name:secret"), ("o p:x", "name:secret"),
+                        ("a:x1,a:x2", "names a twice"), ("a:same,b:same", "same secret"),
+                        ("default:x", "'default'")]:
+        with pytest.raises(SettingsError, match=says) as refused:
+            Settings.load({"CHARTCITE_ADMIN_TOKENS": value, "CHARTCITE_ADMIN_TOKEN": "t0ken-default"})
+        assert "bare-secret" not in str(refused.value)        # a secret is never repeated in the message
