@@ -13,7 +13,7 @@ from fhir_ingest.normalize import INDEXED_TYPES
 from fhir_ingest.reader import read_path
 
 from search.answering.answer import (NEW_PATIENT, asked_class, class_entries_answer, compose, context_evidence,
-                                     while_reading)
+                                     impossible_date_answer, while_reading)
 from search.answering.charts import trend_chart
 from search.answering.grounded import GENERAL_BANNER, GENERAL_REFUSAL, grounded_answer
 from search.answering.phi import Identifiers
@@ -200,6 +200,8 @@ class SearchService:
         retrieval = retrieve(self.backend, self.embedder, question, tenant, patient_id, k=k, pipeline=pipeline,
                              ablate=ablate, reranker=self.reranker)
         analysis = retrieval.analysis
+        if analysis.impossible_dates:
+            return impossible_date_answer(retrieval, patient_id, question_id)
         # Asking for a latest value, a trend, a list, a history or a date is asking about the record.
         about_record = bool(analysis.intents() or analysis.date_from or analysis.date_to)
         measurement = any(c["semantic_type"] in ("lab", "vital") for c in analysis.concepts)

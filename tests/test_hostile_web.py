@@ -61,13 +61,30 @@ def test_no_question_text_makes_asking_fail(session, question):
     assert response.status_code in (200, 400), (question, response.get_data(as_text=True))
 
 
-@pytest.mark.parametrize("question", ["labs on 2023-02-30", "since 2024-00-10 any visits?", "meds on 2024-13-45",
-                                      "since 0000-01-01", "A1c on Feb 30, 2024?", "BP \ud800 lately?"])
-def test_impossible_dates_and_lone_surrogates_are_just_text(session, question):
+@pytest.mark.parametrize("question,says", [
+    ("labs on 2023-02-30", "2023-02-30 is not a date: February 2023 has 28 days."),
+    ("since 2024-00-10 any visits?", "2024-00-10 is not a date: there is no month 0."),
+    ("meds on 2024-13-45", "2024-13-45 is not a date: there is no month 13."),
+    ("since 0000-01-01", "0000-01-01 is not a date: there is no year 0."),
+    ("A1c on Feb 30, 2024?", "Feb 30, 2024 is not a date: February 2024 has 29 days."),
+    ("any labs since 31/04/2024?", "31/04/2024 is not a date: read day first or month first, no such day exists."),
+    ("BP on 31 April 2024?", "31 April 2024 is not a date: April 2024 has 30 days."),
+])
+def test_an_impossible_date_is_said_not_answered_around(session, question, says):
+    """Labs "on 2023-02-30" are not other days' labs: the answer says the date does not exist."""
     client, headers = session
     response = client.post("/api/ask", json={"question": question}, headers=headers)
     assert response.status_code == 200, response.get_data(as_text=True)
-    assert "answer" in response.get_json()
+    result = response.get_json()
+    assert result["answer"].startswith(says) and "ask again with the date you mean" in result["answer"]
+    assert result["abstained"] and not result["citations"] and not result["statements"]
+
+
+def test_a_real_date_and_a_lone_surrogate_are_answered_as_usual(session):
+    client, headers = session
+    for question in ("labs on 2024-02-29", "BP \ud800 lately?"):
+        result = client.post("/api/ask", json={"question": question}, headers=headers).get_json()
+        assert "is not a date" not in result["answer"], question
 
 
 @pytest.mark.parametrize("body,says", [

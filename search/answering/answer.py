@@ -366,6 +366,16 @@ def compose(retrieval: Retrieval, patient_id: str, read: Reader, question_id: st
                   False, diagnostics, chart=chart)
 
 
+def impossible_date_answer(retrieval: Retrieval, patient_id: str, question_id: str | None = None) -> Answer:
+    """A question about a day that does not exist ("labs on 2023-02-30") is not answered with
+    other days' records as if it did: the answer says the date does not exist, and cites nothing."""
+    said = retrieval.analysis.impossible_dates
+    text = " ".join(f"{sentence}." for sentence in said) + \
+        f" I have not answered as if {'it were' if len(said) == 1 else 'they were'}: ask again with the date you mean."
+    diagnostics = retrieval_diagnostics(retrieval) | {"impossible_dates": said}
+    return Answer(question_id, patient_id, retrieval.question, text, [], [], [], "low", True, diagnostics)
+
+
 def retrieval_diagnostics(retrieval: Retrieval) -> dict:
     """What the frame's evidence trail and the audit show of how the answer was found."""
     scope, analysis = retrieval.scope, retrieval.analysis
