@@ -24,6 +24,7 @@ from search.backends.base import Backend, Hit, Scope, Search
 from search.models.crossrank import CrossEncoderRanker
 from search.models.embed import Embedder
 from search.nlp.lexicon import content_tokens, tokens
+from search.nlp.vocabulary import is_clinical_word
 from search.retrieval.dates import MONTH_RE as _MONTH_RE, MONTHS, impossible_dates, valid_date
 from search.retrieval.timeline import anchor, last_n
 
@@ -597,14 +598,21 @@ def count_scope(state: RetrievalState, tools: Tools) -> tuple[int, str]:
 def analyse_question(state: RetrievalState, tools: Tools) -> tuple[int, str]:
     backend, tenant = tools.backend, state.tenant
     analysis = analyse(state.question, state.terms)
-    # A clinical word (one the tenant's records use somewhere) that this patient's record never
-    # uses is something the record cannot answer: "breast" for a patient with prostate cancer.
-    clinical = backend.has_terms(tenant, None, analysis.residual) if state.corpus else set()
-    absent = clinical - backend.has_terms(tenant, state.patient_id, sorted(clinical))
-    if analysis.required_keys:
-        absent = analysis.modifiers(absent)   # with a concept asked about, only its qualifiers count
+    # A clinical word that this patient's record never uses is something the record cannot
+    # answer: "breast" for a patient with prostate cancer. Clinical by the general vocabulary,
+    # never by other patients' records (search/nlp/vocabulary.py).
+    clinical = sorted(clinical_residual(analysis)) if state.corpus else []
+    absent = set(clinical) - backend.has_terms(tenant, state.patient_id, clinical)
     state.analysis, state.absent = analysis, absent
     return state.corpus, ", ".join(analysis.names + analysis.intents() + [f"absent: {t}" for t in sorted(absent)])
+
+
+def clinical_residual(analysis: Analysis) -> set[str]:
+    """The question's clinical words no concept covers. With a concept asked about, only its
+    qualifiers count ("breast" of breast cancer), by the wider vocabulary qualifiers have."""
+    if analysis.required_keys:
+        return {t for t in analysis.modifiers(set(analysis.residual)) if is_clinical_word(t, qualifier=True)}
+    return {t for t in analysis.residual if is_clinical_word(t)}
 
 
 def analyse_with_record(state: RetrievalState, tools: Tools) -> tuple[int, str]:
