@@ -6,11 +6,16 @@ forged"), and a right-to-left override would make a line read differently than i
 each call site would miss the next one, so chartcite formats every record through
 `OneLineFormatter`, installed wherever it configures logging: the command line (`configure_logging`),
 gunicorn (`server.GunicornLogger`) and Celery's worker and beat (`keep_chartcite_logging_in_celery`).
+The same formatter masks the credentials of any URL a record holds (a broker URL in Celery's
+"Connected to ...", an EHR endpoint in an error), as `chartcite config` does.
 """
 from __future__ import annotations
 
 import logging
+import re
 import sys
+
+from .settings import mask_url_password
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # Continuation lines of a traceback: never mistaken for a record of their own.
@@ -25,6 +30,14 @@ _ESCAPES = {code: _NAMED.get(chr(code)) or (f"\\x{code:02x}" if code < 0x100 els
             for code in _CONTROLS}
 
 
+# A URL inside free text: its scheme, then everything up to whitespace or a quote.
+_URL_IN_TEXT = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]+")
+
+
+def mask_urls_in_text(text: str) -> str:
+    return _URL_IN_TEXT.sub(lambda m: mask_url_password(m.group(0)), text) if "://" in text else text
+
+
 def escape_controls(text: str) -> str:
     """The text on one line, each control character written as its escape (`\\n`, `\\u202e`)."""
     return text.translate(_ESCAPES)
@@ -35,7 +48,7 @@ class OneLineFormatter(logging.Formatter):
     escaped and marked as a continuation."""
 
     def formatMessage(self, record: logging.LogRecord) -> str:
-        return escape_controls(super().formatMessage(record))
+        return escape_controls(mask_urls_in_text(super().formatMessage(record)))
 
     def format(self, record: logging.LogRecord) -> str:
         # The traceback is appended after the first newline (the line itself holds none now);
@@ -43,7 +56,8 @@ class OneLineFormatter(logging.Formatter):
         head, newline, tail = super().format(record).partition("\n")
         if not newline:
             return head
-        return head + CONTINUATION + CONTINUATION.join(escape_controls(line) for line in tail.split("\n"))
+        return head + CONTINUATION + CONTINUATION.join(escape_controls(mask_urls_in_text(line))
+                                                       for line in tail.split("\n"))
 
 
 def one_line(formatter: logging.Formatter) -> OneLineFormatter:

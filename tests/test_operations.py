@@ -99,6 +99,17 @@ def test_a_log_record_is_one_line_and_a_traceback_only_continues_it():
     assert any("forged" in line for line in rest)
 
 
+def test_a_log_record_never_shows_a_urls_credentials():
+    from smart_app.logs import LOG_FORMAT, OneLineFormatter
+
+    message = ("Connected to redis://:s3cret-pw@redis.example:6379/0 and "
+               "https://llm.example/v1?client_secret=cs-999&x=1, then 'postgresql://a:p#ss@db/audit'")
+    line = OneLineFormatter(LOG_FORMAT).format(logging.makeLogRecord({"msg": message, "levelname": "INFO", "name": "c"}))
+    for secret in ("s3cret-pw", "cs-999", "p#ss"):
+        assert secret not in line
+    assert "redis://:****@redis.example:6379/0" in line and "client_secret=****&x=1" in line
+
+
 def test_a_failed_callback_leaves_no_code_in_the_address(app):
     client = app.test_client()
     page = client.get("/callback?code=secret-one-time-code&state=forged").get_data(as_text=True)
