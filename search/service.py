@@ -12,7 +12,7 @@ from fhir_ingest.record.load import LoadReport, PatientRecord, assembled, merge_
 from fhir_ingest.record.kinds import INDEXED_TYPES
 from fhir_ingest.record.reader import read_path
 
-from search.answering.answer import compose
+from search.answering.answer import compose, impossible_date_answer
 from search.answering.grounded import GENERAL_BANNER, GENERAL_REFUSAL, grounded_answer
 from search.answering.phi import Identifiers
 from search.answering.steps import AnswerContext, apply_steps
@@ -179,6 +179,8 @@ class SearchService:
         retrieval = retrieve(self.backend, self.embedder, question, tenant, patient_id, k=k, pipeline=pipeline,
                              ablate=ablate, reranker=self.reranker)
         analysis = retrieval.analysis
+        if analysis.impossible_dates:
+            return impossible_date_answer(retrieval, patient_id, question_id)
         # Asking for a latest value, a trend, a list, a history or a date is asking about the record.
         about_record = bool(analysis.intents() or analysis.date_from or analysis.date_to)
         measurement = any(c["semantic_type"] in ("lab", "vital") for c in analysis.concepts)

@@ -1,6 +1,7 @@
 """A read-only page for hospital IT: the registration facts and each EHR's last sync."""
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
 
@@ -12,17 +13,38 @@ from .services import audit, public_url, registry, settings
 bp = Blueprint("admin", __name__)
 
 
-def require_admin() -> None:
-    """A matching bearer token (CHARTCITE_ADMIN_TOKEN). Only the demo, which holds no real patient,
-    lets loopback in without one: behind a TLS proxy on the same host every client is loopback."""
-    token = settings().admin_token
-    if token:
-        sent = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
-            abort(403)
-        return
-    if not settings().demo_launch or not ipaddress.ip_address(request.remote_addr or "0.0.0.0").is_loopback:
+def require_admin() -> str:
+    """The name of the bearer token the request carries (CHARTCITE_ADMIN_TOKENS, or
+    CHARTCITE_ADMIN_TOKEN as "default"), recorded in the audit; 403 without a matching one. Only the
+    demo, which holds no real patient, lets loopback in without one: behind a TLS proxy on the same
+    host every client is loopback."""
+    credentials = settings().admin_credentials()
+    if credentials:
+        name = token_name(request.headers.get("Authorization", ""), credentials)
+    elif settings().demo_launch and ipaddress.ip_address(request.remote_addr or "0.0.0.0").is_loopback:
+        name = "loopback (demo)"
+    else:
+        name = None
+    if name is None:
         abort(403)
+    audit().record("admin", "", f"admin token {name}", "", token=name, request=f"{request.method} {request.path}")
+    return name
+
+
+def token_name(authorization: str, credentials: dict[str, str]) -> str | None:
+    """Which named token `Authorization: Bearer <secret>` holds. Every token is compared, each in
+    constant time over digests of equal length, so the time taken says neither which token
+    matched nor how long the secrets are."""
+    sent = _digest(authorization)
+    matched = None
+    for name, secret in credentials.items():
+        if hmac.compare_digest(sent, _digest(f"Bearer {secret}")):
+            matched = name
+    return matched
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.sha256(text.encode("utf-8", "replace")).digest()
 
 
 @bp.get("/admin")

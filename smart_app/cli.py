@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from .settings import Settings, SettingsError
+from .logs import configure_logging, keep_chartcite_logging_in_celery
+from .settings import Settings, SettingsError, mask_url_password
 
 log = logging.getLogger("chartcite")
 
@@ -66,8 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"chartcite: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+    configure_logging(settings.log_level)
     if args.command != "config":
         settings.prepare_data_dir()
     handler = COMMANDS[args.command][2]
@@ -79,6 +79,19 @@ def main(argv: list[str] | None = None) -> int:
     except (BackendError, ModelNotFound, SettingsError, FileNotFoundError) as exc:
         print(f"chartcite: {exc}", file=sys.stderr)
         return 2
+    except redis_unreachable_errors() as exc:
+        print(f"chartcite: Redis at {mask_url_password(settings.redis_url)} cannot be reached ({exc}); start it, or "
+              f"correct CHARTCITE_REDIS_URL", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def redis_unreachable_errors() -> tuple[type[Exception], ...]:
+    """What Redis (job progress, the EHR request budget) and Celery's broker connection raise when
+    the server is down or unreachable: a command says so in a sentence, not a traceback."""
+    from kombu.exceptions import OperationalError
+    from redis.exceptions import ConnectionError, TimeoutError
+
+    return ConnectionError, TimeoutError, OperationalError
 
 
 def service(settings: Settings):
@@ -516,6 +529,7 @@ def cmd_sync(args, settings: Settings) -> int:
     from tqdm import tqdm
 
     from fhir_ingest.connection.client import FhirError
+    from fhir_ingest.connection.smart_auth import LaunchError
     from workers.progress import job_store
 
     from workers.sync import run_bulk_sync
@@ -535,7 +549,7 @@ def cmd_sync(args, settings: Settings) -> int:
     tally = job_store(settings)
     try:
         summary = run_bulk_sync(settings, registry, ehr, service(settings), args.group, progress, args.full)
-    except FhirError as exc:
+    except (FhirError, LaunchError) as exc:   # the EHR (or its SMART configuration) could not be read
         bar.close()
         registry.record_sync(ehr.name, f"failed: {type(exc).__name__}")
         tally.add("bulk_syncs", "failed")
@@ -557,6 +571,7 @@ def cmd_beat(args, settings: Settings) -> int:
     from workers.celery_app import make_celery
 
     app = make_celery(settings)
+    keep_chartcite_logging_in_celery()
     schedule = settings.data_dir / "celerybeat-schedule"
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     app.start(["beat", "--loglevel", settings.log_level.upper(), "--schedule", str(schedule)])
@@ -619,6 +634,7 @@ def cmd_worker(args, settings: Settings) -> int:
     from workers.celery_app import make_celery
 
     app = make_celery(settings)
+    keep_chartcite_logging_in_celery()
     app.worker_main(["worker", "--loglevel", settings.log_level.upper(), "--concurrency", "1", "--pool", "solo"])
     return 0
 

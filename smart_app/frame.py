@@ -12,6 +12,7 @@ from flask import Blueprint, abort, g, jsonify, make_response, render_template, 
 from fhir_ingest.record.load import BundleDirectorySource
 from fhir_ingest.record.normalize import human_name
 
+from .asked_patients import asked_patients
 from .bodies import PIPELINES, AskBody, DraftBody, SaveDraftBody, SyncBody, WriteBackBody, json_object, parse
 from .render import readable
 from .services import audit, metrics, registry, runner, search, sessions, settings
@@ -20,24 +21,12 @@ from .sessions import FRAME_COOKIE, PATIENT_HEADER, SESSION_HEADER
 bp = Blueprint("frame", __name__)
 log = logging.getLogger(__name__)
 
-PATIENT_KEYS = {"patient", "patient_id", "patientid", "subject", "patient.id", "_patient"}
-
-
-def asked_patients(payload: dict) -> list[str]:
-    """Every patient a request names, however it spells the key (query or body, any case), as an
-    id: `Patient/x` and `x` are the same patient."""
-    pairs = list(request.args.items(multi=True)) + [(k, v) for k, v in payload.items() if isinstance(k, str)]
-    asked = []
-    for key, value in pairs:
-        if key.lower().replace("-", "_") in PATIENT_KEYS:
-            text = value if isinstance(value, str) else str(value)
-            asked.append(text.removeprefix("Patient/"))
-    return asked
-
 
 def reject_other_patient(context, payload: dict) -> None:
-    """A patient id in a request is never trusted; one that differs from the launch is refused."""
-    others = [p for p in asked_patients(payload) if p != context.patient_id]
+    """A patient id in a request is never trusted; one that differs from the launch, however the
+    request spells or nests it (smart_app/asked_patients.py), is refused."""
+    pairs = [*request.args.items(multi=True), *payload.items()]
+    others = [p for p in asked_patients(pairs) if p != context.patient_id]
     if others:
         log.warning("request for a patient outside the launch context was refused")
         audit().record("refused", context.tenant, context.clinician, context.patient_id,

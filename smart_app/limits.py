@@ -1,10 +1,12 @@
-"""Rate limits on asking, per clinician and per tenant (flask-limiter): Redis storage when
-CHARTCITE_REDIS_URL is set, so every app process shares the counts; memory in the embedded default."""
+"""Rate limits on asking, per clinician and per tenant (flask-limiter), counted for the whole
+deployment: in Redis when CHARTCITE_REDIS_URL is set, else in a SQLite file of the data directory
+that every worker on the host shares (a count per process gave each worker its own allowance)."""
 from __future__ import annotations
 
 from flask import Flask, jsonify, request
 from flask_limiter import Limiter
 
+from .rate_store import rate_store_uri
 from .sessions import SESSION_HEADER
 
 
@@ -21,8 +23,8 @@ def apply_rate_limits(app: Flask, settings) -> Limiter:
         context = _context(app)
         return f"tenant:{context.tenant}" if context else f"address:{request.remote_addr}"
 
-    limiter = Limiter(clinician_key, app=app, storage_uri=settings.redis_url or "memory://",
-                      strategy="fixed-window", headers_enabled=True)
+    storage = settings.redis_url or rate_store_uri(settings.data_dir / "rate-limits.sqlite")
+    limiter = Limiter(clinician_key, app=app, storage_uri=storage, strategy="fixed-window", headers_enabled=True)
     for endpoint in ("frame.ask", "frame.draft"):
         view = app.view_functions[endpoint]
         view = limiter.limit(settings.rate_limit_tenant, key_func=tenant_key, scope="tenant")(view)

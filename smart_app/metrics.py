@@ -91,7 +91,8 @@ class SharedTotals:
 
 @bp.get("/metrics")
 def metrics():
-    """For the hospital's Prometheus: the admin bearer token (CHARTCITE_ADMIN_TOKEN), like /admin."""
+    """For the hospital's Prometheus: a named admin bearer token (CHARTCITE_ADMIN_TOKENS or
+    CHARTCITE_ADMIN_TOKEN), like /admin; the audit records which one scraped."""
     require_admin()
     return Response(generate_latest(current_app.extensions["chartcite.metrics"].scraped), content_type=CONTENT_TYPE_LATEST,
                     headers={"Cache-Control": "no-store"})

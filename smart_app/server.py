@@ -16,14 +16,24 @@ import shutil
 from pathlib import Path
 
 from gunicorn.app.base import BaseApplication
+from gunicorn.glogging import Logger
 
 from .health import READY_DIR_VARIABLE
+from .logs import one_line
 from .settings import Settings, SettingsError
 
 log = logging.getLogger(__name__)
 
 # The path without its query: a callback's query holds the one-time authorization code.
 ACCESS_LOG_FORMAT = '%(h)s "%(m)s %(U)s" %(s)s %(B)s %(M)sms'
+
+
+class GunicornLogger(Logger):
+    """gunicorn's error and access logs, one line per record: the access line holds the decoded
+    path, where %0A is a newline."""
+
+    def _set_handler(self, log, output, fmt, stream=None):
+        super()._set_handler(log, output, one_line(fmt), stream)
 
 
 class ChartciteServer(BaseApplication):
@@ -58,7 +68,8 @@ def gunicorn_options(settings: Settings, host: str, port: int, cert: str | None,
                "timeout": settings.web_timeout_seconds,
                "graceful_timeout": settings.web_graceful_seconds,
                "accesslog": "-", "access_log_format": ACCESS_LOG_FORMAT, "errorlog": "-",
-               "loglevel": settings.log_level.lower(), "preload_app": False, "proc_name": "chartcite",
+               "loglevel": settings.log_level.lower(), "logger_class": GunicornLogger,
+               "preload_app": False, "proc_name": "chartcite",
                # gunicorn 27's control socket would be a file in $HOME; nothing here uses it.
                "control_socket_disable": True}
     if cert:

@@ -11,9 +11,11 @@ import secrets
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from urllib.parse import unquote_plus
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SECRET_FIELDS = {"secret_key", "es_api_key", "es_password", "llm_api_key", "token_key", "admin_token"}
+TOKEN_NAME = re.compile(r"[A-Za-z0-9._-]{1,40}")
 # Settings that hold URLs, which may carry credentials (user:secret@host, ?api_key=...).
 URL_FIELDS = {"redis_url", "broker_url", "es_url", "registry_url", "audit_url", "llm_url", "public_url"}
 
@@ -57,7 +59,8 @@ class Settings:
     sync_interval_minutes: float = 60.0     # Celery beat: how often each tenant's record source is re-synced
     public_url: str = ""                  # how EHRs reach chartcite (https://chartcite.hospital.org); "" = the request's host
     token_key: str = ""                   # Fernet key encrypting tokens and private keys at rest; generated per data dir when empty
-    admin_token: str = ""                 # bearer token for /admin; "" = loopback only
+    admin_token: str = ""                 # bearer token for /admin and /metrics, named "default"; "" = loopback only
+    admin_tokens: str = ""                # more named ones, so one can be rotated out: "ops-2026:secretA,ops-old:secretB"
     audit_url: str = ""                   # SQLAlchemy URL of the audit trail; "" = SQLite in the data dir
     registry_url: str = ""                # SQLAlchemy URL of the registration database; "" = SQLite in the data dir
     web_workers: int = 1                # gunicorn worker processes (each loads the model)
@@ -94,7 +97,21 @@ class Settings:
         if settings.backend not in ("embedded", "elasticsearch"):
             raise SettingsError(f"CHARTCITE_BACKEND must be 'embedded' or 'elasticsearch', not {settings.backend!r}")
         settings.data_dir = Path(settings.data_dir).resolve()
+        settings.frame_ancestors = checked_frame_ancestors(settings.frame_ancestors)
+        settings.admin_credentials()          # a malformed token list stops the start, not the first request
         return settings
+
+    def admin_credentials(self) -> dict[str, str]:
+        """Each bearer token that opens /admin and /metrics, by its name (the audit records the name,
+        never the secret); CHARTCITE_ADMIN_TOKEN is the one named "default"."""
+        named = named_tokens(self.admin_tokens)
+        if self.admin_token:
+            if "default" in named:
+                raise SettingsError("CHARTCITE_ADMIN_TOKENS may not name a token 'default': that is CHARTCITE_ADMIN_TOKEN")
+            named = {"default": self.admin_token, **named}
+        if len(set(named.values())) < len(named):
+            raise SettingsError("two admin tokens have the same secret, so the audit could not tell which was used")
+        return named
 
     def ensure_secret(self) -> str:
         """A stable signing key: the configured one, else one kept in the data dir."""
@@ -162,7 +179,7 @@ class Settings:
 
         llm = LlmSettings(self.llm_url, self.llm_model or "default", self.llm_api_key, self.llm_timeout_seconds) \
             if self.llm_url else None
-        es = ElasticOptions(tuple(u.strip() for u in self.es_url.split(",") if u.strip()), self.es_api_key,
+        es = ElasticOptions(tuple(split_urls(self.es_url)), self.es_api_key,
                             self.es_username, self.es_password, self.es_ca_certs, self.es_verify_certs,
                             self.es_shards, self.es_replicas)
         from search.models.embedders import PRECISIONS
@@ -180,6 +197,8 @@ class Settings:
             value = getattr(self, f.name)
             if f.name in SECRET_FIELDS and value:
                 value = "****"
+            elif f.name == "admin_tokens" and value:
+                value = ",".join(f"{name}:****" for name in named_tokens(value))
             elif f.name in URL_FIELDS and value:
                 value = mask_urls(str(value))
             out[f.name] = str(value) if isinstance(value, Path) else value
@@ -188,28 +207,102 @@ class Settings:
         return out
 
 
-_SECRET_PARAMS = re.compile(r"(?i)([?&;](?:password|passwd|pwd|api[_-]?key|apikey|token|access_token|secret|key|sig)=)[^&;#]*")
+# A query parameter whose name holds one of these carries a credential ("client_secret", "auth",
+# "code", "X-Amz-Signature", "X-Amz-Credential", "sslpassword", "access_token"): its value is masked.
+CREDENTIAL_NAME_PARTS = ("pass", "pwd", "secret", "token", "key", "sig", "auth", "cred", "code", "session",
+                         "cookie", "jwt", "assertion", "private")
+# What the URL grammar allows right after the userinfo's "@": a host (a name, an IPv4 or a
+# bracketed IPv6 address), an optional port, then the end or the path, query or fragment.
+_HOST_AFTER_USERINFO = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~%-]*)(?::\d*)?(?:[/?#]|$)")
+# A comma separates two of several URLs only where the next one begins with its scheme.
+_NEXT_URL = re.compile(r",\s*(?=[A-Za-z][A-Za-z0-9+.-]*://)")
+
+
+def split_urls(value: str) -> list[str]:
+    """CHARTCITE_ES_URL's node URLs. A password may hold a comma; a URL's scheme may not, so a
+    comma is a separator only before `scheme://`."""
+    return [part.strip() for part in _NEXT_URL.split(value) if part.strip()]
 
 
 def mask_url_password(url: str) -> str:
-    """The URL with its credentials masked, whatever characters the password holds ('/', '@', ':').
+    """The URL with every credential masked: the userinfo's password (whatever characters it
+    holds: '/', '@', ':', '?', '#', ','), and the value of every query or fragment parameter whose
+    name suggests a credential.
 
-    The userinfo ends at the last '@' before the query: hosts never contain '@', passwords may."""
+    The userinfo ends at the last '@' that the grammar of a host can follow: a password may hold
+    '@' and '?', a host never does. A URL with an '@' in its query as well is masked too much
+    (down to that '@'), never too little."""
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url
-    end = min((i for i in (rest.find("?"), rest.find("#")) if i >= 0), default=len(rest))
-    at = rest.rfind("@", 0, end)
-    if at >= 0:
-        user, colon, _ = rest[:at].partition(":")
-        # A bare userinfo (https://token@host) is itself the secret.
-        rest = (f"{user}:****" if colon else "****") + rest[at:]
-    return f"{scheme}://" + _SECRET_PARAMS.sub(r"\1****", rest)
+    at = _userinfo_end(rest)
+    if at < 0:
+        return f"{scheme}://" + mask_credential_parameters(rest)
+    user, colon, _ = rest[:at].partition(":")
+    # A bare userinfo (https://token@host) is itself the secret.
+    return f"{scheme}://" + (f"{user}:****" if colon else "****") + "@" + mask_credential_parameters(rest[at + 1:])
+
+
+def _userinfo_end(rest: str) -> int:
+    """The position of the '@' that ends the userinfo, or -1 without one."""
+    return next((i for i in reversed(range(len(rest))) if rest[i] == "@" and _HOST_AFTER_USERINFO.match(rest, i + 1)),
+                -1)
+
+
+def mask_credential_parameters(text: str) -> str:
+    """`host/path?client_secret=****&scope=x#access_token=****`: the query and the fragment read
+    as name=value pairs (separated by '&' or ';'), every value whose name suggests a credential
+    masked up to the next pair, so a raw '#', '?', '&' or ';' inside it does not end the mask."""
+    cut = min((i for i in (text.find("?"), text.find("#")) if i >= 0), default=len(text))
+    pieces = re.split(r"([?#&;])", text[cut:])          # "", separator, piece, separator, piece ...
+    out, masking = [text[:cut]], False
+    for separator, piece in zip(pieces[1::2], pieces[2::2]):
+        name, equals, _ = piece.partition("=")
+        if masking and not equals:
+            continue                                    # still the masked value
+        masking = bool(equals) and names_a_credential(name)
+        out.append(separator + (f"{name}=****" if masking else piece))
+    return "".join(out)
+
+
+def names_a_credential(name: str) -> bool:
+    """"client_secret", "X-Amz-Signature", "sslpassword", "auth", "code": by what the name holds,
+    whatever its case, separators or percent-encoding."""
+    plain = re.sub(r"[^a-z0-9]", "", unquote_plus(name).lower())
+    return any(part in plain for part in CREDENTIAL_NAME_PARTS)
 
 
 def mask_urls(value: str) -> str:
     """Each of several comma-separated URLs (CHARTCITE_ES_URL) masked on its own."""
-    return ",".join(mask_url_password(part) for part in value.split(","))
+    return ",".join(mask_url_password(part) for part in split_urls(value))
+
+
+def named_tokens(value: str) -> dict[str, str]:
+    """CHARTCITE_ADMIN_TOKENS, "name:secret" separated by commas, checked: a name of letters,
+    digits, '.', '_' or '-', a secret after it, each name once."""
+    named: dict[str, str] = {}
+    for entry in filter(None, (part.strip() for part in value.split(","))):
+        name, colon, secret = entry.partition(":")
+        if not colon or not TOKEN_NAME.fullmatch(name) or not secret:
+            # Without a colon the entry may be a bare secret: it is never repeated in the message.
+            shown = name if colon and TOKEN_NAME.fullmatch(name) else "each entry"
+            raise SettingsError(f"CHARTCITE_ADMIN_TOKENS: {shown} must be written name:secret (a name of up to 40 "
+                                f"letters, digits, '.', '_' or '-', then the secret)")
+        if name in named:
+            raise SettingsError(f"CHARTCITE_ADMIN_TOKENS names {name} twice")
+        named[name] = secret
+    return named
+
+
+def checked_frame_ancestors(value: str) -> str:
+    """The configured origins, each checked: they are written into the CSP header, where a `*`, a
+    path or a `;` would change the policy itself."""
+    from fhir_ingest.connection.origins import OriginError, normalised_origin
+
+    try:
+        return " ".join(normalised_origin(origin) for origin in value.split())
+    except OriginError as exc:
+        raise SettingsError(f"CHARTCITE_FRAME_ANCESTORS holds {exc}; list origins separated by spaces") from None
 
 
 def make_private_dir(path: Path) -> None:

@@ -150,9 +150,13 @@ def test_drafts_cite_every_line_and_are_saved_only_when_asked(client, handle, ap
 
 def test_a_draft_citing_another_patients_record_is_not_saved(client, handle):
     draft = post(client, handle, "/api/draft", {"kind": "medication-review"}).get_json()
-    draft["citations"][0]["ref"] = f"Patient/{NEW}"
+    draft["citations"][0]["ref"] = "Observation/not-this-patients"
     refused = post(client, handle, "/api/draft/save", {"draft": draft})
     assert refused.status_code == 400 and "not a record of this patient" in refused.get_json()["error"]
+    # A reference to another patient is refused before that, like any parameter naming one.
+    draft["citations"][0]["ref"] = f"Patient/{NEW}"
+    refused = post(client, handle, "/api/draft/save", {"draft": draft})
+    assert refused.status_code == 403 and "not launched for that patient" in refused.get_json()["error"]
 
 
 def test_general_questions_are_refused_without_a_model(client, handle):

@@ -86,6 +86,37 @@ def test_config_masks_secrets(env):
     assert settings["backend"] == "embedded"
 
 
+@pytest.mark.parametrize("origin", ["https://x.example *", "https://x; script-src 'unsafe-inline'"])
+def test_a_frame_origin_that_is_not_an_origin_is_refused_with_a_sentence(env, origin):
+    """Registered or configured, an origin lands in the CSP header: a `*` would let any site frame
+    the app, and a `;` would start a directive of the attacker's choosing."""
+    out = run(["ehr", "add", "--name", "evil", "--iss", "https://evil.example/fhir", "--client-id", "c",
+               "--frame-origin", origin], env)
+    assert out.returncode == 2 and f"{origin!r} is not an origin" in out.stderr, out.stderr
+    assert "evil" not in run(["ehr", "list"], env).stdout
+    configured = run(["config"], {**env, "CHARTCITE_FRAME_ANCESTORS": f"https://ok.example.org {origin}"})
+    assert configured.returncode == 2 and "CHARTCITE_FRAME_ANCESTORS" in configured.stderr, configured.stderr
+    assert "is not an origin" in configured.stderr and "Traceback" not in configured.stderr
+
+
+def test_commands_that_need_redis_say_it_is_down_in_a_sentence(env, tmp_path):
+    from .fhir_servers import free_port
+
+    down = {**env, "CHARTCITE_DATA_DIR": str(tmp_path / "data"),
+            "CHARTCITE_REDIS_URL": f"redis://:redis-pw@127.0.0.1:{free_port()}/0"}
+    assert run(["ehr", "add", "--name", "gone", "--iss", f"http://127.0.0.1:{free_port()}/fhir", "--client-id", "c",
+                "--client-auth", "none"], down).returncode == 0
+    for command in (["status"], ["status", "--json"], ["sync", "--tenant", "gone"]):
+        out = run(command, down)
+        assert out.returncode == 1 and "Traceback" not in out.stderr, (command, out.stderr)
+        assert "Redis at redis://:****@127.0.0.1" in out.stderr and "cannot be reached" in out.stderr, out.stderr
+        assert "redis-pw" not in out.stderr
+    # Without Redis, an EHR that cannot be read is a sentence too.
+    no_redis = {k: v for k, v in down.items() if k != "CHARTCITE_REDIS_URL"}
+    out = run(["sync", "--tenant", "gone"], no_redis)
+    assert out.returncode == 1 and "sync failed" in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
 def test_unknown_patient_and_missing_paths_are_clear_errors(env):
     out = run(["index", "/nonexistent/file.json"], env)
     assert out.returncode == 2 and "no such file" in out.stderr

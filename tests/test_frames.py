@@ -72,8 +72,8 @@ def back_in_frame(stack, page) -> None:
 
 
 def api_refuses_the_other_patient(stack, page, other: str) -> None:
-    """From this frame, with its own handle: the other patient's id in a query, a body or the
-    frame's patient header is refused; the other patient's records are not found."""
+    """From this frame, with its own handle: the other patient's id in a query, a body, the
+    frame's patient header or a record reference is refused."""
     frame = chartcite_frame(stack, page)
     codes = frame.evaluate("""async (other) => {
         const handle = document.querySelector('meta[name="chartcite-session"]').content;
@@ -85,7 +85,7 @@ def api_refuses_the_other_patient(stack, page, other: str) -> None:
         const r = await fetch('/api/record?ref=Patient/' + other, {headers: h});
         return [q.status, b.status, p.status, r.status];
     }""", other)
-    assert codes == [403, 403, 409, 404], codes
+    assert codes == [403, 403, 409, 403], codes
 
 
 ORDERS = {

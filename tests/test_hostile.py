@@ -227,6 +227,20 @@ def test_config_masks_every_credential(tmp_path):
     assert settings["broker_url"] == "redis://:****@redis.example:6379/0"
 
 
+def test_config_masks_credentials_in_queries_and_odd_passwords(tmp_path):
+    env = clean_env(data_dir=tmp_path / "data", redis_url="redis://:pa?ss#w0rd@redis.example:6379/0",
+                    llm_url="https://llm.example/v1?auth=abc123xyz&client_secret=cs-999",
+                    audit_url="postgresql+psycopg://audit:pw@db.example/audit?sslpassword=keypass77",
+                    es_url="https://elastic:pa,ss@n1:9200,https://elastic:pa,ss@n2:9200")
+    out = run(["config"], env)
+    assert out.returncode == 0, out.stderr
+    for secret in ("pa?ss#w0rd", "w0rd", "abc123xyz", "cs-999", "keypass77", "pa,ss", "ss@"):
+        assert secret not in out.stdout, secret
+    settings = json.loads(out.stdout)
+    assert settings["es_url"] == "https://elastic:****@n1:9200,https://elastic:****@n2:9200"
+    assert settings["celery_broker"] == "redis://:****@redis.example:6379/0"
+
+
 def test_the_data_directory_is_private_whatever_the_umask(tmp_path, synthea_dir):
     env = clean_env(data_dir=tmp_path / "private")
     out = run(["index", str(synthea_dir / f"{A}.json.gz")], env, umask=0o022)

@@ -61,13 +61,30 @@ def test_no_question_text_makes_asking_fail(session, question):
     assert response.status_code in (200, 400), (question, response.get_data(as_text=True))
 
 
-@pytest.mark.parametrize("question", ["labs on 2023-02-30", "since 2024-00-10 any visits?", "meds on 2024-13-45",
-                                      "since 0000-01-01", "A1c on Feb 30, 2024?", "BP \ud800 lately?"])
-def test_impossible_dates_and_lone_surrogates_are_just_text(session, question):
+@pytest.mark.parametrize("question,says", [
+    ("labs on 2023-02-30", "2023-02-30 is not a date: February 2023 has 28 days."),
+    ("since 2024-00-10 any visits?", "2024-00-10 is not a date: there is no month 0."),
+    ("meds on 2024-13-45", "2024-13-45 is not a date: there is no month 13."),
+    ("since 0000-01-01", "0000-01-01 is not a date: there is no year 0."),
+    ("A1c on Feb 30, 2024?", "Feb 30, 2024 is not a date: February 2024 has 29 days."),
+    ("any labs since 31/04/2024?", "31/04/2024 is not a date: read day first or month first, no such day exists."),
+    ("BP on 31 April 2024?", "31 April 2024 is not a date: April 2024 has 30 days."),
+])
+def test_an_impossible_date_is_said_not_answered_around(session, question, says):
+    """Labs "on 2023-02-30" are not other days' labs: the answer says the date does not exist."""
     client, headers = session
     response = client.post("/api/ask", json={"question": question}, headers=headers)
     assert response.status_code == 200, response.get_data(as_text=True)
-    assert "answer" in response.get_json()
+    result = response.get_json()
+    assert result["answer"].startswith(says) and "ask again with the date you mean" in result["answer"]
+    assert result["abstained"] and not result["citations"] and not result["statements"]
+
+
+def test_a_real_date_and_a_lone_surrogate_are_answered_as_usual(session):
+    client, headers = session
+    for question in ("labs on 2024-02-29", "BP \ud800 lately?"):
+        result = client.post("/api/ask", json={"question": question}, headers=headers).get_json()
+        assert "is not a date" not in result["answer"], question
 
 
 @pytest.mark.parametrize("body,says", [
@@ -94,8 +111,13 @@ def test_a_body_that_is_not_json_is_refused(session):
     assert response.status_code == 400 and response.is_json
 
 
+SPELLINGS = ["patient", "patient_id", "patientId", "PATIENT", "subject", "patient_ids", "subjectId", "subject_id",
+             "beneficiary", "Beneficiary", "person", "member_id", "individual", "patients", "patientReference",
+             "patient.reference", "patientid", "the-patient", "_patient", "people"]
+
+
 @pytest.mark.parametrize("route", GET_ROUTES)
-@pytest.mark.parametrize("key", ["patient", "patient_id", "patientId", "PATIENT", "subject"])
+@pytest.mark.parametrize("key", SPELLINGS)
 def test_another_patient_is_refused_however_it_is_spelled(session, route, key):
     client, headers = session
     for value in (OTHER, f"Patient/{OTHER}"):
@@ -103,11 +125,58 @@ def test_another_patient_is_refused_however_it_is_spelled(session, route, key):
         assert response.status_code == 403, (route, key, value)
 
 
-@pytest.mark.parametrize("key", ["patient", "patient_id", "patientId", "subject"])
+@pytest.mark.parametrize("key", SPELLINGS)
 def test_another_patient_in_a_body_is_refused(session, key):
     client, headers = session
     response = client.post("/api/ask", json={"question": "K+?", key: OTHER}, headers=headers)
     assert response.status_code == 403
+
+
+@pytest.mark.parametrize("body", [
+    {"question": "K+?", "context": {"subject": {"reference": f"Patient/{OTHER}"}}},
+    {"question": "K+?", "filters": [{"ref": f"Patient/{OTHER}"}]},
+    {"question": "K+?", "focus": f"https://ehr.example.org/fhir/Patient/{OTHER}/_history/3"},
+    {"question": "K+?", "patients": [PID, OTHER]},
+    {"question": "K+?", "Beneficiary": {"identifier": {"value": OTHER}}},
+    {"question": "K+?", "k": 5, "options": [[{"subjectIds": [OTHER]}]]},
+])
+def test_another_patient_nested_anywhere_is_refused_and_audited(app, session, body):
+    client, headers = session
+    with app.app_context():
+        from smart_app.services import audit
+
+        before = len(audit().entries(kind="refused", limit=10_000))
+        response = client.post("/api/ask", json=body, headers=headers)
+        refused = audit().entries(kind="refused", limit=10_000)
+    assert response.status_code == 403 and "not launched for that patient" in response.get_json()["error"]
+    assert len(refused) == before + 1 and refused[0]["asked_patient"] == OTHER
+
+
+# Keys a frame might send that are about something else, and patient words inside values.
+@pytest.mark.parametrize("body", [
+    {"question": "Which patient notes mention a subject of concern, for this person or any member?"},
+    {"question": "Patient/ history?"},
+    {"question": "K+?", "subject": PID, "patient": {"reference": f"Patient/{PID}"}, "patient_ids": [PID]},
+    {"question": "K+?", "pipeline": "full", "k": 3, "client": "frame-2", "personalised": True},
+])
+def test_legitimate_fields_and_the_launched_patient_still_work(session, body):
+    client, headers = session
+    response = client.post("/api/ask", json=body, headers=headers)
+    assert response.status_code == 200, response.get_data(as_text=True)
+
+
+@hsettings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(word=st.sampled_from(["patient", "subject", "beneficiary", "person", "member", "individual"]),
+       style=st.sampled_from(["{w}", "{W}", "{w}_id", "{w}Id", "{w}-ids", "{w}s", "the_{w}", "{w}.reference"]),
+       depth=st.integers(0, 4), in_list=st.booleans(), as_reference=st.booleans())
+def test_any_patient_key_at_any_depth_is_refused(session, word, style, depth, in_list, as_reference):
+    client, headers = session
+    value = {"reference": f"Patient/{OTHER}"} if as_reference else OTHER
+    node = {style.format(w=word, W=word.capitalize()): [value] if in_list else value}
+    for level in range(depth):
+        node = {f"level{level}": [node] if level % 2 else node}
+    response = client.post("/api/ask", json={"question": "K+?", **node}, headers=headers)
+    assert response.status_code == 403, node
 
 
 def test_the_launched_patient_named_explicitly_is_fine(session):

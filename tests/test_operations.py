@@ -77,6 +77,39 @@ def test_an_expired_sign_in_is_one_warning_line(caplog):
     assert [(r.levelname, r.exc_info) for r in caplog.records] == [("WARNING", None)]
 
 
+def test_a_log_record_is_one_line_and_a_traceback_only_continues_it():
+    """chartcite's formatter (command line, gunicorn, Celery): text from outside cannot start a
+    record of its own, in the message or in an exception's message."""
+    from smart_app.logs import LOG_FORMAT, OneLineFormatter
+
+    formatter = OneLineFormatter(LOG_FORMAT)
+    hostile = "ok\n2099-01-01 INFO forged\r\u2028\u2029\x85\x1b[31m\u202etxt\u2066\x00"
+    line = formatter.format(logging.makeLogRecord({"msg": "refused: %s", "args": (hostile,), "levelname": "WARNING",
+                                                   "name": "smart_app.launch"}))
+    assert len(line.splitlines()) == 1 and "\\n2099-01-01 INFO forged" in line
+    assert "\\u202etxt" in line and "\\x1b[31m" in line and "\\x85" in line
+    try:
+        raise ValueError(hostile)
+    except ValueError:
+        import sys
+
+        record = logging.makeLogRecord({"msg": "failed", "levelname": "ERROR", "name": "x", "exc_info": sys.exc_info()})
+    first, *rest = formatter.format(record).splitlines()
+    assert first.endswith("x: failed") and rest and all(line.startswith("  | ") for line in rest)
+    assert any("forged" in line for line in rest)
+
+
+def test_a_log_record_never_shows_a_urls_credentials():
+    from smart_app.logs import LOG_FORMAT, OneLineFormatter
+
+    message = ("Connected to redis://:s3cret-pw@redis.example:6379/0 and "
+               "https://llm.example/v1?client_secret=cs-999&x=1, then 'postgresql://a:p#ss@db/audit'")
+    line = OneLineFormatter(LOG_FORMAT).format(logging.makeLogRecord({"msg": message, "levelname": "INFO", "name": "c"}))
+    for secret in ("s3cret-pw", "cs-999", "p#ss"):
+        assert secret not in line
+    assert "redis://:****@redis.example:6379/0" in line and "client_secret=****&x=1" in line
+
+
 def test_a_failed_callback_leaves_no_code_in_the_address(app):
     client = app.test_client()
     page = client.get("/callback?code=secret-one-time-code&state=forged").get_data(as_text=True)
@@ -152,3 +185,62 @@ def test_metrics_need_the_admin_token_outside_the_demo(tmp_path, embedder):
     assert client.get("/metrics").status_code == 403
     scraped = client.get("/metrics", headers={"Authorization": "Bearer t0ken"})
     assert scraped.status_code == 200 and scraped.content_type.startswith("text/plain")
+
+
+def test_shared_rate_counts_are_one_count_and_start_again_with_their_window(tmp_path):
+    """Two stores on one file (two workers): one count; a window that has passed starts at zero."""
+    from smart_app.rate_store import SqliteRateStorage, rate_store_uri
+
+    uri = rate_store_uri(tmp_path / "rate limits #1.sqlite")
+    first, second = SqliteRateStorage(uri), SqliteRateStorage(uri)
+    assert [first.incr("clinician:t:c", 1), second.incr("clinician:t:c", 1), first.incr("clinician:t:c", 1)] == [1, 2, 3]
+    assert second.get("clinician:t:c") == 3 and second.get_expiry("clinician:t:c") > time.time()
+    time.sleep(1.1)
+    assert second.get("clinician:t:c") == 0 and first.incr("clinician:t:c", 1) == 1
+
+
+ROTATING = "ops-2026:new-secret-2026-aaaa,ops-old:old-secret-2025-bbbb"
+
+
+def test_named_admin_tokens_rotate_and_the_audit_says_which_was_used(tmp_path, embedder):
+    """Hospital IT adds a new token beside the old, moves Prometheus and people over, then drops
+    the old one: each access is audited under its token's name, never its secret."""
+    data = str(tmp_path / "data")
+    settings = Settings.load({"CHARTCITE_DATA_DIR": data, "CHARTCITE_ADMIN_TOKEN": "t0ken-default",
+                              "CHARTCITE_ADMIN_TOKENS": ROTATING})
+    app = create_app(settings, runner=InlineRunner(settings))
+    client = app.test_client()
+    for path in ("/admin", "/metrics", "/admin/audit"):
+        for secret in ("new-secret-2026-aaaa", "old-secret-2025-bbbb", "t0ken-default"):
+            assert client.get(path, headers={"Authorization": f"Bearer {secret}"}).status_code == 200, (path, secret)
+        for wrong in ("Bearer new-secret-2026-aaa", "Bearer ops-2026", "new-secret-2026-aaaa", ""):
+            assert client.get(path, headers={"Authorization": wrong}).status_code == 403, (path, wrong)
+    with app.app_context():
+        from smart_app.services import audit
+
+        entries = audit().entries(kind="admin", limit=100)
+    assert sorted({(e["token"], e["request"]) for e in entries}) == sorted(
+        (token, f"GET {path}") for token in ("default", "ops-2026", "ops-old") for path in ("/admin", "/metrics",
+                                                                                          "/admin/audit"))
+    assert all(e["clinician"] == f"admin token {e['token']}" for e in entries)
+    stored = (tmp_path / "data" / "audit.sqlite").read_bytes()
+    assert b"secret-2026" not in stored and b"secret-2025" not in stored and b"t0ken-default" not in stored
+    rotated = Settings.load({"CHARTCITE_DATA_DIR": data, "CHARTCITE_ADMIN_TOKENS": "ops-2026:new-secret-2026-aaaa"})
+    after = create_app(rotated, runner=InlineRunner(rotated)).test_client()
+    assert after.get("/metrics", headers={"Authorization": "Bearer old-secret-2025-bbbb"}).status_code == 403
+    assert after.get("/metrics", headers={"Authorization": "Bearer t0ken-default"}).status_code == 403
+    assert after.get("/metrics", headers={"Authorization": "Bearer new-secret-2026-aaaa"}).status_code == 200
+
+
+def test_admin_tokens_are_masked_by_name_and_checked_when_settings_load(tmp_path):
+    from smart_app.settings import SettingsError
+
+    settings = Settings.load({"CHARTCITE_ADMIN_TOKENS": ROTATING, "CHARTCITE_ADMIN_TOKEN": "t0ken-default"})
+    assert settings.masked()["admin_tokens"] == "ops-2026:****,ops-old:****"
+    assert settings.masked()["admin_token"] == "****"
+    for value, says in [("bare-secret-no-name", "name:secret"), ("ops:", "name:secret"), ("o p:x", "name:secret"),
+                        ("a:x1,a:x2", "names a twice"), ("a:same,b:same", "same secret"),
+                        ("default:x", "'default'")]:
+        with pytest.raises(SettingsError, match=says) as refused:
+            Settings.load({"CHARTCITE_ADMIN_TOKENS": value, "CHARTCITE_ADMIN_TOKEN": "t0ken-default"})
+        assert "bare-secret" not in str(refused.value)        # a secret is never repeated in the message

@@ -89,3 +89,41 @@ def test_processes_starting_together_all_open_the_stores(tmp_path):
     for process in processes:
         process.join(120)
     assert [p.exitcode for p in processes] == [0] * 6
+
+
+HOSTILE_ORIGINS = ["https://x.example *", "*", "https://*.example.org", "https://x; script-src 'unsafe-inline'",
+                   "https://x.example,https://y.example", "https://x.example/path", "https://x.example?q=1",
+                   "https://x.example#top", "https://user:pw@x.example", "'self'", "'unsafe-inline'",
+                   "ftp://x.example", "javascript:alert(1)", "https:x.example", "https://x.example:99999",
+                   "https://x.example\n", "https://x\tevil", "https://bad_host.example", "https://\"x\"",
+                   "https://x.example:0", "https://[::1"]
+
+
+@pytest.mark.parametrize("origin", HOSTILE_ORIGINS)
+def test_only_an_origin_can_frame_the_app(registry, origin):
+    """A frame origin is written into the CSP header: a wildcard, a path, or a `;` starting another
+    directive would change the policy itself, so each is refused with a sentence naming it."""
+    with pytest.raises(RegistryError, match="frame origin .* is not an origin") as refused:
+        registry.add_ehr("w", "https://c/fhir", "c", frame_origins=["https://ok.example.org", origin])
+    assert repr(origin) in str(refused.value)
+    assert registry.ehr("w") is None
+
+
+def test_origins_are_kept_in_one_spelling(registry):
+    registry.add_ehr("w", "https://c/fhir", "c", frame_origins=["HTTPS://EHR.Example.org/", "http://127.0.0.1:8080",
+                                                                  "https://[::1]:8443"])
+    assert registry.frame_origins("w") == ["https://ehr.example.org", "http://127.0.0.1:8080", "https://[::1]:8443"]
+
+
+def test_origins_stored_before_they_were_checked_never_reach_the_policy(registry):
+    from sqlalchemy import update
+    from sqlalchemy.orm import Session
+
+    from fhir_ingest.connection.registry import Ehr
+
+    registry.add_ehr("w", "https://c/fhir", "c", frame_origins=["https://ok.example.org"])
+    with Session(registry.engine) as s:
+        s.execute(update(Ehr).values(frame_origins="https://x.example * https://y; script-src 'unsafe-inline'"))
+        s.commit()
+    registry._frame_origins = None
+    assert registry.frame_origins() == ["https://x.example"]

@@ -9,26 +9,27 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 
 import pytest
 import requests
 
-from .conftest import clean_env, metric
+from .conftest import SYNTHEA, clean_env, metric
 from .fhir_servers import REPO, free_port, stop, wait_for
 
 PID = "936988e9-d587-ef42-ebdf-541238540ff3"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, synthea_dir):
-    folder = tmp_path_factory.mktemp("serve")
+@contextmanager
+def serving(folder, **settings):
+    """`chartcite serve` with two workers, as a hospital scales one host, on the demo patient."""
     source = folder / "source"
     source.mkdir()
-    shutil.copy(synthea_dir / f"{PID}.json.gz", source)
+    shutil.copy(SYNTHEA / f"{PID}.json.gz", source)
     port = free_port()
     log = folder / "serve.log"
-    # Two workers, as a hospital scales one host: metrics must sum them.
-    env = clean_env(data_dir=folder / "data", demo_source=source, demo_launch="true", web_workers=2, web_threads=4)
+    env = clean_env(data_dir=folder / "data", demo_source=source, demo_launch="true", web_workers=2, web_threads=4,
+                    **settings)
     process = subprocess.Popen([sys.executable, "-m", "smart_app.cli", "serve", "--port", str(port)], cwd=REPO,
                                env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
@@ -37,6 +38,13 @@ def server(tmp_path_factory, synthea_dir):
         yield {"url": base, "process": process, "log": log, "data": folder / "data"}
     finally:
         stop(process)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, synthea_dir):
+    # Two workers: metrics must sum them.
+    with serving(tmp_path_factory.mktemp("serve")) as running:
+        yield running
 
 
 def demo_session(base: str) -> str:
@@ -59,6 +67,13 @@ def wait_indexed(base: str, handle: str, seconds: float = 300) -> None:
 def ask(base: str, handle: str, question: str) -> requests.Response:
     return requests.post(f"{base}/api/ask", json={"question": question}, timeout=120,
                          headers={"X-Chartcite-Session": handle})
+
+
+def wait_ready(base: str, seconds: float = 120) -> None:
+    deadline = time.time() + seconds
+    while requests.get(f"{base}/readyz", timeout=10).status_code != 200:
+        assert time.time() < deadline, "the workers did not get ready"
+        time.sleep(0.2)
 
 
 def test_ready_means_every_worker_is_warm(server):
@@ -86,6 +101,33 @@ def test_gunicorn_serves_and_the_access_log_holds_no_query_strings(server):
     text = server["log"].read_text()
     assert '"GET /callback" 400' in text and "one-time-code-xyz" not in text
     assert "Booting worker" in text
+
+
+# Everything that ends or reorders a line for a reader or a log shipper.
+LINE_BREAKERS = ["\n", "\r", "\r\n", "\u2028", "\u2029", "\x85", "\x0b", "\x0c", "\x1c", "\x1b[2K\r"]
+
+
+def test_no_request_parameter_can_start_a_log_line(server):
+    """Unauthenticated requests put text into the log (an EHR's error_description, a path): a
+    newline in it must not start a line of the sender's choosing, in the app's log or gunicorn's."""
+    marker = f"forged-{time.time_ns()}"
+    # The error is logged cut to 60 characters; the description and the path hold the marker.
+    for breaker in LINE_BREAKERS:
+        forged = f"{breaker}2099-01-01 00:00:00,000 INFO smart_app.launch: {marker}"
+        requests.get(f"{server['url']}/callback", params={"error": f"x{forged}", "error_description": f"ok{forged}"},
+                     timeout=10)
+        requests.get(f"{server['url']}/nowhere{requests.utils.quote(forged)}", timeout=10)
+    requests.get(f"{server['url']}/callback", params={"error": "x", "error_description": f"\u202e{marker}"},
+                 timeout=10)
+    deadline = time.time() + 10
+    while server["log"].read_text().count(marker) < 2 * len(LINE_BREAKERS) + 1 and time.time() < deadline:
+        time.sleep(0.2)
+    text = server["log"].read_text()
+    assert text.count(marker) >= 2 * len(LINE_BREAKERS) + 1, text[-3000:]
+    forged_lines = [line for line in text.splitlines() if marker in line
+                    and "the EHR refused authorization: x" not in line and '"GET /nowhere' not in line]
+    assert not forged_lines, forged_lines
+    assert "\u202e" not in text and "\\u202e" + marker in text
 
 
 def test_metrics_sum_every_worker(server):
@@ -121,3 +163,14 @@ def test_a_question_in_flight_finishes_when_the_server_is_stopped(server):
     assert result["response"].status_code == 200 and result["response"].json()["citations"]
     assert server["process"].wait(60) == 0
     assert "Shutting down: Master" in server["log"].read_text()
+
+
+def test_a_clinicians_question_limit_holds_across_workers(tmp_path_factory, synthea_dir):
+    """CHARTCITE_RATE_LIMIT_CLINICIAN is the clinician's allowance, not each worker's: without
+    Redis the counts live in a file every worker on the host shares."""
+    with serving(tmp_path_factory.mktemp("limited"), rate_limit_clinician="4/hour") as limited:
+        wait_ready(limited["url"])           # both workers take questions
+        handle = demo_session(limited["url"])
+        answers = [ask(limited["url"], handle, "What is the patient allergic to?") for _ in range(10)]
+        assert [a.status_code for a in answers] == [200] * 4 + [429] * 6
+        assert "Too many questions" in answers[-1].json()["error"]

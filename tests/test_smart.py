@@ -341,7 +341,7 @@ def test_another_patients_id_is_refused_and_audited(stack, launched):
     response = api(stack, handle, "POST", "/api/ask", json={"question": "any allergies?", "patient_id": OTHER})
     assert response.status_code == 403
     record = api(stack, handle, "GET", "/api/record", params={"ref": f"Patient/{OTHER}"})
-    assert record.status_code == 404
+    assert record.status_code == 403          # a ref naming another patient is refused like a patient_id
     from smart_app.audit import AuditTrail
 
     trail = AuditTrail(f"sqlite:///{Path(stack.env['CHARTCITE_DATA_DIR']) / 'audit.sqlite'}")

@@ -51,11 +51,11 @@ def test_the_patient_comes_from_the_launch_not_the_request(client):
     refused = client.post("/api/ask", json={"question": "any allergies?", "patient_id": OTHER},
                           headers={"X-Chartcite-Session": handle})
     assert refused.status_code == 403
-    # Another patient's record is not readable through this launch either.
+    # Another patient's record is not readable through this launch either: a ref naming another
+    # Patient is refused like any other parameter that names one; their other records are not found.
     demo_launch(client, OTHER)
-    other_ref = "Patient/" + OTHER
-    assert client.get("/api/record", query_string={"ref": other_ref},
-                      headers={"X-Chartcite-Session": handle}).status_code == 404
+    assert client.get("/api/record", query_string={"ref": "Patient/" + OTHER},
+                      headers={"X-Chartcite-Session": handle}).status_code == 403
 
 
 def test_no_launch_no_answers(client):

@@ -17,6 +17,8 @@ from cryptography.fernet import Fernet, InvalidToken
 from sqlalchemy import Float, String, Text, create_engine, delete, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
+from .origins import OriginError, is_origin, normalised_origin
+
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")   # becomes the tenant (and an index name)
 # How chartcite authenticates at the EHR's token endpoint: a JWT signed with its own key (SMART's
 # confidential asymmetric client), a client secret in HTTP Basic (confidential symmetric; Epic and
@@ -107,10 +109,16 @@ def normalise_iss(iss: str) -> str:
 
 
 def check_origin(origin: str) -> str:
-    parts = urlsplit(origin)
-    if parts.scheme not in ("https", "http") or not parts.netloc or parts.path not in ("", "/") or parts.query:
-        raise RegistryError(f"frame origin must look like https://ehr.example.org, not {origin!r}")
-    return f"{parts.scheme}://{parts.netloc}"
+    try:
+        return normalised_origin(origin)
+    except OriginError as exc:
+        raise RegistryError(f"frame origin {exc}") from None
+
+
+def stored_origins(text: str) -> list[str]:
+    """A registration's frame origins as the CSP may use them: one stored before origins were
+    checked ("https://x *", "https://x; script-src ...") loses whatever is not an origin."""
+    return [o for o in text.split() if is_origin(o)]
 
 
 def check_request_scopes(text: str) -> str:
@@ -276,7 +284,7 @@ class Registry:
         for 30 s: a new registration is honoured within half a minute in every process."""
         if self._frame_origins is None or self._frame_origins[0] < time.monotonic():
             self._frame_origins = (time.monotonic() + self.FRAME_ORIGINS_TTL,
-                                   {e.name: e.frame_origins.split() for e in self.ehrs()})
+                                   {e.name: stored_origins(e.frame_origins) for e in self.ehrs()})
         return self._frame_origins[1]
 
     def frame_origins(self, name: str | None = None) -> list[str]:

@@ -8,14 +8,14 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, replace
-from functools import lru_cache
 
 from search.answering.charts import series_chart
 from search.answering.facts import Fact
 from search.answering.lead import ALLERGY_WORDS, SUPPORTING, Draft, Lead, first_sentence, note_words
 from search.answering.types import Answer, Citation, EvidenceItem, Statement
 from search.nlp.annotate import RecordTerm, asserted_keys, default_annotator
-from search.nlp.lexicon import default_lexicon, tokens
+from search.nlp.lexicon import tokens
+from search.nlp.vocabulary import clinical_words
 from search.retrieval.pipeline import Analysis, Evidence, Retrieval, concept_overlap, in_window
 
 log = logging.getLogger(__name__)
@@ -107,13 +107,6 @@ def missing_qualifier(question: str, residual: list[str], found: set[str]) -> tu
                 and re.search(rf"\b{re.escape(qualifier)} {re.escape(head)}\b", q):
             return qualifier, head
     return None
-
-
-@lru_cache(maxsize=1)
-def clinical_words() -> frozenset[str]:
-    """Words of the lexicon's canonical clinical names ("liver" of liver function tests): a
-    qualifier made of one of them changes what is asked; "broken" of "broken bones" does not."""
-    return frozenset(t for entry in default_lexicon().entries for t in tokens(entry.canonical) if len(t) > 3)
 
 
 # --- the clinical classes a "no evidence" must never hide ----------------------------------------
@@ -364,6 +357,16 @@ def compose(retrieval: Retrieval, patient_id: str, question_id: str | None = Non
         confidence = "low"
     return Answer(question_id, patient_id, retrieval.question, answer, statements, citations, evidence, confidence,
                   False, diagnostics, chart=chart)
+
+
+def impossible_date_answer(retrieval: Retrieval, patient_id: str, question_id: str | None = None) -> Answer:
+    """A question about a day that does not exist ("labs on 2023-02-30") is not answered with
+    other days' records as if it did: the answer says the date does not exist, and cites nothing."""
+    said = retrieval.analysis.impossible_dates
+    text = " ".join(f"{sentence}." for sentence in said) + \
+        f" I have not answered as if {'it were' if len(said) == 1 else 'they were'}: ask again with the date you mean."
+    diagnostics = retrieval_diagnostics(retrieval) | {"impossible_dates": said}
+    return Answer(question_id, patient_id, retrieval.question, text, [], [], [], "low", True, diagnostics)
 
 
 def retrieval_diagnostics(retrieval: Retrieval) -> dict:

@@ -120,8 +120,9 @@ class Backend(ABC):
                 for s in searches]
 
     @abstractmethod
-    def has_terms(self, tenant: str, patient_id: str | None, terms: list[str]) -> set[str]:
-        """Which words occur in the tenant's indexed text (in one patient's, when given)."""
+    def has_terms(self, tenant: str, patient_id: str, terms: list[str]) -> set[str]:
+        """Which words occur in this patient's indexed text. Only one patient's: nothing a
+        clinician sees may depend on another patient's record."""
 
     @abstractmethod
     def refs_in_scope(self, scope: Scope, refs: list[str]) -> set[str]:

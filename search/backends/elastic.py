@@ -482,11 +482,11 @@ class ElasticsearchBackend(Backend):
     def latest(self, scope: Scope, n: int) -> list[Hit]:
         return self.search_many([Search("latest", scope, None, n)])[0]
 
-    def has_terms(self, tenant: str, patient_id: str | None, terms: list[str]) -> set[str]:
+    def has_terms(self, tenant: str, patient_id: str, terms: list[str]) -> set[str]:
         alias = self._ensure(tenant)
         found = set()
         for term in terms:
-            filters = [{"term": {"tenant": tenant}}] + ([{"term": {"patient_id": patient_id}}] if patient_id else [])
+            filters = [{"term": {"tenant": tenant}}, {"term": {"patient_id": patient_id}}]
             query = {"bool": {"filter": filters, "must": [{"match": {"lexical": self._lexical(term)}}]}}
             if self._call(lambda: self.es.count(index=alias, query=query))["count"]:
                 found.add(term)

@@ -24,6 +24,8 @@ from search.backends.base import Backend, Hit, Scope, Search
 from search.models.crossrank import CrossEncoderRanker
 from search.models.embed import Embedder
 from search.nlp.lexicon import content_tokens, tokens
+from search.nlp.vocabulary import is_clinical_word
+from search.retrieval.dates import MONTH_RE as _MONTH_RE, MONTHS, impossible_dates, valid_date
 from search.retrieval.timeline import anchor, last_n
 
 PIPELINES = ("dense", "hybrid", "full")
@@ -33,10 +35,6 @@ RECOVERY_N = 40
 RRF_K = 60
 FILTER_GUARD = 6          # a filter that leaves fewer chunks than this is widened, then dropped
 
-MONTHS = {name.lower(): i for i, name in enumerate(calendar.month_name) if name}
-MONTHS.update({name.lower(): i for i, name in enumerate(calendar.month_abbr) if name})
-MONTHS["sept"] = 9
-_MONTH_RE = "|".join(sorted(MONTHS, key=len, reverse=True))
 LATEST = re.compile(r"\b(latest|last|most recent|recent|recently|current|currently|now|today|newest|right now)\b", re.I)
 TREND = re.compile(r"\b(trend|trends|trended|trending|over time|changed|change|going up|going down|over the (?:last|past))\b", re.I)
 EVER = re.compile(r"\b(ever|history|hx|any|previous|prior|past)\b", re.I)
@@ -76,6 +74,7 @@ class Analysis:
     expansions: list[str] = field(default_factory=list)   # long forms of the question's abbreviations
     last_n: int = 0                  # "last 3 A1c values": how many of the newest results are asked for
     visit_refs: set[str] = field(default_factory=set)   # encounters of the kind a note question names
+    impossible_dates: list[str] = field(default_factory=list)   # "2023-02-30 is not a date: ..." for each
 
     @property
     def keys(self) -> set[str]:
@@ -258,7 +257,7 @@ def analyse(question: str, terms: list[RecordTerm] | None = None) -> Analysis:
         date_from, date_to, wants_latest=bool(LATEST.search(question)), wants_trend=bool(TREND.search(question)),
         wants_ever=bool(EVER.search(question)), wants_list=bool(LIST.search(question)),
         wants_why=bool(WHY.search(question)), kinds=tuple(sorted(kinds)), expansions=expanded,
-        last_n=last_n(question))
+        last_n=last_n(question), impossible_dates=impossible_dates(question))
 
 
 def with_abbreviations(question: str, concepts: list[dict], terms: list[RecordTerm]) -> tuple[list[dict], list[str]]:
@@ -289,36 +288,26 @@ def time_window(question: str) -> tuple[str, str]:
     q = question.lower()
     m = re.search(r"\b(\d{4})-(\d{2})-(\d{2})\b", q)
     if m:
-        d = _valid_date(int(m.group(1)), int(m.group(2)), int(m.group(3)))
+        d = valid_date(int(m.group(1)), int(m.group(2)), int(m.group(3)))
         return (d, d) if d else ("", "")
     m = re.search(rf"\b({_MONTH_RE})\.?\s+(\d{{1,2}})(?:st|nd|rd|th)?,?\s+(\d{{4}})\b", q)
     if m:
-        d = _valid_date(int(m.group(3)), MONTHS[m.group(1)], int(m.group(2)))
+        d = valid_date(int(m.group(3)), MONTHS[m.group(1)], int(m.group(2)))
         if d:
             return d, d
     m = re.search(rf"\b({_MONTH_RE})\.?\s+(\d{{4}})\b", q)
-    if m and _valid_date(int(m.group(2)), MONTHS[m.group(1)], 1):
+    if m and valid_date(int(m.group(2)), MONTHS[m.group(1)], 1):
         year, month = int(m.group(2)), MONTHS[m.group(1)]
         last = calendar.monthrange(year, month)[1]
         since = re.search(rf"\b(since|after|from)\s+{re.escape(m.group(0))}", q)
         return f"{year:04d}-{month:02d}-01", ("" if since else f"{year:04d}-{month:02d}-{last:02d}")
     m = re.search(r"\b(since|after|from)\s+(\d{4})\b", q)
-    if m and _valid_date(int(m.group(2)), 1, 1):
+    if m and valid_date(int(m.group(2)), 1, 1):
         return f"{m.group(2)}-01-01", ""
     m = re.search(r"\b(?:in|during|of)\s+(\d{4})\b", q) or re.search(r"\b(19[5-9]\d|20[0-4]\d)\b", q)
-    if m and _valid_date(int(m.group(1)), 1, 1):
+    if m and valid_date(int(m.group(1)), 1, 1):
         return f"{m.group(1)}-01-01", f"{m.group(1)}-12-31"
     return "", ""
-
-
-def _valid_date(year: int, month: int, day: int) -> str:
-    """ISO date, or "" when no such day exists (or the year is outside what a record can hold)."""
-    if not 1 <= year <= 9998:      # leaves room to widen the window by a month either way
-        return ""
-    try:
-        return date(year, month, day).isoformat()
-    except ValueError:
-        return ""
 
 
 def expanded_query(analysis: Analysis) -> str:
@@ -617,14 +606,21 @@ def count_scope(state: RetrievalState, tools: Tools) -> tuple[int, str]:
 def analyse_question(state: RetrievalState, tools: Tools) -> tuple[int, str]:
     backend, tenant = tools.backend, state.tenant
     analysis = analyse(state.question, state.terms)
-    # A clinical word (one the tenant's records use somewhere) that this patient's record never
-    # uses is something the record cannot answer: "breast" for a patient with prostate cancer.
-    clinical = backend.has_terms(tenant, None, analysis.residual) if state.corpus else set()
-    absent = clinical - backend.has_terms(tenant, state.patient_id, sorted(clinical))
-    if analysis.required_keys:
-        absent = analysis.modifiers(absent)   # with a concept asked about, only its qualifiers count
+    # A clinical word that this patient's record never uses is something the record cannot
+    # answer: "breast" for a patient with prostate cancer. Clinical by the general vocabulary,
+    # never by other patients' records (search/nlp/vocabulary.py).
+    clinical = sorted(clinical_residual(analysis)) if state.corpus else []
+    absent = set(clinical) - backend.has_terms(tenant, state.patient_id, clinical)
     state.analysis, state.absent = analysis, absent
     return state.corpus, ", ".join(analysis.names + analysis.intents() + [f"absent: {t}" for t in sorted(absent)])
+
+
+def clinical_residual(analysis: Analysis) -> set[str]:
+    """The question's clinical words no concept covers. With a concept asked about, only its
+    qualifiers count ("breast" of breast cancer), by the wider vocabulary qualifiers have."""
+    if analysis.required_keys:
+        return {t for t in analysis.modifiers(set(analysis.residual)) if is_clinical_word(t, qualifier=True)}
+    return {t for t in analysis.residual if is_clinical_word(t)}
 
 
 def analyse_with_record(state: RetrievalState, tools: Tools) -> tuple[int, str]:
