@@ -217,11 +217,13 @@ monobenzoate hippurate mandelate subsalicylate salicylate tannate resinate aspar
 dimeglumine lysine teoclate methylbromide methylsulfate mofetil fosamil etabonate kamedoxomil
 """.split())
 
-# Allergen extracts, homeopathic and other non-drug "ingredients" that only add noise to a drug vocabulary.
+# Allergen extracts, homeopathic substances, vaccine antigens (CDC's CVX covers vaccines) and other
+# non-drug "ingredients" that only add noise to a drug vocabulary.
 NOT_A_DRUG = re.compile(r"allergenic extract|pollen|venom|\bextract\b|\bhair\b|dander|feather|\bmite\b|"
                         r"\bhomeopathic\b|\bhpus\b|\bmold\b|\bsmut\b|\bfungus\b|\bflower\b|\bleaf\b|"
                         r"\broot\b|\bbark\b|\bseed\b|\bherb\b|\bfruit\b|\boil\b|\bwax\b|\bpowder\b|\bjuice\b|"
-                        r"\bvaccine\b|\bantigen\b|\bserotype\b|\bstrain\b|\bspherule\b|\bgrain\b")
+                        r"\bvaccine\b|\bantigen\b|\bserotype\b|\bstrain\b|\bspherule\b|\bgrain\b|"
+                        r"\bvirus\b|ebolavirus|glycoprotein|\bmrna\b|\btoxoid\b")
 
 # Product types of the NDC Directory that are human drugs, and marketing categories to skip
 # (homeopathic products list dozens of plant and mineral "substances").
@@ -707,7 +709,7 @@ def build_english(reader: Reader) -> list[str]:
     words = []
     for line in text.splitlines()[:ENGLISH_TOP]:
         w = line.split(" ")[0]
-        if len(w) >= 5 and w.isalpha() and w.isascii():
+        if len(w) >= 3 and w.isalpha() and w.isascii():
             words.append(w.lower())
     return sorted(set(words))
 
@@ -805,7 +807,7 @@ def build_all(reader: Reader, out_dir: Path, hand_dir: Path) -> dict[str, bytes]
     english = build_english(reader)
     files["english_words.txt.gz"] = gz(("\n".join(
         [f"# {h}" for h in header("english")] +
-        [f"# The {ENGLISH_TOP} most frequent words, those of five or more letters, lower case, sorted."]
+        [f"# The {ENGLISH_TOP} most frequent words, those of three or more letters, lower case, sorted."]
         + english) + "\n").encode("utf-8"))
     files["SOURCES.md"] = sources_md(reader, files, drugs.stats)
     return files

@@ -542,9 +542,11 @@ def _english() -> frozenset[str]:
 
 
 def is_common_word(word: str) -> bool:
-    """Whether a word (five letters or more) is one of the 40,000 most frequent English words: an
-    ordinary word is never spell-corrected, and a brand name that is one ("Today", "Heather") is
-    better not taken for a drug without other evidence."""
+    """Whether a word is among the 40,000 most frequent English words (of three letters or more).
+    An ordinary word is never spell-corrected. Some brand names are ordinary words or first names
+    ("Heather", "React", "Rid", "Nix") and some famous brands count as ordinary ("Tylenol"), so a
+    question reader should take a common-word brand for a drug only with other evidence (written
+    with a capital in a drug context, or next to a dose)."""
     return norm(word) in _english()
 
 
