@@ -247,13 +247,19 @@ def untag(name: str) -> str:
     return name
 
 
+# What may stand before the ingredient in an RxNorm clinical drug name: a pack, a duration or
+# volume ("24 HR", "0.3 ML", "120 ACTUAT"), an application number, "Abuse-Deterrent".
+_DRUG_NAME_PREFIX = re.compile(r"^(\{[^}]*\}|\d[\d.,]*\s+(HR|ML|ACTUAT|DAY|MG|UNT)|NDA\d+|BLA\d+|Abuse-Deterrent)\s+",
+                               re.I)
+
+
 def _scd_components(scd_name: str) -> list[str]:
     """Ingredient names of an RxNorm clinical drug name:
     '24 HR acetaminophen 325 MG / hydrocodone bitartrate 5 MG Oral Tablet' -> [acetaminophen, hydrocodone bitartrate]."""
     names = []
     for part in scd_name.split(" / "):
-        part = re.sub(r"^(\{.*?\}\s*)?((\d[\d.,]*|[A-Z][A-Za-z-]*)\s+(HR|ML|ACTUAT|DAY|MG|UNT|Abuse-Deterrent)\s+)+", "", part)
-        part = re.sub(r"^Abuse-Deterrent\s+", "", part)
+        while _DRUG_NAME_PREFIX.match(part):
+            part = _DRUG_NAME_PREFIX.sub("", part, count=1)
         m = re.match(r"(.+?)\s+\d", part)
         if m:
             names.append(norm(m.group(1)))
