@@ -73,6 +73,23 @@ def test_salt_forms_synonyms_and_shorthand_reach_the_ingredient(name, ingredient
     assert T.ingredient_of(name) == ingredient
 
 
+@pytest.mark.parametrize("drug_name, ingredients", [
+    ("Acetaminophen 325 MG / Oxycodone Hydrochloride 10 MG Oral Tablet [Percocet]", {"acetaminophen", "oxycodone"}),
+    ("24 HR metoprolol succinate 100 MG Extended Release Oral Tablet", {"metoprolol"}),
+    ("Abuse-Deterrent 12 HR Oxycodone Hydrochloride 10 MG Extended Release Oral Tablet [Oxycontin]", {"oxycodone"}),
+    ("NDA020800 0.3 ML Epinephrine 1 MG/ML Auto-Injector", {"epinephrine"}),
+    ("insulin isophane, human 70 UNT/ML / insulin, regular, human 30 UNT/ML Injectable Suspension [Humulin]",
+     {"insulin isophane", "insulin, regular, human"}),
+    ("Alendronic acid 10 MG Oral Tablet", {"alendronate"}), ("Sulfamethoxazole / Trimethoprim", {"sulfamethoxazole", "trimethoprim"}),
+    ("Tylenol PM Pill", {"acetaminophen", "diphenhydramine"}), ("Yaz 28 Day Pack", {"drospirenone", "ethinyl estradiol"}),
+    ("Liletta 52 MG Intrauterine System", {"levonorgestrel"}), ("1 ML heparin sodium, porcine 5000 UNT/ML Injection", {"heparin"}),
+    ("Nizatidine 15 MG/ML Oral Solution [Axid]", {"nizatidine"}), ("Astemizole 10 MG Oral Tablet", {"astemizole"}),
+    ("Seasonal allergies", set()),
+])
+def test_a_medication_name_as_recorded_gives_its_ingredients(drug_name, ingredients):
+    assert T.ingredients_in(drug_name) == ingredients
+
+
 def test_rxnorm_codes_come_with_the_ingredients():
     assert T.rxcui("warfarin") == "11289"
     assert T.rxcui("lisinopril") == "29046"

@@ -14,6 +14,8 @@ class, vaccine and lab words also match in the plural and with hyphens or spaces
 
     >>> sorted(ingredients_of("Norco"))
     ['acetaminophen', 'hydrocodone']
+    >>> sorted(ingredients_in("Acetaminophen 325 MG / Oxycodone Hydrochloride 10 MG Oral Tablet [Percocet]"))
+    ['acetaminophen', 'oxycodone']
     >>> clinical_class("blood thinners"), "warfarin" in members_of("anticoagulant")
     ('anticoagulant', True)
     >>> sorted(vaccine_groups("shingles shot")), correct("metforman")
@@ -183,6 +185,36 @@ def rxcui(ingredient: str) -> str | None:
     """The RxNorm RXCUI of an ingredient (or of what a drug word means, if one ingredient)."""
     ing = ingredient_of(ingredient)
     return (_drugs().rxcui.get(ing) or None) if ing else None
+
+
+# What may stand before the ingredient in an RxNorm clinical drug name: a pack, a duration or
+# volume ("24 HR", "0.3 ML", "120 ACTUAT"), an application number, "Abuse-Deterrent".
+_DRUG_NAME_PREFIX = re.compile(r"^(\{[^}]*\}|\d[\d.,]*\s+(hr|ml|actuat|day|mg|unt)|nda\d+|bla\d+|abuse-deterrent)\s+")
+
+
+def ingredients_in(drug_name: str) -> frozenset[str]:
+    """The ingredients a medication's name holds, written as RxNorm and the records write it:
+    "Acetaminophen 325 MG / Oxycodone Hydrochloride 10 MG Oral Tablet [Percocet]" -> acetaminophen,
+    oxycodone; "24 HR metoprolol succinate 100 MG Extended Release Oral Tablet" -> metoprolol;
+    "Sulfamethoxazole / Trimethoprim"; "Tylenol PM Pill". Each part is read up to its strength, and
+    the longest run of its leading words that names a drug counts; a bracketed brand adds its own."""
+    text = norm(drug_name)
+    brand = re.search(r"\[([^\]]+)\]$", text)
+    if brand:
+        text = text[:brand.start()].strip()
+    found: set[str] = set()
+    for part in text.split(" / "):
+        while _DRUG_NAME_PREFIX.match(part):
+            part = _DRUG_NAME_PREFIX.sub("", part, count=1)
+        words = re.sub(r"\s+\d.*$", "", part).split()
+        for k in range(len(words), 0, -1):
+            ings = ingredients_of(" ".join(words[:k]))
+            if ings:
+                found |= ings
+                break
+    if brand:
+        found |= ingredients_of(brand.group(1))
+    return frozenset(found)
 
 
 @lru_cache(maxsize=4096)
