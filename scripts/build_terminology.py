@@ -556,7 +556,8 @@ def build_drugs(reader: Reader) -> DrugTables:
     brand_rows = []
     for b, (ings, tags) in sorted(brands.items()):
         ings = {i for i in ings if i in shipped}
-        if not ings or b in generic or not re.search(r"[a-z]{3}", b) or "%" in b or b.startswith("treatment set"):
+        if (not ings or b in generic or not re.search(r"[a-z]{3}", b) or "%" in b or b.startswith("treatment set")
+                or re.search(r"\d\s*(mg|mcg|ml)\b", b)):
             continue
         if "R" not in tags and (set(re.split(r"[\s,/-]+", b)) & generic_words
                                 or any(osa_distance(b, i) <= 1 for i in ings)):
