@@ -228,6 +228,7 @@ def test_shingles_is_the_zoster_group_with_both_vaccines():
     assert T.vaccine_groups("shingles") == {"ZOSTER"} == T.vaccine_groups("shingles shot")
     assert {"187", "121"} <= T.vaccine_codes("shingles")
     assert T.vaccine_groups("187") == T.vaccine_groups("Shingrix") == {"ZOSTER"}
+    assert T.vaccine_name("187") == "zoster recombinant" and T.vaccine_name("3") == "MMR"
 
 
 @pytest.mark.parametrize("words, groups", [
