@@ -182,7 +182,8 @@ class SearchService:
         if analysis.impossible_dates:
             return impossible_date_answer(retrieval, patient_id, question_id)
         # Asking for a latest value, a trend, a list, a history or a date is asking about the record.
-        about_record = bool(analysis.intents() or analysis.date_from or analysis.date_to)
+        # Asking for a kind of record ("the care plan", "her meds") is asking about the record too.
+        about_record = bool(analysis.intents() or analysis.date_from or analysis.date_to or analysis.kinds)
         measurement = any(c["semantic_type"] in ("lab", "vital") for c in analysis.concepts)
         if is_general_question(question, about_record, measurement):
             return self.general(question, tenant, patient_id, question_id, retrieval, use_llm)

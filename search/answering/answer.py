@@ -377,7 +377,8 @@ def retrieval_diagnostics(retrieval: Retrieval) -> dict:
             "filter": {"semantic_types": list(scope.semantic_types), "date_from": scope.date_from,
                        "date_to": scope.date_to},
             "analysis": {"concepts": analysis.names, "intents": analysis.intents(),
-                         "date_from": analysis.date_from, "date_to": analysis.date_to}}
+                         "date_from": analysis.date_from, "date_to": analysis.date_to,
+                         "corrections": analysis.corrections}}
 
 
 def clinical_statements(retrieval: Retrieval, relevant: list[Evidence]) -> tuple[list[Statement], list[Citation], dict | None]:

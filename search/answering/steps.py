@@ -13,13 +13,15 @@ question's context and returns the answer to pass on.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from search.answering.answer import (NEW_PATIENT, asked_class, class_entries_answer, context_evidence,
+from search.answering.answer import (NEW_PATIENT, NO_EVIDENCE, asked_class, class_entries_answer, context_evidence,
                                      while_reading as reading_notice)
+from search.answering.lead import ALLERGY_WORDS
 from search.answering.charts import trend_chart as chart_of_trend
-from search.answering.types import Answer
+from search.answering.types import Answer, Citation, EvidenceItem, Statement
 from search.backends.base import Backend, Scope
 from search.retrieval.pipeline import Evidence, Retrieval, fact_key
 
@@ -69,10 +71,54 @@ def never_hide_the_class(result: Answer, ctx: AnswerContext) -> Answer:
     held = ctx.backend.count(scope) if scope else 0
     result.diagnostics["asked_class"]["records"] = held
     context = context_evidence(ctx.retrieval)
+    if klass and not held:
+        return empty_class_answer(result, ctx, klass)
     if not held and context is None:
         return result
     return class_entries_answer(result, klass if held else "", class_entries(ctx.backend, scope) if held else [],
                                 context)
+
+
+EMPTY_CLASS = {"allergy": "No allergies or intolerances are recorded in this patient's record",
+               "problem": "No problems or diagnoses are recorded in this patient's record",
+               "medication": "No medications are recorded in this patient's record",
+               "procedure": "No procedures are recorded in this patient's record"}
+# What a note says when a template states the class is empty ("Allergies: No Known Allergies.").
+NONE_KNOWN = {"allergy": re.compile(r"\b(no known (?:drug )?allergies|nka|nkda)\b", re.I),
+              "medication": re.compile(r"\bno active medications\b", re.I)}
+
+
+def empty_class_answer(result: Answer, ctx: AnswerContext, klass: str) -> Answer:
+    """The record holds nothing of the asked class: say so ("No allergies are recorded"), and cite
+    the newest note that says the same ("No Known Allergies.") when there is one. Asked about one
+    member of an empty class ("allergic to latex?"), the answer is still that there is no
+    evidence for it, with the empty class said after."""
+    empty = EMPTY_CLASS[klass]
+    note = newest_none_known(ctx, klass)
+    members = ctx.retrieval.analysis.required_keys - {ALLERGY_WORDS}
+    citations, statements = [], []
+    words = f"{empty}." if not members else f"{NO_EVIDENCE} {empty}."
+    if note is not None:
+        ev, sentence = note
+        citations = [Citation.of(ev, 1)]
+        statements = [Statement(f'{empty}; the note of {ev.chunk.date[:10]} says "{sentence}"', [1], lead=True)]
+        words = (f"{NO_EVIDENCE} " if members else "") + statements[0].cited_text()
+    evidence = result.evidence + ([EvidenceItem.of(note[0], len(result.evidence) + 1)] if note is not None else [])
+    return replace(result, answer=words, statements=statements, citations=citations, evidence=evidence,
+                   abstained=bool(members) or note is None, lead=empty)
+
+
+def newest_none_known(ctx: AnswerContext, klass: str) -> tuple[Evidence, str] | None:
+    """The newest note chunk stating the class is empty, and that sentence."""
+    pattern = NONE_KNOWN.get(klass)
+    if pattern is None:
+        return None
+    notes = Scope(ctx.tenant, ctx.patient_id, semantic_types=("note",))
+    for chunk in ctx.backend.get_chunks(ctx.tenant, [h.chunk_id for h in ctx.backend.latest(notes, 50)]):
+        for sentence in re.split(r"(?<=[.!?])\s+|\n", chunk.text):
+            if pattern.search(sentence):
+                return Evidence(chunk, 0.0), sentence.strip().split(": ")[-1]
+    return None
 
 
 def class_entries(backend: Backend, scope: Scope) -> list[Evidence]:

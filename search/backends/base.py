@@ -112,6 +112,11 @@ class Backend(ABC):
     def latest(self, scope: Scope, n: int) -> list[Hit]:
         """The newest chunks in scope."""
 
+    def concepts_present(self, tenant: str, patient_id: str, concept_keys: list[str]) -> set[str]:
+        """Which of these concepts some chunk of this patient's record asserts."""
+        scope = Scope(tenant, patient_id)
+        return {key for key in concept_keys if self.search_concepts(scope, [key], 1)}
+
     def search_many(self, searches: list[Search]) -> list[list[Hit]]:
         """Several searches of one tenant at once; a backend with a network between it and the
         process answers them in one round trip."""

@@ -21,7 +21,8 @@ from typing import Iterable, Iterator
 
 from fhir_ingest.record.contract import Chunk
 
-from search.nlp.lexicon import Lexicon, default_lexicon
+from search.nlp.concepts import coded_concepts
+from search.nlp.lexicon import Lexicon, default_lexicon, lexicon_key  # noqa: F401  (lexicon_key: read here by others)
 
 TAG = re.compile(r"\s*\((disorder|finding|situation|procedure|substance|product|qualifier value|observable entity|"
                  r"physical object|morphologic abnormality|regime/therapy|event|person|body structure)\)\s*$", re.I)
@@ -36,10 +37,6 @@ class RecordTerm:
     key: str
     display: str
     semantic_type: str
-
-
-def lexicon_key(canonical: str) -> str:
-    return f"lex:{canonical}"
 
 
 def record_terms_from_chunks(chunks: Iterable[Chunk]) -> list[RecordTerm]:
@@ -356,6 +353,10 @@ class Annotator:
                 if code:
                     by_key[f"{system}|{code}"] = {"key": f"{system}|{code}", "display": display,
                                                   "semantic_type": chunk.semantic_type, "negated": False}
+                # What the coding means in the terminologies (its analyte, vaccine group, ingredients
+                # and their classes), asserted like the coding itself.
+                for found in coded_concepts(coding, chunk.semantic_type):
+                    by_key.setdefault(found["key"], found)["negated"] = False
             chunk.concepts = list(by_key.values())
         return chunks
 

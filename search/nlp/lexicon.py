@@ -63,9 +63,82 @@ class Lexicon:
         return cls(entries)
 
 
+def lexicon_key(canonical: str) -> str:
+    """The concept key of a lexicon entry's canonical name."""
+    return f"lex:{canonical}"
+
+
 @lru_cache(maxsize=1)
 def default_lexicon() -> Lexicon:
-    return Lexicon.load()
+    """The shipped lexicon: the hand-reviewed table, merged with the entries built from the
+    maintained terminologies (drug classes with their ingredients and brands, lab analytes,
+    vaccine groups)."""
+    return merged(Lexicon.load().entries + terminology_entries())
+
+
+def merged(entries: list[Entry]) -> Lexicon:
+    """One entry per (canonical name, flags): entries naming the same thing pool their surfaces
+    and members, so a name is one concept whichever table it came from."""
+    by_name: dict[tuple, Entry] = {}
+    for entry in entries:
+        key = (entry.canonical, entry.semantic_type, entry.question_only, entry.case_sensitive)
+        held = by_name.get(key)
+        if held is None:
+            by_name[key] = Entry(entry.canonical, entry.semantic_type, list(entry.surfaces), entry.question_only,
+                                 entry.case_sensitive, {m: list(o) for m, o in entry.members.items()})
+            continue
+        held.surfaces += [s for s in entry.surfaces if s not in held.surfaces]
+        for member, others in entry.members.items():
+            known = held.members.setdefault(member, [])
+            known += [o for o in others if o not in known]
+    return Lexicon(list(by_name.values()))
+
+
+# Words shorter than this are matched only in questions ("cr", "k", "bun" would misfire in notes).
+SHORT_SURFACE = 4
+
+
+def terminology_entries() -> list[Entry]:
+    """Lexicon entries from search/nlp/terminology.py: each clinical drug class with its member
+    ingredients and their other names (brands, synonyms; ordinary English words left out), every
+    other ingredient that has other names, each lab analyte with the names clinicians use, and each
+    vaccine group with its shorthand and trade names (matched in questions only: in a record the
+    vaccine's CVX code says which group it is)."""
+    from search.nlp import terminology as t
+
+    entries, classed = [], set()
+    for cls in t.clinical_classes():
+        members = {ingredient: other_names(ingredient) for ingredient in sorted(cls.members)}
+        classed |= set(members)
+        entries.append(Entry(cls.name, "medication", [cls.name, *cls.words], members=members))
+    for ingredient in sorted(t.all_ingredients() - classed):
+        names = other_names(ingredient)
+        if names:
+            entries.append(Entry(ingredient, "medication", [ingredient, *names]))
+    for analyte, names in t.lab_analytes().items():
+        long = [n for n in names if len(n) >= SHORT_SURFACE]
+        # Two letters ("ca", "pt", "k") are read as abbreviations, in context (abbreviations.py).
+        short = [n for n in names if 3 <= len(n) < SHORT_SURFACE]
+        entries += [Entry(analyte, "lab", [analyte, *long])] + ([Entry(analyte, "lab", short, question_only=True)] if short else [])
+    by_group: dict[str, list[str]] = {}
+    for word, groups in t.vaccine_words().items():
+        for group in groups:
+            by_group.setdefault(group, []).append(word)
+    entries += [Entry(vaccine_concept(group), "immunization", sorted(words), question_only=True)
+                for group, words in sorted(by_group.items())]
+    return entries
+
+
+def other_names(ingredient: str) -> list[str]:
+    """An ingredient's other names (brands, synonyms) that are not ordinary English words."""
+    from search.nlp import terminology as t
+
+    return sorted(n for n in t.drug_names(ingredient) - {ingredient} if not t.is_common_word(n) and len(n) >= 3)
+
+
+def vaccine_concept(group: str) -> str:
+    """The concept a CDC vaccine group is known by ("ZOSTER" -> "zoster vaccine")."""
+    return f"{group.lower()} vaccine"
 
 
 def tokens(text: str) -> list[str]:

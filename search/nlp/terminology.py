@@ -169,6 +169,11 @@ def _is_salt_word(word: str) -> bool:
     return word in _SALT
 
 
+def all_ingredients() -> frozenset[str]:
+    """Every ingredient the drug tables know."""
+    return frozenset(_drugs().rxcui)
+
+
 def ingredient_of(word: str) -> str | None:
     """The one canonical RxNorm ingredient a drug word means ("Eliquis" -> "apixaban",
     "alendronic acid" and "Fosamax" -> "alendronate"); None if unknown or a combination."""
@@ -414,6 +419,11 @@ def vaccine_groups(code_or_words: str) -> frozenset[str]:
     return frozenset()
 
 
+def vaccine_words() -> dict[str, frozenset[str]]:
+    """Every vaccine word (shorthand, trade names) and the groups it names, for a phrase matcher."""
+    return dict(_vaccines().words)
+
+
 def vaccine_codes(group_or_words: str) -> frozenset[str]:
     """CVX codes (active and inactive) of a vaccine group, or of the groups some words name."""
     v = _vaccines()
@@ -490,6 +500,32 @@ def lab_codes(word: str) -> frozenset[str]:
     return frozenset(codes)
 
 
+@lru_cache(maxsize=1)
+def lab_analytes() -> dict[str, tuple[str, ...]]:
+    """Each analyte of labs.tsv and every name clinicians use for it ("creatinine": creatinine, cr,
+    creat, scr, serum creatinine, blood creatinine), for a phrase matcher."""
+    out: dict[str, list[str]] = {}
+    for r in _rows("labs.tsv"):
+        names = out.setdefault(r["analyte"].lower(), [])
+        names += [n for n in _split(r["names"]) if n not in names]
+    return {analyte: tuple(names) for analyte, names in out.items()}
+
+
+@lru_cache(maxsize=1)
+def _analyte_of_code() -> dict[str, str]:
+    found = {r["loinc"]: r["analyte"].lower() for r in _rows("labs.tsv")}
+    for code, siblings in _labs().siblings.items():
+        known = [found[s] for s in sorted(siblings) if s in found]
+        if code not in found and known:
+            found[code] = known[0]
+    return found
+
+
+def analyte_of(loinc: str) -> str | None:
+    """The analyte a LOINC code measures ("2160-0" and its molar sibling "14682-9" -> creatinine)."""
+    return _analyte_of_code().get(norm(loinc))
+
+
 def lab_groups(code: str) -> frozenset[str]:
     """The lab groups of a LOINC code ("2160-0" -> renal function, bmp, cmp); a sibling code
     (14682-9) has the groups of the code it converts to."""
@@ -538,6 +574,13 @@ def _abbreviations() -> _Abbreviations:
     for key in sorted(set(source) | {a for a, _ in overrides}):
         by_lower.setdefault(key.lower(), []).append(key)
     return _Abbreviations(source, overrides, {k: tuple(v) for k, v in by_lower.items()})
+
+
+def has_reviewed_meaning(token: str) -> bool:
+    """Whether the hand-reviewed overrides give the token a meaning ("chemo", "appy", "fx"):
+    such a token is an abbreviation even where it looks like an ordinary word."""
+    ab = _abbreviations()
+    return any(spelling in {a for a, _ in ab.overrides} for spelling in ab.by_lower.get(token.lower(), ()))
 
 
 def abbreviation(token: str, context: str | None = None) -> list[str]:

@@ -34,8 +34,9 @@ def qualifier_words() -> frozenset[str]:
     """Words that, right before a named concept, say which one is meant ("breast", "kidney")."""
     names = []
     for entry in default_lexicon().entries:
+        # A class's members are ingredients, and their other names brands: a brand's words
+        # ("ortho" of Ortho Tri-Cyclen) qualify nothing.
         names += [*entry.surfaces, *entry.members]
-        names += [other for others in entry.members.values() for other in others]
     return clinical_words() | _words(names)
 
 

@@ -23,10 +23,12 @@ from search.nlp.annotate import RecordTerm, asserted_keys, default_annotator
 from search.backends.base import Backend, Hit, Scope, Search
 from search.models.crossrank import CrossEncoderRanker
 from search.models.embed import Embedder
-from search.nlp.lexicon import content_tokens, tokens
+from search.nlp.lexicon import STOP_WORDS, content_tokens, tokens
+from search.nlp.spelling import spelled
+from search.nlp.terminology import is_common_word
 from search.nlp.vocabulary import is_clinical_word
 from search.retrieval.dates import MONTH_RE as _MONTH_RE, MONTHS, impossible_dates, valid_date
-from search.retrieval.timeline import anchor, last_n
+from search.retrieval.timeline import ANCHOR, anchor, last_n
 
 PIPELINES = ("dense", "hybrid", "full")
 ABLATABLE = ("filter", "recovery", "rerank")
@@ -40,7 +42,7 @@ TREND = re.compile(r"\b(trend|trends|trended|trending|over time|changed|change|g
 EVER = re.compile(r"\b(ever|history|hx|any|previous|prior|past)\b", re.I)
 LIST = re.compile(r"\b(what|which|list|all|any)\b.*\b(meds|medications|drugs|problems|diagnoses|allergies|procedures|"
                   r"vaccines|immunizations|visits|conditions|dx|blood thinners|antiplatelets|statins|pills)\b", re.I)
-WHY = re.compile(r"\b(why|reason|what for|indication)\b", re.I)
+WHY = re.compile(r"\b(why|reason|what for|for what|indication)\b", re.I)
 NOTE_TYPES = ("note",)
 
 # Words of a question that say what kind of answer is wanted, not what it is about.
@@ -75,6 +77,7 @@ class Analysis:
     last_n: int = 0                  # "last 3 A1c values": how many of the newest results are asked for
     visit_refs: set[str] = field(default_factory=set)   # encounters of the kind a note question names
     impossible_dates: list[str] = field(default_factory=list)   # "2023-02-30 is not a date: ..." for each
+    corrections: list[str] = field(default_factory=list)        # misspelt words read as ("fossamax → fosamax")
 
     @property
     def keys(self) -> set[str]:
@@ -93,7 +96,8 @@ class Analysis:
         """What the answer must rest on: named things, not the classes they were recognised through.
         For a question about a note's content, visit words ("at her Sept physical") only say which note."""
         skip = {"note", "encounter"} if self.wants_note_content else {"note"}
-        return {c["key"] for c in self.concepts if c["semantic_type"] not in skip and c.get("role") not in ("class", "context")}
+        return {c["key"] for c in self.concepts if c["semantic_type"] not in skip
+                and c.get("role") not in ("class", "context", "record")}
 
     @property
     def names(self) -> list[str]:
@@ -199,6 +203,8 @@ RECORD_KIND_WORDS = {
     "goal": re.compile(r"\b(goals?|targets?)\b", re.I),
     "order": re.compile(r"\b(orders?|ordered|referrals?|referred|pending)\b", re.I),
     "family-history": re.compile(r"\b(family (?:history|hx)|fhx|runs in the family)\b", re.I),
+    "careplan": re.compile(r"\b(care ?plans?|plans? of care|tx plans?|treatment plans?|plan for (?:his|her|their|the))\b",
+                           re.I),
 }
 
 
@@ -229,6 +235,22 @@ def purpose_as_context(question: str, target: int, concepts: list[dict]) -> None
             concept["role"] = "context"
 
 
+def event_as_context(question: str, concepts: list[dict], kinds: set[str]) -> None:
+    """"How long was she in the SNF after the wrist fx?" asks about the SNF stay; the fracture
+    only says when. Concepts inside the event a question anchors its time to are context, when
+    the question asks about something else (another concept, or a kind of record it names)."""
+    m = ANCHOR.search(question)
+    if not m:
+        return
+    start, end = m.span(3)
+    inside = [c for c in concepts if start <= c.get("start", -1) < end]
+    asked = [c for c in concepts if c not in inside and c.get("role") not in ("class", "context")
+             and c["semantic_type"] != "note"]
+    if inside and (asked or kinds):
+        for concept in inside:
+            concept["role"] = "context"
+
+
 def target_offset(question: str) -> int:
     """Where the asked clause begins. "Her potassium was low — is she on a diuretic?" asks about a
     diuretic; the potassium is context. A question of several questions is asked whole."""
@@ -240,8 +262,11 @@ def target_offset(question: str) -> int:
 
 
 def analyse(question: str, terms: list[RecordTerm] | None = None) -> Analysis:
+    typed = question
+    question, corrections = spelled(question)
     concepts = default_annotator().annotate([question], terms or [], in_question=True)[0]
     concepts, expanded = with_abbreviations(question, concepts, terms or [])
+    concepts += record_words(question, concepts, terms or [])
     target = target_offset(question)
     purpose_as_context(question, target, concepts)
     if target:
@@ -252,12 +277,58 @@ def analyse(question: str, terms: list[RecordTerm] | None = None) -> Analysis:
                 concept["role"] = "context"
     date_from, date_to = time_window(question)
     kinds = {kind for kind, words in RECORD_KIND_WORDS.items() if words.search(question)}
+    event_as_context(question, concepts, kinds)
+    # Named only through the record's own words, the thing asked is what the answer must rest on.
+    if not any(c.get("role") == "" and c["semantic_type"] != "note" for c in concepts):
+        for concept in concepts:
+            if concept.get("role") == "record":
+                concept["role"] = ""
     return Analysis(
         question, concepts, content_tokens(question), sorted({c["semantic_type"] for c in concepts} | kinds),
         date_from, date_to, wants_latest=bool(LATEST.search(question)), wants_trend=bool(TREND.search(question)),
         wants_ever=bool(EVER.search(question)), wants_list=bool(LIST.search(question)),
         wants_why=bool(WHY.search(question)), kinds=tuple(sorted(kinds)), expansions=expanded,
-        last_n=last_n(question), impossible_dates=impossible_dates(question))
+        last_n=last_n(question), impossible_dates=impossible_dates(typed),
+        corrections=[f"{wrong} → {right}" for wrong, right in corrections])
+
+
+# Words of the record's coded names that name no particular thing ("Retinopathy due to type 2
+# diabetes mellitus (disorder)": "due", "type" and "disorder" say nothing a question could mean).
+GENERIC_RECORD_WORDS = frozenset("""
+disorder finding situation procedure substance product history record artifact regime therapy patient
+education unspecified type due care plan service services encounter screening assessment test tests
+level levels count finding body structure clinical general status total serum plasma blood urine mass
+volume moles presence person family social management activity activities normal abnormal with without
+""".split())
+MOST_RECORD_TERMS = 12     # a word in more of the patient's coded names than this names no one thing
+
+
+def record_words(question: str, concepts: list[dict], terms: list[RecordTerm]) -> list[dict]:
+    """A word of the question that no concept covers but that the patient's own coded names use
+    ("retinopathy" of "Moderate non-proliferative diabetic retinopathy", "milk" of "Allergy to
+    cow's milk") names those records: the record's codings and displays are a vocabulary too."""
+    covered = [(c.get("start", 0), c.get("start", 0) + len(c.get("text", ""))) for c in concepts]
+    by_word: dict[str, list[RecordTerm]] = {}
+    for term in terms:
+        for word in set(tokens(term.phrase)):
+            by_word.setdefault(word, []).append(term)
+    found, seen = [], {c["key"] for c in concepts}
+    for m in re.finditer(r"[a-z][a-z'-]+", question.lower()):
+        word = m.group(0)
+        if any(s <= m.start() < e for s, e in covered) or len(word) < 3 or word in STOP_WORDS \
+                or word in QUESTION_WORDS or word in GENERIC_RECORD_WORDS or is_common_word(word):
+            continue
+        named = by_word.get(word) or by_word.get(word.rstrip("s"))
+        if not named or len(named) > MOST_RECORD_TERMS:
+            continue
+        for term in named:
+            if term.key not in seen:
+                seen.add(term.key)
+                # Found through the record's own names, they steer recall and ranking; what the
+                # answer must rest on stays what the question named (role "record" is not required).
+                found.append({"key": term.key, "display": term.display, "semantic_type": term.semantic_type,
+                              "negated": False, "text": m.group(0), "role": "record", "start": m.start()})
+    return found
 
 
 def with_abbreviations(question: str, concepts: list[dict], terms: list[RecordTerm]) -> tuple[list[dict], list[str]]:
@@ -289,6 +360,11 @@ def time_window(question: str) -> tuple[str, str]:
     m = re.search(r"\b(\d{4})-(\d{2})-(\d{2})\b", q)
     if m:
         d = valid_date(int(m.group(1)), int(m.group(2)), int(m.group(3)))
+        return (d, d) if d else ("", "")
+    m = re.search(r"\b(\d{1,2})/(\d{1,2})/(\d{4}|\d{2})\b", q)
+    if m:      # month/day/year, as US charts write it ("the 2/1/25 ED visit")
+        year = int(m.group(3)) if len(m.group(3)) == 4 else 2000 + int(m.group(3))
+        d = valid_date(year if year <= date.today().year else year - 100, int(m.group(1)), int(m.group(2)))
         return (d, d) if d else ("", "")
     m = re.search(rf"\b({_MONTH_RE})\.?\s+(\d{{1,2}})(?:st|nd|rd|th)?,?\s+(\d{{4}})\b", q)
     if m:
@@ -606,6 +682,8 @@ def count_scope(state: RetrievalState, tools: Tools) -> tuple[int, str]:
 def analyse_question(state: RetrievalState, tools: Tools) -> tuple[int, str]:
     backend, tenant = tools.backend, state.tenant
     analysis = analyse(state.question, state.terms)
+    if state.corpus:
+        read_ambiguous_words_by_the_record(analysis, backend, tenant, state.patient_id)
     # A clinical word that this patient's record never uses is something the record cannot
     # answer: "breast" for a patient with prostate cancer. Clinical by the general vocabulary,
     # never by other patients' records (search/nlp/vocabulary.py).
@@ -613,6 +691,25 @@ def analyse_question(state: RetrievalState, tools: Tools) -> tuple[int, str]:
     absent = set(clinical) - backend.has_terms(tenant, state.patient_id, clinical)
     state.analysis, state.absent = analysis, absent
     return state.corpus, ", ".join(analysis.names + analysis.intents() + [f"absent: {t}" for t in sorted(absent)])
+
+
+def read_ambiguous_words_by_the_record(analysis: Analysis, backend: Backend, tenant: str, patient_id: str) -> None:
+    """One word with several clinical readings ("PT": physical therapy or prothrombin time; "OD":
+    overdose or right eye) means what this patient's record holds: readings the record asserts
+    are kept and the others dropped; when the record holds none of them, all stay."""
+    spans: dict[tuple[int, str], list[dict]] = {}
+    for concept in analysis.concepts:
+        spans.setdefault((concept.get("start", 0), concept.get("text", "")), []).append(concept)
+    ambiguous = [group for group in spans.values()
+                 if len({c["semantic_type"] for c in group if c.get("role") not in ("class", "context")}) > 1]
+    if not ambiguous:
+        return
+    present = backend.concepts_present(tenant, patient_id, sorted({c["key"] for g in ambiguous for c in g}))
+    dropped = set()
+    for group in ambiguous:
+        if any(c["key"] in present for c in group):
+            dropped |= {id(c) for c in group if c["key"] not in present}
+    analysis.concepts = [c for c in analysis.concepts if id(c) not in dropped]
 
 
 def clinical_residual(analysis: Analysis) -> set[str]:
