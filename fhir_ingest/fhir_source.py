@@ -12,7 +12,7 @@ from typing import Callable, Iterable
 
 from .client import FhirClient, FhirError
 from .contract import PatientNotFound
-from .load import LoadReport, PatientRecord, check_items
+from .load import SOURCE, LoadReport, PatientRecord, check_items
 from .normalize import human_name
 from .reader import RawResource, ReadItem, ReadProblem
 
@@ -142,5 +142,5 @@ def to_record(patient_id: str, resources: list[dict], problems: list[ReadProblem
     records, report = check_items(items + list(problems))
     record = next((r for r in records if r.patient_id == patient_id), None)
     if record is not None:
-        record.complete = True     # a sync of the patient from its own EHR is the authority on that record
+        record.authority = SOURCE     # a sync of the patient from its own EHR is the authority on that record
     return record, report

@@ -1,12 +1,16 @@
 """Files → checked resources grouped by patient, with a report of everything read and skipped.
 
-Authority, not mention, decides what an input may remove. A patient's record in an input is
-*whole* only when every resource of that patient comes from one document (a bundle file, an
-NDJSON line) and that document holds that patient's own Patient resource and no other patient's:
-a Synthea or `Patient/$everything` bundle. Indexing a whole record replaces what the index held
-for the patient. Anything else (a stray Observation of patient B in patient A's bundle, an NDJSON
-export, a bundle of several patients) only adds to the patient's held record: it is merged into
-it, nothing is removed, and the report says so.
+Evidence, not mention, decides what an input may remove (README, "What an input may remove").
+A document may replace what the index holds for a patient only when it shows itself to be that
+patient's whole record: a Bundle file holding the patient's own Patient, no other patient's, and
+at least one clinical resource of the patient, with every resource of the patient in the input
+coming from it. Even then, unless it is a `Patient/$everything` searchset, it replaces only when
+it confirms at least as many of the resources held as it would remove (`against_held`, at index
+time): a Patient with a result or two never passes for a record. Anything else (an NDJSON export,
+each line its own document; a stray Observation of patient B in patient A's bundle; a bundle of
+several patients) is merged into the patient's held record: nothing is removed, and the report
+says so. The patient's own EHR sync and a full Bulk round are the record source's answer and
+replace what is held as they are.
 """
 from __future__ import annotations
 
@@ -56,11 +60,25 @@ class LoadReport:
         return rows
 
 
+# What entitles a patient's record to replace what the index holds for the patient.
+SOURCE = "source"            # the record source's own answer (the patient's EHR sync, a full Bulk round): as is
+EVERYTHING = "everything"    # the patient's `Patient/$everything` searchset
+WHOLE_BUNDLE = "bundle"      # a bundle that looks like the whole record: replaces only what it confirms
+MERGE = ""                   # anything else: merged into what is held, removing nothing
+
+
 @dataclass
 class PatientRecord:
     patient_id: str
     resources: list[dict]
-    complete: bool = True    # the whole record: what it lacks leaves the index; False = merge into what is held
+    authority: str = SOURCE
+    document: str = ""       # the document a whole record was read in, as the report names it
+    origins: dict[str, str] = field(default_factory=dict)    # Type/id → where it was read, for the report
+
+    @property
+    def complete(self) -> bool:
+        """Whether the record may replace what is held (what it lacks leaving the index)."""
+        return self.authority != MERGE
 
     @property
     def patient(self) -> dict:
@@ -75,12 +93,44 @@ class PatientRecord:
 ESSENTIAL_TYPES = {"Patient", "Condition", "AllergyIntolerance", "MedicationRequest", "Medication", "Immunization"}
 
 
+def ref_of(resource: dict) -> str:
+    return f"{resource['resourceType']}/{resource.get('id')}"
+
+
 def merge_resources(held: list[dict], changed: list[dict]) -> list[dict]:
     """What chartcite holds, with every changed resource replacing its older version."""
-    by_ref = {f"{r['resourceType']}/{r.get('id')}": r for r in held}
+    by_ref = {ref_of(r): r for r in held}
     for resource in changed:
-        by_ref[f"{resource['resourceType']}/{resource.get('id')}"] = resource
+        by_ref[ref_of(resource)] = resource
     return list(by_ref.values())
+
+
+def against_held(record: PatientRecord, held: list[dict], report: LoadReport | None = None) -> PatientRecord:
+    """The record as it is to be indexed, given the resources the index holds for the patient: the
+    record alone when it may replace them, else merged into them (and the report says so)."""
+    if record.authority in (SOURCE, EVERYTHING) or (record.authority == WHOLE_BUNDLE
+                                                   and confirms_held(record, held, report)):
+        return PatientRecord(record.patient_id, record.resources, record.authority, record.document, record.origins)
+    if report is not None and record.authority != MERGE:
+        report.added_to.append(record.patient_id)
+    return PatientRecord(record.patient_id, merge_resources(held, record.resources), MERGE, record.document,
+                         record.origins)
+
+
+def confirms_held(record: PatientRecord, held: list[dict], report: LoadReport | None) -> bool:
+    """Whether a bundle that looks whole holds enough of what is held to replace it: what it would
+    remove is no more than what it confirms. A Patient with a new result beside a record of
+    hundreds would otherwise empty it."""
+    held_refs = {ref_of(r) for r in held}
+    present = {ref_of(r) for r in record.resources}
+    confirmed, removed = held_refs & present, held_refs - present
+    if not removed or len(removed) <= len(confirmed):
+        return True
+    if report is not None:
+        report.warnings.append(Skipped(record.document, f"holds only {len(confirmed)} of the {len(held_refs)} resources "
+                                                        f"held for patient {record.patient_id}: merged into the "
+                                                        f"record held, nothing removed"))
+    return False
 
 
 def load_resources(paths: Iterable[str | Path]) -> tuple[list[PatientRecord], LoadReport]:
@@ -202,16 +252,18 @@ class RecordAssembler:
         record whatever its documents (a full Bulk Data export without errors)."""
         staged = [item for item in self.staging.owned(patient_id) if self.passes_content_check(item, patient_id)]
         if not staged:
-            return PatientRecord(patient_id, [], complete=False)     # nothing of it passed the checks
-        resources = newest_versions(staged, self.report)
+            return PatientRecord(patient_id, [], MERGE)     # nothing of it passed the checks
+        kept = newest_versions(staged, self.report)
+        resources = [item.resource for item in kept]
         for ref in sorted(shared_refs(resources)):
             medication = self.staging.shared(ref)
             if medication is not None:
                 resources.append(medication)
-        complete = whole or self.is_whole_record(patient_id, staged)
-        if not complete:
+        authority = SOURCE if whole else self.authority_of(patient_id, staged)
+        if authority == MERGE:
             self.report.added_to.append(patient_id)
-        return PatientRecord(patient_id, resources, complete)
+        return PatientRecord(patient_id, resources, authority, self.staging.document(staged[0].document).name,
+                             {ref_of(item.resource): item.origin for item in kept})
 
     def passes_content_check(self, item: StagedResource, patient_id: str) -> bool:
         """Whether the staged resource's content passes (checked now if `checked_later`; counted
@@ -228,11 +280,19 @@ class RecordAssembler:
             self.report.warnings.append(Skipped(item.origin, warning))
         return True
 
-    def is_whole_record(self, patient_id: str, staged: list[StagedResource]) -> bool:
+    def authority_of(self, patient_id: str, staged: list[StagedResource]) -> str:
+        """What the input shows of itself for this patient: the whole record (a Bundle file holding
+        the patient's own Patient, no other's, and a clinical resource of the patient, with all of
+        the patient's resources; the patient's `$everything` searchset) or a part to merge."""
         documents = {s.document for s in staged}
         if len(documents) != 1 or "" in documents:
-            return False
-        return self.staging.patients_defined(documents.pop()) == {patient_id}
+            return MERGE
+        document = self.staging.document(documents.pop())
+        if not document.bundle or self.staging.patients_defined(document.key) != {patient_id}:
+            return MERGE
+        if not any(s.resource["resourceType"] in INDEXED_TYPES for s in staged):
+            return MERGE          # a Patient alone (or with directory data) says nothing of the record
+        return EVERYTHING if document.everything_of == patient_id else WHOLE_BUNDLE
 
     def records(self) -> Iterator[PatientRecord]:
         """Every patient with a resource that passed the checks."""
@@ -245,7 +305,7 @@ class RecordAssembler:
         self.staging.close()
 
 
-def newest_versions(staged: list[StagedResource], report: LoadReport) -> list[dict]:
+def newest_versions(staged: list[StagedResource], report: LoadReport) -> list[StagedResource]:
     """One resource per `Type/id`: the newest by meta.versionId, then meta.lastUpdated, then the
     later in the input. A duplicate that differs is reported; an identical copy is merely dropped."""
     kept: dict[str, tuple[tuple, StagedResource]] = {}
@@ -261,7 +321,7 @@ def newest_versions(staged: list[StagedResource], report: LoadReport) -> list[di
         if newer.resource != older.resource:
             report.warnings.append(Skipped(older.origin, f"{ref} appears again at {newer.origin} with other content; "
                                                          f"the newer version (there) is indexed"))
-    return [item.resource for _, item in kept.values()]
+    return [item for _, item in kept.values()]
 
 
 def version_key(resource: dict, position: int) -> tuple:

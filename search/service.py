@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from fhir_ingest.load import LoadReport, PatientRecord, assembled, merge_resources
+from fhir_ingest.load import SOURCE, LoadReport, PatientRecord, against_held, assembled
 from fhir_ingest.normalize import INDEXED_TYPES
 from fhir_ingest.reader import read_path
 
@@ -145,30 +145,33 @@ class SearchService:
         return len(chunks)
 
     def index_records(self, tenant: str, records: list[PatientRecord],
-                      progress: Callable[[str, int, int], None] | None = None, words_first: bool = False) -> IndexResult:
+                      progress: Callable[[str, int, int], None] | None = None, words_first: bool = False,
+                      report: LoadReport | None = None) -> IndexResult:
         total = IndexResult()
         for record in records:
-            total.merge(self.index_record(tenant, record, progress, words_first))
+            total.merge(self.index_record(tenant, record, progress, words_first, report))
         return total
 
     def index_record(self, tenant: str, record: PatientRecord,
-                     progress: Callable[[str, int, int], None] | None = None, words_first: bool = False) -> IndexResult:
+                     progress: Callable[[str, int, int], None] | None = None, words_first: bool = False,
+                     report: LoadReport | None = None) -> IndexResult:
         """`words_first`: searchable by words and concepts at once, by meaning as the vectors
-        follow (a first sync)."""
-        return index_record(self.backend, self.embedder, tenant, self.as_indexed(tenant, record), progress, words_first)
+        follow (a first sync). `report` hears what indexing decided against the record held."""
+        return index_record(self.backend, self.embedder, tenant, self.as_indexed(tenant, record, report), progress,
+                            words_first)
 
-    def as_indexed(self, tenant: str, record: PatientRecord) -> PatientRecord:
-        """A whole record replaces what the index holds for the patient; a partial one (a stray
-        resource, an export) is merged into it and removes nothing."""
-        if record.complete:
+    def as_indexed(self, tenant: str, record: PatientRecord, report: LoadReport | None = None) -> PatientRecord:
+        """The record as it replaces or is merged into what the index holds for the patient
+        (`fhir_ingest.load.against_held`); the record source's own answer replaces it as is."""
+        if record.authority == SOURCE:
             return record
-        held = self.held_resources(tenant, record.patient_id)
-        return PatientRecord(record.patient_id, merge_resources(held, record.resources))
+        return against_held(record, self.held_resources(tenant, record.patient_id), report)
 
-    def index_in_turn(self, tenant: str, records: Iterable[PatientRecord]) -> Iterator[IndexResult]:
+    def index_in_turn(self, tenant: str, records: Iterable[PatientRecord],
+                      report: LoadReport | None = None) -> Iterator[IndexResult]:
         """Many patients' records, each result as it is written; a group of patients is embedded
         in one call while the next group is prepared."""
-        return index_in_turn(self.backend, self.embedder, tenant, (self.as_indexed(tenant, r) for r in records))
+        return index_in_turn(self.backend, self.embedder, tenant, (self.as_indexed(tenant, r, report) for r in records))
 
     def deferred_refresh(self):
         """Writes in the block become searchable together at its end (a Bulk Data round)."""
@@ -182,7 +185,7 @@ class SearchService:
         items = (item for path in paths for item in read_path(path))
         with assembled(items, report, self.index_path.parent) as assembler:
             patient_ids = assembler.patient_ids()
-            with closing(self.index_in_turn(tenant, (assembler.record(pid) for pid in patient_ids))) as results:
+            with closing(self.index_in_turn(tenant, (assembler.record(pid) for pid in patient_ids), report)) as results:
                 for done, result in enumerate(results, start=1):
                     total.merge(result)
                     if on_patient:

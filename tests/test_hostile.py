@@ -93,6 +93,97 @@ def test_a_stray_resource_adds_to_the_patient_it_names_and_removes_nothing(env, 
     assert run(["check"], env).returncode == 0
 
 
+def bundle_of(*resources, **fields) -> dict:
+    """A collection Bundle whose entries carry the `urn:uuid` fullUrls Synthea's references use."""
+    return {"resourceType": "Bundle", "type": "collection", **fields,
+            "entry": [{"fullUrl": f"urn:uuid:{r['id']}", "resource": r} for r in resources]}
+
+
+def synthea_resources(synthea_dir: Path, pid: str) -> list[dict]:
+    return [e["resource"] for e in json.loads(gzip.open(synthea_dir / f"{pid}.json.gz").read())["entry"]]
+
+
+def patient_of_record(synthea_dir: Path, pid: str) -> dict:
+    return next(r for r in synthea_resources(synthea_dir, pid) if r["resourceType"] == "Patient")
+
+
+def held_refs(env, pid: str) -> set[str]:
+    return {f"{r['resourceType']}/{r['id']}" for r in catalog(env).patient_resources("default", pid)}
+
+
+def test_a_patient_only_ndjson_export_removes_nothing(env, synthea_dir, tmp_path):
+    """Patient.ndjson as a Bulk export writes it: each line is its own document, never a record."""
+    before = chunk_counts(env)
+    path = tmp_path / "Patient.ndjson"
+    path.write_text("".join(json.dumps(patient_of_record(synthea_dir, pid)) + "\n" for pid in (A, B)))
+    out = run(["index", str(path)], env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "removed: 0" in out.stdout
+    added = out.stdout.split("added to the records held")[1].split("\n")[0]
+    assert A in added and B in added
+    assert chunk_counts(env) == before
+    allergy, = ask_all(env, [(B, "Does he have any allergies?")], tmp_path)
+    assert not allergy["abstained"] and any(c["resource_type"] == "AllergyIntolerance" for c in allergy["citations"])
+    assert run(["check"], env).returncode == 0
+
+
+@pytest.mark.parametrize("shape", ["bundle", "bare resource"])
+def test_a_document_holding_only_the_patient_removes_nothing(env, synthea_dir, tmp_path, shape):
+    before, held = chunk_counts(env), held_refs(env, B)
+    patient = patient_of_record(synthea_dir, B)
+    path = tmp_path / "only-the-patient.json"
+    path.write_text(json.dumps(bundle_of(patient) if shape == "bundle" else patient))
+    out = run(["index", str(path)], env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "removed: 0" in out.stdout and B in out.stdout.split("added to the records held")[1]
+    assert chunk_counts(env) == before and held_refs(env, B) == held
+    assert run(["check"], env).returncode == 0
+
+
+def test_the_patient_with_one_new_result_is_merged_and_the_report_says_why(env, synthea_dir, tmp_path):
+    before, held = chunk_counts(env), held_refs(env, B)
+    path = tmp_path / "patient-and-a-result.json"
+    path.write_text(json.dumps(bundle_of(patient_of_record(synthea_dir, B), potassium("new-k", B, "2024-06-02", 3.2))))
+    out = run(["index", str(path)], env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "removed: 0" in out.stdout
+    assert (f"patient-and-a-result.json: holds only 1 of the {len(held)} resources held for patient {B}: merged "
+            f"into the record held, nothing removed") in out.stdout
+    assert held_refs(env, B) == held | {"Observation/new-k"}
+    assert chunk_counts(env)[B] > before[B]
+    assert run(["check"], env).returncode == 0
+
+
+def test_a_bundle_replaces_the_record_only_when_it_confirms_what_it_removes(env, synthea_dir, tmp_path):
+    """The patient's whole bundle less one result replaces the record (that result leaves); a
+    bundle of the Patient and a few results is merged; the patient's own `$everything` searchset
+    replaces whatever it holds."""
+    C = "d5d42b99-0256-5ee0-e4b8-3b6237a806d5"
+    assert run(["index", str(synthea_dir / f"{C}.json.gz")], env).returncode == 0
+    resources = synthea_resources(synthea_dir, C)
+    results = [r for r in resources if r["resourceType"] == "Observation"]
+    less_one = tmp_path / "less-one.json"
+    less_one.write_text(json.dumps(bundle_of(*[r for r in resources if r is not results[0]])))
+    out = run(["index", str(less_one)], env)
+    assert out.returncode == 0 and "removed: 0" not in out.stdout, out.stdout + out.stderr
+    held = held_refs(env, C)
+    assert f"Observation/{results[0]['id']}" not in held and len(held) > 20
+
+    few = [r for r in resources if r["resourceType"] == "Patient"] + results[1:4]
+    (tmp_path / "few.json").write_text(json.dumps(bundle_of(*few)))
+    out = run(["index", str(tmp_path / "few.json")], env)
+    assert "removed: 0" in out.stdout and "merged into the record held" in out.stdout, out.stdout
+    assert held_refs(env, C) == held
+
+    everything = bundle_of(*few, type="searchset",
+                           link=[{"relation": "self", "url": f"https://ehr.example/fhir/Patient/{C}/$everything"}])
+    (tmp_path / "everything.json").write_text(json.dumps(everything))
+    out = run(["index", str(tmp_path / "everything.json")], env)
+    assert out.returncode == 0 and "removed: 0" not in out.stdout, out.stdout + out.stderr
+    assert held_refs(env, C) == {f"{r['resourceType']}/{r['id']}" for r in few}
+    assert run(["check"], env).returncode == 0
+
+
 def test_duplicate_ids_keep_the_newest_version_and_say_so(env, tmp_path):
     path = tmp_path / "dupes.ndjson"
     newer, older = potassium("dup-k", A, "2024-04-01", 4.8, "2"), potassium("dup-k", A, "2024-04-01", 3.1, "1")

@@ -256,3 +256,31 @@ def test_an_order_without_a_reason_says_why_its_visit_happened(embedder):
     assert "Ordered at the visit of 2017-05-02 for Anemia (disorder)." in chunks["m1"].text
     assert chunks["m1"].refs == ["MedicationRequest/m1", "Encounter/e1"]
     assert "Reason: Pernicious anemia." in chunks["m2"].text and "Ordered at" not in chunks["m2"].text
+
+
+def _everything(*resources, links=("self",)):
+    urls = {"self": "https://ehr.example/fhir/Patient/p1/$everything?_count=500",
+            "next": "https://ehr.example/fhir/Patient/p1/$everything?page=2"}
+    return dict(_bundle(*resources), type="searchset", link=[{"relation": rel, "url": urls[rel]} for rel in links])
+
+
+@pytest.mark.parametrize("name, document, authority", [
+    ("bundle.json", _bundle(PATIENT, obs("o1", 3.4)), "bundle"),
+    ("everything.json", _everything(PATIENT, obs("o1", 3.4)), "everything"),
+    ("first-page.json", _everything(PATIENT, obs("o1", 3.4), links=("self", "next")), "bundle"),
+    ("patient-only.json", _bundle(PATIENT), ""),
+    ("patient.json", PATIENT, ""),
+    ("two-patients.json", _bundle(PATIENT, dict(PATIENT, id="p2"), obs("o1", 3.4)), ""),
+    ("line.ndjson", _bundle(PATIENT, obs("o1", 3.4)), ""),
+])
+def test_only_a_bundle_file_with_the_patient_and_its_clinical_record_may_be_whole(tmp_path, name, document, authority):
+    """What a document shows of itself decides whether it may replace the record held: an NDJSON
+    line (even one holding a Bundle), a Patient alone, a bundle of two patients never may; a
+    `$everything` page that links to a next one is not the whole answer."""
+    path = tmp_path / name
+    path.write_text(json.dumps(document) + "\n")
+    records, report = load_resources([path])
+    assert not report.skipped
+    record = next(r for r in records if r.patient_id == "p1")
+    assert record.authority == authority
+    assert ("p1" in report.added_to) == (authority == "")

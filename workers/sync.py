@@ -129,7 +129,7 @@ def sync_patient(settings, service, tenant: str, patient_id: str, session_id: st
         # as the vectors follow (problems, medications and allergies first).
         first = bool(read.records) and not service.patient(tenant, patient_id)
         jobs.set(tenant, patient_id, "running", "words" if first else "embedding", 0, 0)
-        result = service.index_records(tenant, read.records, progress, words_first=first)
+        result = service.index_records(tenant, read.records, progress, words_first=first, report=read.report)
     except TRANSIENT as exc:
         delay = record_unreachable(jobs, tenant, patient_id, exc, attempts)
         if delay is None:
@@ -249,7 +249,7 @@ def run_bulk_sync(settings, registry: Registry, ehr: Ehr, service, group_id: str
         chunks = embedded = 0
         patients = assembler.patient_ids()
         with closing(service.index_in_turn(ehr.name, (assembler.record(pid, whole=round_.whole)
-                                                      for pid in patients))) as indexed:
+                                                      for pid in patients), report)) as indexed:
             for start in range(0, len(patients), PATIENTS_PER_REFRESH):
                 group = patients[start:start + PATIENTS_PER_REFRESH]
                 results = []
