@@ -14,11 +14,12 @@ replace what is held as they are.
 """
 from __future__ import annotations
 
+import re
 import tempfile
 from collections import Counter
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from datetime import date, timedelta
+from dataclasses import dataclass, field, replace
+from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -74,6 +75,7 @@ class PatientRecord:
     authority: str = SOURCE
     document: str = ""       # the document a whole record was read in, as the report names it
     origins: dict[str, str] = field(default_factory=dict)    # Type/id → where it was read, for the report
+    strays: set[str] = field(default_factory=set)            # Type/id read in a document not the patient's own
 
     @property
     def complete(self) -> bool:
@@ -98,23 +100,106 @@ def ref_of(resource: dict) -> str:
 
 
 def merge_resources(held: list[dict], changed: list[dict]) -> list[dict]:
-    """What chartcite holds, with every changed resource replacing its older version."""
+    """What chartcite holds, with every changed resource replacing an older version of itself,
+    never a newer one (`version_order`)."""
     by_ref = {ref_of(r): r for r in held}
     for resource in changed:
-        by_ref[ref_of(resource)] = resource
+        current = by_ref.get(ref_of(resource))
+        if current is None or version_order(resource, current) >= 0:
+            by_ref[ref_of(resource)] = resource
     return list(by_ref.values())
+
+
+def source_answer_over(held: list[dict], answer: list[dict]) -> list[dict]:
+    """What chartcite holds with the record source's own answer over it: the EHR's current version
+    of a resource replaces whatever is held, whose version may have come from another input that
+    numbers versions its own way (kept, it would hide the EHR's updates for good)."""
+    by_ref = {ref_of(r): r for r in held}
+    by_ref.update((ref_of(r), r) for r in answer)
+    return list(by_ref.values())
+
+
+def version_order(first: dict, second: dict) -> int:
+    """Which of two copies of one resource is the newer version: > 0 `first`, < 0 `second`, 0 when
+    their meta cannot tell. meta.versionId first, as numbers when both are numbers; then
+    meta.lastUpdated, as instants."""
+    a, b = meta_of(first), meta_of(second)
+    va, vb = version_number(a), version_number(b)
+    if va is not None and vb is not None and va != vb:
+        return 1 if va > vb else -1
+    ta, tb = instant_of(a.get("lastUpdated")), instant_of(b.get("lastUpdated"))
+    if ta is not None and tb is not None and ta != tb:
+        return 1 if ta > tb else -1
+    return 0
+
+
+def meta_of(resource: dict) -> dict:
+    return resource["meta"] if isinstance(resource.get("meta"), dict) else {}
+
+
+def version_number(meta: dict) -> int | None:
+    version = str(meta.get("versionId") or "")
+    return int(version) if re.fullmatch(r"[0-9]{1,18}", version) else None
+
+
+def instant_of(value) -> datetime | None:
+    """An instant (a time zone assumed UTC when the value names none), or None."""
+    try:
+        when = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+
+
+def version_words(resource: dict) -> str:
+    meta = meta_of(resource)
+    words = [f"version {meta['versionId']}"] if meta.get("versionId") else []
+    words += [f"last updated {meta['lastUpdated']}"] if meta.get("lastUpdated") else []
+    return ", ".join(words) or "no version"
 
 
 def against_held(record: PatientRecord, held: list[dict], report: LoadReport | None = None) -> PatientRecord:
     """The record as it is to be indexed, given the resources the index holds for the patient: the
-    record alone when it may replace them, else merged into them (and the report says so)."""
-    if record.authority in (SOURCE, EVERYTHING) or (record.authority == WHOLE_BUNDLE
-                                                   and confirms_held(record, held, report)):
-        return PatientRecord(record.patient_id, record.resources, record.authority, record.document, record.origins)
+    record alone when it may replace them, else merged into them (and the report says so). Either
+    way a version older than the one held never replaces it."""
+    if record.authority == SOURCE:
+        return record
+    resources = newer_than_held(record, held, report)
+    if record.authority == EVERYTHING or (record.authority == WHOLE_BUNDLE and confirms_held(record, held, report)):
+        return replace(record, resources=resources)
     if report is not None and record.authority != MERGE:
         report.added_to.append(record.patient_id)
-    return PatientRecord(record.patient_id, merge_resources(held, record.resources), MERGE, record.document,
-                         record.origins)
+    return replace(record, resources=merge_resources(held, resources), authority=MERGE)
+
+
+def newer_than_held(record: PatientRecord, held: list[dict], report: LoadReport | None) -> list[dict]:
+    """The record's resources, where the index holds a newer version of one, that version. What
+    changes a resource held is reported when it is kept out as older, and when it came in a
+    document that is not the patient's own (a stray), even if newer and indexed."""
+    held_by_ref = {ref_of(r): r for r in held}
+    resources = []
+    for resource in record.resources:
+        ref = ref_of(resource)
+        current = held_by_ref.get(ref)
+        if current is None or current == resource:
+            resources.append(resource)
+            continue
+        newer = version_order(resource, current) >= 0
+        resources.append(resource if newer else current)
+        if report is not None and (not newer or ref in record.strays):
+            report.warnings.append(Skipped(record.origins.get(ref, record.document or "input"),
+                                           change_words(record, ref, resource, current, newer)))
+    return resources
+
+
+def change_words(record: PatientRecord, ref: str, resource: dict, current: dict, newer: bool) -> str:
+    where = (f", read in a document that is not patient {record.patient_id}'s own,"
+             if ref in record.strays else "")
+    if newer:
+        return (f"{ref}{where} changes the record held for patient {record.patient_id} "
+                f"({version_words(current)} → {version_words(resource)}): indexed as the newer version")
+    return (f"{ref}{where} is older ({version_words(resource)}) than the version held for patient "
+            f"{record.patient_id} ({version_words(current)}), which stays")
 
 
 def confirms_held(record: PatientRecord, held: list[dict], report: LoadReport | None) -> bool:
@@ -262,8 +347,10 @@ class RecordAssembler:
         authority = SOURCE if whole else self.authority_of(patient_id, staged)
         if authority == MERGE:
             self.report.added_to.append(patient_id)
+        foreign = self.staging.foreign_documents(patient_id)
         return PatientRecord(patient_id, resources, authority, self.staging.document(staged[0].document).name,
-                             {ref_of(item.resource): item.origin for item in kept})
+                             {ref_of(item.resource): item.origin for item in kept},
+                             {ref_of(item.resource) for item in kept if item.document in foreign})
 
     def passes_content_check(self, item: StagedResource, patient_id: str) -> bool:
         """Whether the staged resource's content passes (checked now if `checked_later`; counted
@@ -306,28 +393,21 @@ class RecordAssembler:
 
 
 def newest_versions(staged: list[StagedResource], report: LoadReport) -> list[StagedResource]:
-    """One resource per `Type/id`: the newest by meta.versionId, then meta.lastUpdated, then the
-    later in the input. A duplicate that differs is reported; an identical copy is merely dropped."""
-    kept: dict[str, tuple[tuple, StagedResource]] = {}
-    for position, item in enumerate(staged):
-        ref = f"{item.resource['resourceType']}/{item.resource['id']}"
-        key = version_key(item.resource, position)
-        if ref not in kept:
-            kept[ref] = (key, item)
+    """One resource per `Type/id`: the newest by `version_order`, else the later in the input. A
+    duplicate that differs is reported; an identical copy is merely dropped."""
+    kept: dict[str, StagedResource] = {}
+    for item in staged:
+        ref = ref_of(item.resource)
+        previous = kept.get(ref)
+        if previous is None:
+            kept[ref] = item
             continue
-        previous_key, previous = kept[ref]
-        newer, older = (item, previous) if key > previous_key else (previous, item)
-        kept[ref] = (max(key, previous_key), newer)
+        newer, older = (item, previous) if version_order(item.resource, previous.resource) >= 0 else (previous, item)
+        kept[ref] = newer
         if newer.resource != older.resource:
             report.warnings.append(Skipped(older.origin, f"{ref} appears again at {newer.origin} with other content; "
                                                          f"the newer version (there) is indexed"))
-    return [item for _, item in kept.values()]
-
-
-def version_key(resource: dict, position: int) -> tuple:
-    meta = resource.get("meta") if isinstance(resource.get("meta"), dict) else {}
-    version = str(meta.get("versionId") or "")
-    return (int(version) if version.isdigit() else -1, str(meta.get("lastUpdated") or ""), position)
+    return list(kept.values())
 
 
 class BundleDirectorySource:

@@ -68,7 +68,10 @@ class PatientStaging:
         self.resources += 1
 
     def patient_ids(self) -> list[str]:
+        # Indexed once everything is parked: indexes kept up while parking slow every insert.
         self.db.execute("CREATE INDEX IF NOT EXISTS owned_patient ON owned (patient_id)")
+        self.db.execute("CREATE INDEX IF NOT EXISTS owned_document ON owned (document)")
+        self.db.execute("CREATE INDEX IF NOT EXISTS defines_document ON defines (document)")
         return [row[0] for row in self.db.execute("SELECT DISTINCT patient_id FROM owned ORDER BY patient_id")]
 
     def owned(self, patient_id: str) -> list[StagedResource]:
@@ -84,6 +87,16 @@ class PatientStaging:
     def patients_defined(self, document: str) -> set[str]:
         """The patients whose Patient resource this document holds."""
         return {row[0] for row in self.db.execute("SELECT patient_id FROM defines WHERE document = ?", (document,))}
+
+    def foreign_documents(self, patient_id: str) -> set[str]:
+        """The documents holding resources of this patient that are not the patient's own: they
+        hold another patient's resources (or Patient) and not this patient's Patient."""
+        rows = self.db.execute("""
+            SELECT DISTINCT o.document FROM owned o WHERE o.patient_id = ? AND o.document != ''
+              AND NOT EXISTS (SELECT 1 FROM defines d WHERE d.document = o.document AND d.patient_id = ?)
+              AND EXISTS (SELECT 1 FROM owned x WHERE x.document = o.document AND x.patient_id != ?)""",
+                               (patient_id, patient_id, patient_id))
+        return {row[0] for row in rows}
 
     def document(self, key: str) -> Document:
         row = self.db.execute("SELECT key, name, bundle, everything_of FROM documents WHERE key = ?", (key,)).fetchone()

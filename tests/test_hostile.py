@@ -184,6 +184,67 @@ def test_a_bundle_replaces_the_record_only_when_it_confirms_what_it_removes(env,
     assert run(["check"], env).returncode == 0
 
 
+def a_bundle_with_a_stray(synthea_dir: Path, stray: dict, path: Path) -> str:
+    """A's bundle with one resource of B's appended; returns the stray's position."""
+    bundle = json.loads(gzip.open(synthea_dir / f"{A}.json.gz").read())
+    bundle["entry"].append({"fullUrl": f"urn:uuid:{stray['id']}", "resource": stray})
+    path.write_text(json.dumps(bundle))
+    return f"{path.name}#entry[{len(bundle['entry']) - 1}]"
+
+
+def b_allergies(synthea_dir: Path) -> list[dict]:
+    """B's allergies, their patient named as outside B's bundle (where `urn:uuid:` resolves)."""
+    return [dict(r, patient={"reference": f"Patient/{B}"}) for r in synthea_resources(synthea_dir, B)
+            if r["resourceType"] == "AllergyIntolerance"]
+
+
+def refuted(allergy: dict) -> dict:
+    return dict(allergy, verificationStatus={"coding": [{
+        "system": "http://terminology.hl7.org/CodeSystem/allergyintolerance-verification", "code": "refuted"}]})
+
+
+@pytest.mark.parametrize("held_meta, stray_meta, words", [
+    ({"versionId": "3"}, {"versionId": "1"}, "is older (version 1) than the version held for patient {B} (version 3)"),
+    ({"lastUpdated": "2024-05-01T10:00:00Z"}, {"lastUpdated": "2023-01-01T10:00:00+00:00"},
+     "is older (last updated 2023-01-01T10:00:00+00:00) than the version held for patient {B} "
+     "(last updated 2024-05-01T10:00:00Z)"),
+])
+def test_a_stale_stray_never_rewrites_the_record_held(env, synthea_dir, tmp_path, held_meta, stray_meta, words):
+    """B's allergy held at a version; an older copy saying "refuted" inside A's file keeps out."""
+    allergies = b_allergies(synthea_dir)
+    allergy = dict(allergies[0] if "versionId" in held_meta else allergies[1], meta=held_meta)
+    ref = f"AllergyIntolerance/{allergy['id']}"
+    (tmp_path / "held.ndjson").write_text(json.dumps(allergy) + "\n")
+    assert run(["index", str(tmp_path / "held.ndjson")], env).returncode == 0
+    position = a_bundle_with_a_stray(synthea_dir, refuted(dict(allergy, meta=stray_meta)), tmp_path / "a-stale.json")
+    out = run(["index", str(tmp_path / "a-stale.json")], env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (f"{position}: {ref}, read in a document that is not patient {B}'s own, "
+            f"{words.format(B=B)}, which stays") in out.stdout
+    held = catalog(env).get_resource("default", B, ref)
+    assert held["meta"] == held_meta and held["verificationStatus"]["coding"][0]["code"] == "confirmed"
+    answer, = ask_all(env, [(B, "Does he have any allergies?")], tmp_path)
+    assert "refuted" not in answer["answer"].lower()
+    assert run(["check"], env).returncode == 0
+
+
+def test_a_newer_stray_that_changes_a_record_held_is_indexed_and_reported(env, synthea_dir, tmp_path):
+    allergy = b_allergies(synthea_dir)[0]
+    ref = f"AllergyIntolerance/{allergy['id']}"
+    position = a_bundle_with_a_stray(synthea_dir, refuted(dict(allergy, meta={"versionId": "7"})),
+                                     tmp_path / "a-newer.json")
+    held = catalog(env).get_resource("default", B, ref)
+    out = run(["index", str(tmp_path / "a-newer.json")], env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (f"{position}: {ref}, read in a document that is not patient {B}'s own, changes the record held for "
+            f"patient {B} (") in out.stdout and "→ version 7): indexed as the newer version" in out.stdout
+    assert catalog(env).get_resource("default", B, ref)["verificationStatus"]["coding"][0]["code"] == "refuted"
+    # A later version puts it back as it was for the tests after this one.
+    (tmp_path / "restore.ndjson").write_text(json.dumps(dict(held, meta={"versionId": "8"})) + "\n")
+    assert run(["index", str(tmp_path / "restore.ndjson")], env).returncode == 0
+    assert catalog(env).get_resource("default", B, ref)["verificationStatus"] == held["verificationStatus"]
+
+
 def test_duplicate_ids_keep_the_newest_version_and_say_so(env, tmp_path):
     path = tmp_path / "dupes.ndjson"
     newer, older = potassium("dup-k", A, "2024-04-01", 4.8, "2"), potassium("dup-k", A, "2024-04-01", 3.1, "1")

@@ -284,3 +284,18 @@ def test_only_a_bundle_file_with_the_patient_and_its_clinical_record_may_be_whol
     record = next(r for r in records if r.patient_id == "p1")
     assert record.authority == authority
     assert ("p1" in report.added_to) == (authority == "")
+
+
+@pytest.mark.parametrize("newer, older", [
+    ({"versionId": "10"}, {"versionId": "9"}),                                   # numbers, not strings
+    ({"versionId": "2", "lastUpdated": "2020-01-01T00:00:00Z"}, {"versionId": "1", "lastUpdated": "2024-01-01T00:00:00Z"}),
+    ({"lastUpdated": "2024-05-01T09:00:00Z"}, {"lastUpdated": "2024-05-01T10:00:00+02:00"}),   # instants, not text
+    ({"versionId": "b", "lastUpdated": "2024-05-02T00:00:00Z"}, {"versionId": "a", "lastUpdated": "2024-05-01T00:00:00Z"}),
+])
+def test_a_held_newer_version_is_never_replaced_by_an_older_one(newer, older):
+    from fhir_ingest.load import merge_resources, version_order
+
+    held, stale = dict(obs("o1", 4.0), meta=newer), dict(obs("o1", 9.9), meta=older)
+    assert version_order(held, stale) > 0 > version_order(stale, held)
+    assert merge_resources([held], [stale]) == [held]
+    assert merge_resources([stale], [held]) == [held]

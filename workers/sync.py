@@ -90,14 +90,14 @@ def read_ehr_patient(settings, registry: Registry, ehr: Ehr, patient_id: str, he
     """The patient's record from the EHR: everything on the first sync, then what changed since the
     last one (by the EHR's own clock), merged into the resources chartcite already holds."""
     from fhir_ingest.fhir_source import fetch_patient, to_record
-    from fhir_ingest.load import merge_resources
+    from fhir_ingest.load import source_answer_over
 
     client = ehr_client(settings, registry, ehr, session_id, interactive=True)
     cursor = registry.patient_synced(ehr.name, patient_id)
     since = cursor.server_time if cursor and held else ""
     server_time = client.server_time()
     fetched = fetch_patient(client, patient_id, since, progress)
-    record, report = to_record(patient_id, merge_resources(held, fetched.resources), fetched.problems, ehr.name)
+    record, report = to_record(patient_id, source_answer_over(held, fetched.resources), fetched.problems, ehr.name)
     return PatientRead([record] if record else [], report, server_time, len(fetched.resources), True)
 
 
