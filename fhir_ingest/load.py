@@ -27,7 +27,7 @@ from .chunk import clinical_date
 from .contract import PatientNotFound
 from .normalize import (IGNORED_TYPES, INDEXED_TYPES, SUPPORT_TYPES, InvalidResource, binary_ref, check_content,
                         check_identity, checked_later, patient_of, ref_id)
-from .reader import RawResource, ReadItem, ReadProblem, ReadWarning, read_path
+from .reader import DEFAULT_LIMITS, RawResource, ReadItem, ReadLimits, ReadProblem, ReadWarning, read_path
 from .staging import PatientStaging, StagedResource
 
 EARLIEST_PLAUSIBLE_YEAR = 1900
@@ -218,9 +218,9 @@ def confirms_held(record: PatientRecord, held: list[dict], report: LoadReport | 
     return False
 
 
-def load_resources(paths: Iterable[str | Path]) -> tuple[list[PatientRecord], LoadReport]:
+def load_resources(paths: Iterable[str | Path], limits: ReadLimits = DEFAULT_LIMITS) -> tuple[list[PatientRecord], LoadReport]:
     """Read and check every resource under `paths`; malformed ones are reported and skipped."""
-    return check_items(item for path in paths for item in read_path(path))
+    return check_items(item for path in paths for item in read_path(path, limits))
 
 
 def check_items(items: Iterable[ReadItem]) -> tuple[list[PatientRecord], LoadReport]:
@@ -416,8 +416,9 @@ class BundleDirectorySource:
     Files are named `<patient-id>.json[.gz]` as Synthea writes them; other files are scanned.
     """
 
-    def __init__(self, root: str | Path):
+    def __init__(self, root: str | Path, limits: ReadLimits = DEFAULT_LIMITS):
         self.root = Path(root)
+        self.limits = limits
 
     def files(self) -> list[Path]:
         return sorted(p for p in self.root.glob("*.json*") if p.is_file())
@@ -432,11 +433,11 @@ class BundleDirectorySource:
         raise PatientNotFound("no bundle for that patient")
 
     def read_patient(self, patient_id: str) -> tuple[list[PatientRecord], LoadReport]:
-        return load_resources([self.path_for(patient_id)])
+        return load_resources([self.path_for(patient_id)], self.limits)
 
     def patient_resource(self, patient_id: str) -> dict | None:
         """The Patient resource alone (for a picker), without checking the rest of the bundle."""
-        for item in read_path(self.path_for(patient_id)):
+        for item in read_path(self.path_for(patient_id), self.limits):
             if isinstance(item, RawResource) and item.resource.get("resourceType") == "Patient":
                 return item.resource
         return None

@@ -11,6 +11,7 @@ A bad file, line, entry or byte costs only itself.
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import uuid
 import zlib
@@ -29,6 +30,56 @@ MAX_RESOURCE_DEPTH = 64
 MAX_BUNDLE_NESTING = 8
 # Damage to a compressed stream: gzip reports it with any of these.
 DAMAGED = (OSError, EOFError, zlib.error)
+
+
+@dataclass(frozen=True)
+class ReadLimits:
+    """How far a compressed file may expand before it is read no further: a few hundred kilobytes
+    of gzip can hold gigabytes of the same byte. Both bounds hold; the settings
+    CHARTCITE_MAX_EXPANDED_MB and CHARTCITE_MAX_EXPANSION_RATIO set them."""
+    max_expanded_bytes: int = 1024 * 2**20
+    # Real FHIR JSON and NDJSON compress 10 to 20 times, generated look-alike lines about 140; gzip tops out
+    # near 1,000 (a bomb).
+    max_expansion_ratio: float = 200.0
+
+    def for_file(self, compressed_bytes: int) -> tuple[int, str]:
+        """The bytes a file of this compressed size may expand to, and the limit that sets it."""
+        by_ratio = int(self.max_expansion_ratio * max(compressed_bytes, 1))
+        if by_ratio < self.max_expanded_bytes:
+            return by_ratio, (f"more than {self.max_expansion_ratio:g} times its compressed size of "
+                              f"{compressed_bytes:,} bytes (CHARTCITE_MAX_EXPANSION_RATIO)")
+        return self.max_expanded_bytes, (f"to more than {self.max_expanded_bytes / 2**20:g} MB "
+                                         f"(CHARTCITE_MAX_EXPANDED_MB)")
+
+
+DEFAULT_LIMITS = ReadLimits()
+
+
+class TooExpanded(Exception):
+    """A compressed file expanded beyond its limit (the message says which)."""
+
+
+class ExpansionGuard(io.RawIOBase):
+    """The decompressed stream, counted as it is read: past the limit it raises instead of handing
+    out more, so checking never costs more memory than the limit allows (no inflating it all)."""
+
+    def __init__(self, stream: BinaryIO, limit: int, words: str):
+        super().__init__()
+        self.stream, self.limit, self.words, self.expanded = stream, limit, words, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        count = self.stream.readinto(buffer)
+        self.expanded += count
+        if self.expanded > self.limit:
+            raise TooExpanded(f"the file expands {self.words}")
+        return count
+
+    def close(self) -> None:
+        self.stream.close()
+        super().close()
 
 
 @dataclass(frozen=True)
@@ -66,8 +117,11 @@ class ReadWarning:
 ReadItem = Union[RawResource, ReadProblem, ReadWarning]
 
 
-def _open_binary(path: Path) -> BinaryIO:
-    return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
+def _open_binary(path: Path, limits: ReadLimits = DEFAULT_LIMITS) -> BinaryIO:
+    if not path.name.endswith(".gz"):
+        return open(path, "rb")
+    limit, words = limits.for_file(path.stat().st_size)
+    return io.BufferedReader(ExpansionGuard(gzip.open(path, "rb"), limit, words))
 
 
 def iter_files(path: Path) -> Iterator[Path]:
@@ -79,7 +133,7 @@ def iter_files(path: Path) -> Iterator[Path]:
         yield path
 
 
-def read_path(path: str | Path) -> Iterator[ReadItem]:
+def read_path(path: str | Path, limits: ReadLimits = DEFAULT_LIMITS) -> Iterator[ReadItem]:
     """Yield every resource (or problem, or warning) found under `path`."""
     path = Path(path)
     if not path.exists():
@@ -87,9 +141,9 @@ def read_path(path: str | Path) -> Iterator[ReadItem]:
         return
     for file in iter_files(path):
         if file.name.endswith(NDJSON_SUFFIXES):
-            yield from read_ndjson(file)
+            yield from read_ndjson(file, limits)
         else:
-            yield from read_json_file(file)
+            yield from read_json_file(file, limits)
 
 
 def decode_utf8(raw: bytes, origin: str) -> tuple[str, ReadWarning | None]:
@@ -118,14 +172,17 @@ def parse_json(text: str) -> object:
         raise ValueError("JSON nested too deeply to read") from None
 
 
-def read_ndjson(file: Path) -> Iterator[ReadItem]:
+def read_ndjson(file: Path, limits: ReadLimits = DEFAULT_LIMITS) -> Iterator[ReadItem]:
     lineno = 0
     try:
-        with _open_binary(file) as fh:
+        with _open_binary(file, limits) as fh:
             for lineno, line in enumerate(fh, start=1):
                 if line.strip():
                     origin = f"{file.name}:{lineno}"
                     yield from read_line(line, origin, Document(f"{file}:{lineno}", origin))
+    except TooExpanded as exc:
+        yield ReadProblem(f"{file.name}:{lineno + 1}", f"{exc}: the rest of the file is skipped; "
+                                                     f"the lines before it were read")
     except DAMAGED as exc:
         where = f"after line {lineno}" if lineno else "at its start"
         yield ReadProblem(f"{file.name}:{lineno + 1}", f"the file is damaged {where} ({_describe(exc)}); "
@@ -147,10 +204,13 @@ def read_line(line: bytes, origin: str, document: Document) -> Iterator[ReadItem
     yield from document_items(resource, origin, document)
 
 
-def read_json_file(file: Path) -> Iterator[ReadItem]:
+def read_json_file(file: Path, limits: ReadLimits = DEFAULT_LIMITS) -> Iterator[ReadItem]:
     try:
-        with _open_binary(file) as fh:
+        with _open_binary(file, limits) as fh:
             raw = fh.read()
+    except TooExpanded as exc:
+        yield ReadProblem(file.name, f"{exc}: the file is skipped")
+        return
     except DAMAGED as exc:
         yield ReadProblem(file.name, f"unreadable file: {_describe(exc)}")
         return

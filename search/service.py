@@ -10,7 +10,7 @@ from typing import Callable, Iterable, Iterator
 
 from fhir_ingest.load import SOURCE, LoadReport, PatientRecord, against_held, assembled
 from fhir_ingest.normalize import INDEXED_TYPES
-from fhir_ingest.reader import read_path
+from fhir_ingest.reader import DEFAULT_LIMITS, ReadLimits, read_path
 
 from search.answering.answer import (NEW_PATIENT, asked_class, class_entries_answer, compose, context_evidence,
                                      while_reading)
@@ -60,8 +60,9 @@ class RecordReader:
 class SearchService:
     def __init__(self, backend_kind: str, index_path: Path, model_path: str = "", es: ElasticOptions | None = None,
                  reranker_path: str = "", llm: LlmSettings | None = None, precision: str = "int8",
-                 model_cache: str | Path = ""):
+                 model_cache: str | Path = "", read_limits: ReadLimits = DEFAULT_LIMITS):
         self.backend_kind = backend_kind
+        self.read_limits = read_limits
         self.precision = precision
         self.model_cache = str(model_cache) if model_cache else None
         self.llm = ChatClient(llm) if llm and llm.url else None
@@ -182,7 +183,7 @@ class SearchService:
         """Index files and folders a patient at a time; the input waits on disk in the data directory
         (not in memory) while it is regrouped by patient."""
         report, total = LoadReport(), IndexResult()
-        items = (item for path in paths for item in read_path(path))
+        items = (item for path in paths for item in read_path(path, self.read_limits))
         with assembled(items, report, self.index_path.parent) as assembler:
             patient_ids = assembler.patient_ids()
             with closing(self.index_in_turn(tenant, (assembler.record(pid) for pid in patient_ids), report)) as results:

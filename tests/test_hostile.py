@@ -9,6 +9,7 @@ import os
 import stat
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
@@ -340,6 +341,57 @@ def test_bad_files_lines_entries_and_bytes_cost_only_themselves(env, tmp_path):
     answer, = ask_all(env, [(A, "K+ on Jan 4, 2023?")], tmp_path)
     assert good["good-3"] in answer["answer"]
     assert run(["check"], env).returncode == 0
+
+
+def gzip_bomb(path: Path, head: bytes, filler_mb: int, tail: bytes) -> None:
+    """A gzip file of `head`, `filler_mb` MB of spaces and `tail`, written a megabyte at a time."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)       # 31: the gzip container
+    with path.open("wb") as out:
+        out.write(packer.compress(head))
+        for _ in range(filler_mb):
+            out.write(packer.compress(b" " * 2**20))
+        out.write(packer.compress(tail) + packer.flush())
+
+
+def test_a_decompression_bomb_is_reported_with_its_position_and_skipped(env, tmp_path):
+    """A few kilobytes of gzip holding tens of megabytes: read no further than the ratio allows."""
+    folder = tmp_path / "bombs"
+    folder.mkdir()
+    inside, first_line = potassium("in-the-bomb", A, "2021-01-05", 4.4), potassium("before-the-bomb", A, "2021-01-06", 4.6)
+    gzip_bomb(folder / "bomb.json.gz", b'{"resourceType": "Bundle", "type": "collection", "entry": [{"resource": '
+              + json.dumps(inside).encode() + b'}], "padding": "', 40, b'"}')
+    gzip_bomb(folder / "bomb.ndjson.gz", json.dumps(first_line).encode() + b'\n{"resourceType": "Observation", '
+              b'"id": "x", "note": "', 40, b'"}\n')
+    (folder / "good.ndjson").write_text(json.dumps(potassium("beside-the-bombs", A, "2021-01-07", 4.7)) + "\n")
+    out = run(["index", str(folder)], env)
+    assert out.returncode == EXIT_SKIPPED, out.stdout + out.stderr
+    size = (folder / "bomb.json.gz").stat().st_size
+    assert (f"bomb.json.gz: the file expands more than 200 times its compressed size of {size:,} bytes "
+            f"(CHARTCITE_MAX_EXPANSION_RATIO): the file is skipped") in out.stdout
+    assert "bomb.ndjson.gz:2: the file expands more than 200 times" in out.stdout
+    assert "the rest of the file is skipped; the lines before it were read" in out.stdout
+    index = catalog(env)
+    assert index.get_resource("default", A, "Observation/in-the-bomb") is None
+    assert index.get_resource("default", A, "Observation/before-the-bomb") is not None
+    assert index.get_resource("default", A, "Observation/beside-the-bombs") is not None
+    assert run(["check"], env).returncode == 0
+
+
+def test_the_expanded_size_limit_is_a_setting(env, tmp_path):
+    path = tmp_path / "large.json.gz"
+    gzip_bomb(path, b'{"resourceType": "Bundle", "type": "collection", "entry": [{"resource": '
+              + json.dumps(potassium("in-the-large-file", A, "2021-02-05", 4.1)).encode() + b'}], "padding": "', 3,
+              b'"}')
+    settings = {"CHARTCITE_MAX_EXPANDED_MB": "2", "CHARTCITE_MAX_EXPANSION_RATIO": "1000000"}
+    out = run(["index", str(path)], env | settings)
+    assert out.returncode == EXIT_SKIPPED, out.stdout + out.stderr
+    assert "large.json.gz: the file expands to more than 2 MB (CHARTCITE_MAX_EXPANDED_MB): the file is skipped" \
+        in out.stdout
+    assert catalog(env).get_resource("default", A, "Observation/in-the-large-file") is None
+    assert run(["index", str(path)], env | settings | {"CHARTCITE_MAX_EXPANDED_MB": "8"}).returncode == 0
+    assert catalog(env).get_resource("default", A, "Observation/in-the-large-file") is not None
+    refused = run(["index", str(path)], env | {"CHARTCITE_MAX_EXPANSION_RATIO": "0"})
+    assert refused.returncode == 2 and "CHARTCITE_MAX_EXPANSION_RATIO must be more than 0" in refused.stderr
 
 
 def test_a_file_that_does_not_exist_is_a_usage_error(env):

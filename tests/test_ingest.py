@@ -299,3 +299,27 @@ def test_a_held_newer_version_is_never_replaced_by_an_older_one(newer, older):
     assert version_order(held, stale) > 0 > version_order(stale, held)
     assert merge_resources([held], [stale]) == [held]
     assert merge_resources([stale], [held]) == [held]
+
+
+def test_checking_a_decompression_bomb_costs_no_more_memory_than_its_limit(tmp_path):
+    """The expanded bytes are counted as they stream out of gzip: a 64 MB bomb under a 2 MB limit
+    is refused having held about 2 MB, not inflated whole first."""
+    import tracemalloc
+    import zlib
+
+    from fhir_ingest.reader import ReadLimits, ReadProblem
+
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)
+    with (tmp_path / "bomb.ndjson.gz").open("wb") as out:
+        out.write(packer.compress(b'{"resourceType": "Observation", "note": "'))
+        for _ in range(64):
+            out.write(packer.compress(b" " * 2**20))
+        out.write(packer.flush())
+    tracemalloc.start()
+    try:
+        items = list(read_path(tmp_path / "bomb.ndjson.gz", ReadLimits(2 * 2**20, 10_000)))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [type(i) for i in items] == [ReadProblem] and "more than 2 MB" in items[0].reason
+    assert peak < 8 * 2**20, f"{peak / 2**20:.1f} MB"

@@ -105,7 +105,7 @@ def read_patient(settings, registry: Registry, service, tenant: str, patient_id:
                  progress) -> PatientRead:
     ehr = registry.ehr(tenant)
     if ehr is None:
-        records, report = BundleDirectorySource(settings.demo_source).read_patient(patient_id)
+        records, report = BundleDirectorySource(settings.demo_source, settings.read_limits()).read_patient(patient_id)
         return PatientRead(records, report, fetched=sum(len(r.resources) for r in records))
     held = service.held_resources(tenant, patient_id)
     return read_ehr_patient(settings, registry, ehr, patient_id, held, session_id, progress)
