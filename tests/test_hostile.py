@@ -343,6 +343,41 @@ def test_bad_files_lines_entries_and_bytes_cost_only_themselves(env, tmp_path):
     assert run(["check"], env).returncode == 0
 
 
+HOSTILE_IDS = {"10,000 characters": "x" * 10_000, "a NUL": "a\x00b", "a right-to-left override": "abc\u202efdp.exe",
+               "SQL": "x' OR '1'='1", "a dot-segment": "..", "a final newline": "abc\n"}
+
+
+def test_hostile_ids_from_references_or_resources_are_reported_and_skipped(env, tmp_path):
+    """FHIR's id rule holds for every id chartcite stores: a resource's own and the patient's taken
+    from `subject`, `patient` or `beneficiary`. Each such resource costs only itself."""
+    lines = [potassium("good-beside-hostile-ids", A, "2021-03-01", 4.2)]
+    for hostile in HOSTILE_IDS.values():
+        lines.append(potassium("names-a-hostile-patient", hostile, "2021-03-02", 4.3))
+        lines.append(potassium(hostile, A, "2021-03-03", 4.4))
+    allergy = {"resourceType": "AllergyIntolerance", "id": "hostile-patient-field", "patient": {"reference": "Patient/.."},
+               "code": {"text": "peanut"}}
+    coverage = {"resourceType": "Coverage", "id": "hostile-beneficiary", "status": "active",
+                "beneficiary": {"reference": "Patient/x' OR '1'='1"}, "payor": [{"display": "Payer"}]}
+    path = tmp_path / "ids.ndjson"
+    path.write_text("".join(json.dumps(r) + "\n" for r in [*lines, allergy, coverage]))
+    before = set(chunk_counts(env))
+    out = run(["index", str(path)], env)
+    assert out.returncode == EXIT_SKIPPED, out.stdout + out.stderr
+    for number, (what, hostile) in enumerate(HOSTILE_IDS.items()):
+        quoted = json.dumps(hostile)[:80]
+        assert (f"ids.ndjson:{2 + 2 * number}: Observation/names-a-hostile-patient: the patient it names, {quoted}, "
+                f"is not a FHIR id") in out.stdout, what
+        assert f"ids.ndjson:{3 + 2 * number}: Observation id {quoted} is not a FHIR id" in out.stdout, what
+    assert f"ids.ndjson:{len(lines) + 1}: AllergyIntolerance/hostile-patient-field: the patient it names" in out.stdout
+    assert f"ids.ndjson:{len(lines) + 2}: Coverage/hostile-beneficiary: the patient it names" in out.stdout
+    assert "\x00" not in out.stdout and "\u202e" not in out.stdout
+    assert set(chunk_counts(env)) == before
+    index = catalog(env)
+    assert index.get_resource("default", A, "Observation/good-beside-hostile-ids") is not None
+    assert not any(index.get_resource("default", A, f"Observation/{hostile}") for hostile in HOSTILE_IDS.values())
+    assert run(["check"], env).returncode == 0
+
+
 def gzip_bomb(path: Path, head: bytes, filler_mb: int, tail: bytes) -> None:
     """A gzip file of `head`, `filler_mb` MB of spaces and `tail`, written a megabyte at a time."""
     packer = zlib.compressobj(9, zlib.DEFLATED, 31)       # 31: the gzip container
