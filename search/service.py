@@ -311,9 +311,14 @@ class SearchService:
         """The source resources the index holds for the patient (what a merge starts from)."""
         return self.backend.patient_resources(tenant, patient_id)
 
-    def delete_resources(self, tenant: str, refs: list[str]) -> int:
-        """These resources ("Type/id") leave the index; returns the chunks removed."""
-        return self.backend.delete_refs(tenant, refs)
+    def delete_resources(self, tenant: str, patient_id: str, refs: list[str]) -> int:
+        """These resources ("Type/id") of this patient leave the index, the patient's summary
+        counting without them; another patient's of the same Type/id stay. Returns the chunks removed."""
+        return self.backend.delete_refs(tenant, patient_id, refs)
+
+    def holders(self, tenant: str, refs: list[str]) -> dict[str, set[str]]:
+        """The patients whose held record holds each of these resources ("Type/id")."""
+        return self.backend.holders(tenant, refs)
 
     def resource(self, tenant: str, patient_id: str, ref: str) -> dict | None:
         return self.catalog.get_resource(tenant, patient_id, ref)
