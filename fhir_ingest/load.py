@@ -212,13 +212,14 @@ def confirms_held(record: PatientRecord, held: list[dict], report: LoadReport | 
     if not removed or len(removed) <= len(confirmed):
         return True
     if report is not None:
-        report.warnings.append(Skipped(record.document, f"holds only {len(confirmed)} of the {len(held_refs)} resources "
-                                                        f"held for patient {record.patient_id}: merged into the "
-                                                        f"record held, nothing removed"))
+        report.warnings.append(Skipped(record.document, f"holds only {len(confirmed)} of the {len(held_refs)} "
+                                                        f"resources held for patient {record.patient_id}: merged "
+                                                        f"into the record held, nothing removed"))
     return False
 
 
-def load_resources(paths: Iterable[str | Path], limits: ReadLimits = DEFAULT_LIMITS) -> tuple[list[PatientRecord], LoadReport]:
+def load_resources(paths: Iterable[str | Path],
+                   limits: ReadLimits = DEFAULT_LIMITS) -> tuple[list[PatientRecord], LoadReport]:
     """Read and check every resource under `paths`; malformed ones are reported and skipped."""
     return check_items(item for path in paths for item in read_path(path, limits))
 

@@ -3,8 +3,8 @@
 Every resource comes out with its position ("file.json.gz#entry[12]", "file.ndjson:7") and the
 document it came from (a bundle file, a bare resource file, an NDJSON line) with what the document
 says of itself (a Bundle file or not, a `Patient/$everything` searchset or not): what decides
-whether the input may be a patient's whole record (see `load.py`). Anything that cannot be read comes out as a
-`ReadProblem` with its position, and anything read with a repair (undecodable bytes replaced, an
+whether the input may be a patient's whole record (see `load.py`). Anything that cannot be read
+comes out as a `ReadProblem` with its position, and anything read with a repair (undecodable bytes replaced, an
 id taken from the entry's fullUrl) as a `ReadWarning`, so the caller reports it and carries on.
 A bad file, line, entry or byte costs only itself.
 """
@@ -262,7 +262,8 @@ def document_items(parsed: object, origin: str, document: Document) -> Iterator[
         yield from checked_shape(parsed, origin, document)
 
 
-def checked_shape(resource: dict, origin: str, document: Document, local_refs: dict | None = None) -> Iterator[ReadItem]:
+def checked_shape(resource: dict, origin: str, document: Document,
+                  local_refs: dict | None = None) -> Iterator[ReadItem]:
     """The resource, with its bundle's local references resolved, unless it nests too deep to read
     safely (validating walks it recursively)."""
     if not within_depth(resource, local_refs or {}, MAX_RESOURCE_DEPTH):

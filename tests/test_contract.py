@@ -102,12 +102,14 @@ def two_records_sharing_an_id():
                 "valueQuantity": {"value": value, "unit": "mmol/L"}}
 
     return [PatientRecord(pid, [{"resourceType": "Patient", "id": pid, "gender": "female"},
-                                potassium("shared", pid, "2024-03-12", value), potassium(f"{pid}-own", pid, "2024-04-01", 4.0)])
+                                potassium("shared", pid, "2024-03-12", value),
+                                potassium(f"{pid}-own", pid, "2024-04-01", 4.0)])
             for pid, value in (("p1", 3.1), ("p2", 5.6))]
 
 
 @pytest.mark.parametrize("kind", BACKENDS)
-def test_a_deletion_removes_the_resource_of_that_patient_only_and_the_summary_counts_without_it(kind, tmp_path, embedder):
+def test_a_deletion_removes_the_resource_of_that_patient_only_and_the_summary_counts_without_it(kind, tmp_path,
+                                                                                                embedder):
     from search.backends.base import Scope
 
     svc = make_service(kind, tmp_path)

@@ -354,8 +354,8 @@ def test_hostile_ids_from_references_or_resources_are_reported_and_skipped(env, 
     for hostile in HOSTILE_IDS.values():
         lines.append(potassium("names-a-hostile-patient", hostile, "2021-03-02", 4.3))
         lines.append(potassium(hostile, A, "2021-03-03", 4.4))
-    allergy = {"resourceType": "AllergyIntolerance", "id": "hostile-patient-field", "patient": {"reference": "Patient/.."},
-               "code": {"text": "peanut"}}
+    allergy = {"resourceType": "AllergyIntolerance", "id": "hostile-patient-field",
+               "patient": {"reference": "Patient/.."}, "code": {"text": "peanut"}}
     coverage = {"resourceType": "Coverage", "id": "hostile-beneficiary", "status": "active",
                 "beneficiary": {"reference": "Patient/x' OR '1'='1"}, "payor": [{"display": "Payer"}]}
     path = tmp_path / "ids.ndjson"
@@ -392,7 +392,8 @@ def test_a_decompression_bomb_is_reported_with_its_position_and_skipped(env, tmp
     """A few kilobytes of gzip holding tens of megabytes: read no further than the ratio allows."""
     folder = tmp_path / "bombs"
     folder.mkdir()
-    inside, first_line = potassium("in-the-bomb", A, "2021-01-05", 4.4), potassium("before-the-bomb", A, "2021-01-06", 4.6)
+    inside = potassium("in-the-bomb", A, "2021-01-05", 4.4)
+    first_line = potassium("before-the-bomb", A, "2021-01-06", 4.6)
     gzip_bomb(folder / "bomb.json.gz", b'{"resourceType": "Bundle", "type": "collection", "entry": [{"resource": '
               + json.dumps(inside).encode() + b'}], "padding": "', 40, b'"}')
     gzip_bomb(folder / "bomb.ndjson.gz", json.dumps(first_line).encode() + b'\n{"resourceType": "Observation", '

@@ -288,9 +288,11 @@ def test_only_a_bundle_file_with_the_patient_and_its_clinical_record_may_be_whol
 
 @pytest.mark.parametrize("newer, older", [
     ({"versionId": "10"}, {"versionId": "9"}),                                   # numbers, not strings
-    ({"versionId": "2", "lastUpdated": "2020-01-01T00:00:00Z"}, {"versionId": "1", "lastUpdated": "2024-01-01T00:00:00Z"}),
+    ({"versionId": "2", "lastUpdated": "2020-01-01T00:00:00Z"},                  # the version number decides
+     {"versionId": "1", "lastUpdated": "2024-01-01T00:00:00Z"}),
     ({"lastUpdated": "2024-05-01T09:00:00Z"}, {"lastUpdated": "2024-05-01T10:00:00+02:00"}),   # instants, not text
-    ({"versionId": "b", "lastUpdated": "2024-05-02T00:00:00Z"}, {"versionId": "a", "lastUpdated": "2024-05-01T00:00:00Z"}),
+    ({"versionId": "b", "lastUpdated": "2024-05-02T00:00:00Z"},                  # versions that are not numbers
+     {"versionId": "a", "lastUpdated": "2024-05-01T00:00:00Z"}),
 ])
 def test_a_held_newer_version_is_never_replaced_by_an_older_one(newer, older):
     from fhir_ingest.load import merge_resources, version_order

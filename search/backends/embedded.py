@@ -202,7 +202,8 @@ class EmbeddedBackend(Backend):
                                   (tenant, ref, patient_id))
                 chunks.update((cid, (semantic_type, digest == VECTOR_PENDING)) for cid, semantic_type, digest in rows)
             stored = [ref for ref in dict.fromkeys(refs) if db.execute(
-                "SELECT 1 FROM resources WHERE tenant=? AND patient_id=? AND ref=?", (tenant, patient_id, ref)).fetchone()]
+                "SELECT 1 FROM resources WHERE tenant=? AND patient_id=? AND ref=?",
+                (tenant, patient_id, ref)).fetchone()]
             db.executemany("DELETE FROM resources WHERE tenant=? AND patient_id=? AND ref=?",
                            [(tenant, patient_id, ref) for ref in stored])
             removed = self.delete_chunks(tenant, list(chunks))
