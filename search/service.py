@@ -8,9 +8,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from fhir_ingest.record.load import LoadReport, PatientRecord, assembled, merge_resources
 from fhir_ingest.record.kinds import INDEXED_TYPES
-from fhir_ingest.record.reader import read_path
+from fhir_ingest.record.load import SOURCE, LoadReport, PatientRecord, against_held, assembled
+from fhir_ingest.record.reader import DEFAULT_LIMITS, ReadLimits, read_path
 
 from search.answering.answer import compose, impossible_date_answer
 from search.answering.grounded import GENERAL_BANNER, GENERAL_REFUSAL, grounded_answer
@@ -39,8 +39,9 @@ class IndexSummary:
 class SearchService:
     def __init__(self, backend_kind: str, index_path: Path, model_path: str = "", es: ElasticOptions | None = None,
                  reranker_path: str = "", llm: LlmSettings | None = None, precision: str = "int8",
-                 model_cache: str | Path = ""):
+                 model_cache: str | Path = "", read_limits: ReadLimits = DEFAULT_LIMITS):
         self.backend_kind = backend_kind
+        self.read_limits = read_limits
         self.precision = precision
         self.model_cache = str(model_cache) if model_cache else None
         self.llm = ChatClient(llm) if llm and llm.url else None
@@ -124,30 +125,33 @@ class SearchService:
         return len(chunks)
 
     def index_records(self, tenant: str, records: list[PatientRecord],
-                      progress: Callable[[str, int, int], None] | None = None, words_first: bool = False) -> IndexResult:
+                      progress: Callable[[str, int, int], None] | None = None, words_first: bool = False,
+                      report: LoadReport | None = None) -> IndexResult:
         total = IndexResult()
         for record in records:
-            total.merge(self.index_record(tenant, record, progress, words_first))
+            total.merge(self.index_record(tenant, record, progress, words_first, report))
         return total
 
     def index_record(self, tenant: str, record: PatientRecord,
-                     progress: Callable[[str, int, int], None] | None = None, words_first: bool = False) -> IndexResult:
+                     progress: Callable[[str, int, int], None] | None = None, words_first: bool = False,
+                     report: LoadReport | None = None) -> IndexResult:
         """`words_first`: searchable by words and concepts at once, by meaning as the vectors
-        follow (a first sync)."""
-        return index_record(self.backend, self.embedder, tenant, self.as_indexed(tenant, record), progress, words_first)
+        follow (a first sync). `report` hears what indexing decided against the record held."""
+        return index_record(self.backend, self.embedder, tenant, self.as_indexed(tenant, record, report), progress,
+                            words_first)
 
-    def as_indexed(self, tenant: str, record: PatientRecord) -> PatientRecord:
-        """A whole record replaces what the index holds for the patient; a partial one (a stray
-        resource, an export) is merged into it and removes nothing."""
-        if record.complete:
+    def as_indexed(self, tenant: str, record: PatientRecord, report: LoadReport | None = None) -> PatientRecord:
+        """The record as it replaces or is merged into what the index holds for the patient
+        (`fhir_ingest.record.load.against_held`); the record source's own answer replaces it as is."""
+        if record.authority == SOURCE:
             return record
-        held = self.held_resources(tenant, record.patient_id)
-        return PatientRecord(record.patient_id, merge_resources(held, record.resources))
+        return against_held(record, self.held_resources(tenant, record.patient_id), report)
 
-    def index_in_turn(self, tenant: str, records: Iterable[PatientRecord]) -> Iterator[IndexResult]:
+    def index_in_turn(self, tenant: str, records: Iterable[PatientRecord],
+                      report: LoadReport | None = None) -> Iterator[IndexResult]:
         """Many patients' records, each result as it is written; a group of patients is embedded
         in one call while the next group is prepared."""
-        return index_in_turn(self.backend, self.embedder, tenant, (self.as_indexed(tenant, r) for r in records))
+        return index_in_turn(self.backend, self.embedder, tenant, (self.as_indexed(tenant, r, report) for r in records))
 
     def deferred_refresh(self):
         """Writes in the block become searchable together at its end (a Bulk Data round)."""
@@ -158,10 +162,10 @@ class SearchService:
         """Index files and folders a patient at a time; the input waits on disk in the data directory
         (not in memory) while it is regrouped by patient."""
         report, total = LoadReport(), IndexResult()
-        items = (item for path in paths for item in read_path(path))
+        items = (item for path in paths for item in read_path(path, self.read_limits))
         with assembled(items, report, self.index_path.parent) as assembler:
             patient_ids = assembler.patient_ids()
-            with closing(self.index_in_turn(tenant, (assembler.record(pid) for pid in patient_ids))) as results:
+            with closing(self.index_in_turn(tenant, (assembler.record(pid) for pid in patient_ids), report)) as results:
                 for done, result in enumerate(results, start=1):
                     total.merge(result)
                     if on_patient:
@@ -240,9 +244,14 @@ class SearchService:
         """The source resources the index holds for the patient (what a merge starts from)."""
         return self.backend.patient_resources(tenant, patient_id)
 
-    def delete_resources(self, tenant: str, refs: list[str]) -> int:
-        """These resources ("Type/id") leave the index; returns the chunks removed."""
-        return self.backend.delete_refs(tenant, refs)
+    def delete_resources(self, tenant: str, patient_id: str, refs: list[str]) -> int:
+        """These resources ("Type/id") of this patient leave the index, the patient's summary
+        counting without them; another patient's of the same Type/id stay. Returns the chunks removed."""
+        return self.backend.delete_refs(tenant, patient_id, refs)
+
+    def holders(self, tenant: str, refs: list[str]) -> dict[str, set[str]]:
+        """The patients whose held record holds each of these resources ("Type/id")."""
+        return self.backend.holders(tenant, refs)
 
     def resource(self, tenant: str, patient_id: str, ref: str) -> dict | None:
         return self.catalog.get_resource(tenant, patient_id, ref)

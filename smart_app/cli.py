@@ -563,6 +563,8 @@ def cmd_sync(args, settings: Settings) -> int:
     if summary["since_ignored"]:
         print(f"note: the EHR ignored _since and sent its full export; unchanged resources were not re-embedded, "
               f"and {summary['removed_chunks']} chunks of resources it no longer holds were removed")
+    for note in summary["deletion_notes"]:
+        print(f"note: {note}")
     return 0
 
 

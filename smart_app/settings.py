@@ -73,6 +73,8 @@ class Settings:
     patient_stale_minutes: float = 60.0     # a launch re-syncs a patient last synced longer ago than this
     session_minutes: float = 120.0          # a launch's session (and its frame) ends this long after the launch
     key_overlap_days: float = 7.0           # a rotated-out key stays in the JWKS this long
+    max_expanded_mb: float = 1024.0         # a compressed input file (.gz) is read no further past this many MB...
+    max_expansion_ratio: float = 200.0      # ...or past this many times its compressed size (a decompression bomb)
 
     @classmethod
     def load(cls, environ: dict | None = None) -> "Settings":
@@ -170,6 +172,15 @@ class Settings:
     def celery_broker(self) -> str:
         return self.broker_url or self.redis_url or f"sqla+sqlite:///{self.data_dir / 'celery-broker.sqlite'}"
 
+    def read_limits(self):
+        """How far compressed input may expand (fhir_ingest.record.reader.ReadLimits)."""
+        from fhir_ingest.record.reader import ReadLimits
+
+        for name in ("max_expanded_mb", "max_expansion_ratio"):
+            if getattr(self, name) <= 0:
+                raise SettingsError(f"CHARTCITE_{name.upper()} must be more than 0, not {getattr(self, name)}")
+        return ReadLimits(int(self.max_expanded_mb * 2**20), self.max_expansion_ratio)
+
     def search_options(self) -> dict:
         """What search.SearchService needs to open the configured backend."""
         if self.backend == "elasticsearch" and not self.es_url:
@@ -189,7 +200,7 @@ class Settings:
                                 f"not {self.embedding_precision!r}")
         return {"backend_kind": self.backend, "index_path": self.index_path, "model_path": self.model,
                 "reranker_path": self.reranker, "llm": llm, "es": es, "precision": self.embedding_precision,
-                "model_cache": self.model_cache}
+                "model_cache": self.model_cache, "read_limits": self.read_limits()}
 
     def masked(self) -> dict:
         out = {}

@@ -82,10 +82,54 @@ def test_reindexing_is_idempotent_and_deletes_remove_chunks(kind, tmp_path, embe
         assert second.embedded == 0 and second.removed == 0 and second.unchanged == first.chunks
         assert set(svc.backend.indexed_texts(tenant, pid)) == ids
         ref = svc.ask(tenant, pid, "What conditions does he have?", k=3)["evidence"][0]["ref"]
-        assert svc.backend.delete_refs(tenant, [ref]) >= 1
+        assert svc.backend.delete_refs(tenant, pid, [ref]) >= 1
         again = svc.ask(tenant, pid, "What conditions does he have?", k=10)
         assert all(ref not in e["refs"] for e in again["evidence"])
         assert svc.resource(tenant, pid, ref) is None
+    finally:
+        drop_tenants(svc, [tenant])
+        svc.close()
+
+
+def two_records_sharing_an_id():
+    """Patients p1 and p2, each holding an Observation/shared (one put there by another input)."""
+    from fhir_ingest.record.load import PatientRecord
+
+    def potassium(oid: str, patient: str, day: str, value: float) -> dict:
+        return {"resourceType": "Observation", "id": oid, "status": "final",
+                "code": {"coding": [{"system": "http://loinc.org", "code": "2823-3", "display": "Potassium"}]},
+                "subject": {"reference": f"Patient/{patient}"}, "effectiveDateTime": f"{day}T09:00:00Z",
+                "valueQuantity": {"value": value, "unit": "mmol/L"}}
+
+    return [PatientRecord(pid, [{"resourceType": "Patient", "id": pid, "gender": "female"},
+                                potassium("shared", pid, "2024-03-12", value),
+                                potassium(f"{pid}-own", pid, "2024-04-01", 4.0)])
+            for pid, value in (("p1", 3.1), ("p2", 5.6))]
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_a_deletion_removes_the_resource_of_that_patient_only_and_the_summary_counts_without_it(kind, tmp_path,
+                                                                                                embedder):
+    from search.backends.base import Scope
+
+    svc = make_service(kind, tmp_path)
+    tenant = f"scoped{uuid.uuid4().hex[:8]}"
+    try:
+        for record in two_records_sharing_an_id():
+            svc.index_record(tenant, record)
+        assert svc.holders(tenant, ["Observation/shared", "Observation/p1-own", "Observation/gone"]) == \
+            {"Observation/shared": {"p1", "p2"}, "Observation/p1-own": {"p1"}, "Observation/gone": set()}
+        before = svc.patient(tenant, "p1")
+        assert svc.delete_resources(tenant, "p1", ["Observation/shared"]) >= 1
+        assert svc.resource(tenant, "p1", "Observation/shared") is None
+        assert svc.resource(tenant, "p2", "Observation/shared")["valueQuantity"]["value"] == 5.6
+        assert "5.6" in svc.ask(tenant, "p2", "K+ on March 12, 2024?")["answer"]
+        after = svc.patient(tenant, "p1")
+        assert sum(after["chunk_counts"].values()) == svc.backend.count(Scope(tenant, "p1")) \
+            < sum(before["chunk_counts"].values())
+        assert after["resource_counts"]["Observation"] == before["resource_counts"]["Observation"] - 1
+        assert svc.backend.check(tenant).problems == []
+        assert svc.holders(tenant, ["Observation/shared"]) == {"Observation/shared": {"p2"}}
     finally:
         drop_tenants(svc, [tenant])
         svc.close()

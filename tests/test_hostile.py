@@ -9,6 +9,7 @@ import os
 import stat
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,158 @@ def test_a_stray_resource_adds_to_the_patient_it_names_and_removes_nothing(env, 
     assert not allergy["abstained"] and any(c["resource_type"] == "AllergyIntolerance" for c in allergy["citations"])
     assert "5.9" in stray["answer"]
     assert run(["check"], env).returncode == 0
+
+
+def bundle_of(*resources, **fields) -> dict:
+    """A collection Bundle whose entries carry the `urn:uuid` fullUrls Synthea's references use."""
+    return {"resourceType": "Bundle", "type": "collection", **fields,
+            "entry": [{"fullUrl": f"urn:uuid:{r['id']}", "resource": r} for r in resources]}
+
+
+def synthea_resources(synthea_dir: Path, pid: str) -> list[dict]:
+    return [e["resource"] for e in json.loads(gzip.open(synthea_dir / f"{pid}.json.gz").read())["entry"]]
+
+
+def patient_of_record(synthea_dir: Path, pid: str) -> dict:
+    return next(r for r in synthea_resources(synthea_dir, pid) if r["resourceType"] == "Patient")
+
+
+def held_refs(env, pid: str) -> set[str]:
+    return {f"{r['resourceType']}/{r['id']}" for r in catalog(env).patient_resources("default", pid)}
+
+
+def test_a_patient_only_ndjson_export_removes_nothing(env, synthea_dir, tmp_path):
+    """Patient.ndjson as a Bulk export writes it: each line is its own document, never a record."""
+    before = chunk_counts(env)
+    path = tmp_path / "Patient.ndjson"
+    path.write_text("".join(json.dumps(patient_of_record(synthea_dir, pid)) + "\n" for pid in (A, B)))
+    out = run(["index", str(path)], env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "removed: 0" in out.stdout
+    added = out.stdout.split("added to the records held")[1].split("\n")[0]
+    assert A in added and B in added
+    assert chunk_counts(env) == before
+    allergy, = ask_all(env, [(B, "Does he have any allergies?")], tmp_path)
+    assert not allergy["abstained"] and any(c["resource_type"] == "AllergyIntolerance" for c in allergy["citations"])
+    assert run(["check"], env).returncode == 0
+
+
+@pytest.mark.parametrize("shape", ["bundle", "bare resource"])
+def test_a_document_holding_only_the_patient_removes_nothing(env, synthea_dir, tmp_path, shape):
+    before, held = chunk_counts(env), held_refs(env, B)
+    patient = patient_of_record(synthea_dir, B)
+    path = tmp_path / "only-the-patient.json"
+    path.write_text(json.dumps(bundle_of(patient) if shape == "bundle" else patient))
+    out = run(["index", str(path)], env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "removed: 0" in out.stdout and B in out.stdout.split("added to the records held")[1]
+    assert chunk_counts(env) == before and held_refs(env, B) == held
+    assert run(["check"], env).returncode == 0
+
+
+def test_the_patient_with_one_new_result_is_merged_and_the_report_says_why(env, synthea_dir, tmp_path):
+    before, held = chunk_counts(env), held_refs(env, B)
+    path = tmp_path / "patient-and-a-result.json"
+    path.write_text(json.dumps(bundle_of(patient_of_record(synthea_dir, B), potassium("new-k", B, "2024-06-02", 3.2))))
+    out = run(["index", str(path)], env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "removed: 0" in out.stdout
+    assert (f"patient-and-a-result.json: holds only 1 of the {len(held)} resources held for patient {B}: merged "
+            f"into the record held, nothing removed") in out.stdout
+    assert held_refs(env, B) == held | {"Observation/new-k"}
+    assert chunk_counts(env)[B] > before[B]
+    assert run(["check"], env).returncode == 0
+
+
+def test_a_bundle_replaces_the_record_only_when_it_confirms_what_it_removes(env, synthea_dir, tmp_path):
+    """The patient's whole bundle less one result replaces the record (that result leaves); a
+    bundle of the Patient and a few results is merged; the patient's own `$everything` searchset
+    replaces whatever it holds."""
+    C = "d5d42b99-0256-5ee0-e4b8-3b6237a806d5"
+    assert run(["index", str(synthea_dir / f"{C}.json.gz")], env).returncode == 0
+    resources = synthea_resources(synthea_dir, C)
+    results = [r for r in resources if r["resourceType"] == "Observation"]
+    less_one = tmp_path / "less-one.json"
+    less_one.write_text(json.dumps(bundle_of(*[r for r in resources if r is not results[0]])))
+    out = run(["index", str(less_one)], env)
+    assert out.returncode == 0 and "removed: 0" not in out.stdout, out.stdout + out.stderr
+    held = held_refs(env, C)
+    assert f"Observation/{results[0]['id']}" not in held and len(held) > 20
+
+    few = [r for r in resources if r["resourceType"] == "Patient"] + results[1:4]
+    (tmp_path / "few.json").write_text(json.dumps(bundle_of(*few)))
+    out = run(["index", str(tmp_path / "few.json")], env)
+    assert "removed: 0" in out.stdout and "merged into the record held" in out.stdout, out.stdout
+    assert held_refs(env, C) == held
+
+    everything = bundle_of(*few, type="searchset",
+                           link=[{"relation": "self", "url": f"https://ehr.example/fhir/Patient/{C}/$everything"}])
+    (tmp_path / "everything.json").write_text(json.dumps(everything))
+    out = run(["index", str(tmp_path / "everything.json")], env)
+    assert out.returncode == 0 and "removed: 0" not in out.stdout, out.stdout + out.stderr
+    assert held_refs(env, C) == {f"{r['resourceType']}/{r['id']}" for r in few}
+    assert run(["check"], env).returncode == 0
+
+
+def a_bundle_with_a_stray(synthea_dir: Path, stray: dict, path: Path) -> str:
+    """A's bundle with one resource of B's appended; returns the stray's position."""
+    bundle = json.loads(gzip.open(synthea_dir / f"{A}.json.gz").read())
+    bundle["entry"].append({"fullUrl": f"urn:uuid:{stray['id']}", "resource": stray})
+    path.write_text(json.dumps(bundle))
+    return f"{path.name}#entry[{len(bundle['entry']) - 1}]"
+
+
+def b_allergies(synthea_dir: Path) -> list[dict]:
+    """B's allergies, their patient named as outside B's bundle (where `urn:uuid:` resolves)."""
+    return [dict(r, patient={"reference": f"Patient/{B}"}) for r in synthea_resources(synthea_dir, B)
+            if r["resourceType"] == "AllergyIntolerance"]
+
+
+def refuted(allergy: dict) -> dict:
+    return dict(allergy, verificationStatus={"coding": [{
+        "system": "http://terminology.hl7.org/CodeSystem/allergyintolerance-verification", "code": "refuted"}]})
+
+
+@pytest.mark.parametrize("held_meta, stray_meta, words", [
+    ({"versionId": "3"}, {"versionId": "1"}, "is older (version 1) than the version held for patient {B} (version 3)"),
+    ({"lastUpdated": "2024-05-01T10:00:00Z"}, {"lastUpdated": "2023-01-01T10:00:00+00:00"},
+     "is older (last updated 2023-01-01T10:00:00+00:00) than the version held for patient {B} "
+     "(last updated 2024-05-01T10:00:00Z)"),
+])
+def test_a_stale_stray_never_rewrites_the_record_held(env, synthea_dir, tmp_path, held_meta, stray_meta, words):
+    """B's allergy held at a version; an older copy saying "refuted" inside A's file keeps out."""
+    allergies = b_allergies(synthea_dir)
+    allergy = dict(allergies[0] if "versionId" in held_meta else allergies[1], meta=held_meta)
+    ref = f"AllergyIntolerance/{allergy['id']}"
+    (tmp_path / "held.ndjson").write_text(json.dumps(allergy) + "\n")
+    assert run(["index", str(tmp_path / "held.ndjson")], env).returncode == 0
+    position = a_bundle_with_a_stray(synthea_dir, refuted(dict(allergy, meta=stray_meta)), tmp_path / "a-stale.json")
+    out = run(["index", str(tmp_path / "a-stale.json")], env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (f"{position}: {ref}, read in a document that is not patient {B}'s own, "
+            f"{words.format(B=B)}, which stays") in out.stdout
+    held = catalog(env).get_resource("default", B, ref)
+    assert held["meta"] == held_meta and held["verificationStatus"]["coding"][0]["code"] == "confirmed"
+    answer, = ask_all(env, [(B, "Does he have any allergies?")], tmp_path)
+    assert "refuted" not in answer["answer"].lower()
+    assert run(["check"], env).returncode == 0
+
+
+def test_a_newer_stray_that_changes_a_record_held_is_indexed_and_reported(env, synthea_dir, tmp_path):
+    allergy = b_allergies(synthea_dir)[0]
+    ref = f"AllergyIntolerance/{allergy['id']}"
+    position = a_bundle_with_a_stray(synthea_dir, refuted(dict(allergy, meta={"versionId": "7"})),
+                                     tmp_path / "a-newer.json")
+    held = catalog(env).get_resource("default", B, ref)
+    out = run(["index", str(tmp_path / "a-newer.json")], env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (f"{position}: {ref}, read in a document that is not patient {B}'s own, changes the record held for "
+            f"patient {B} (") in out.stdout and "→ version 7): indexed as the newer version" in out.stdout
+    assert catalog(env).get_resource("default", B, ref)["verificationStatus"]["coding"][0]["code"] == "refuted"
+    # A later version puts it back as it was for the tests after this one.
+    (tmp_path / "restore.ndjson").write_text(json.dumps(dict(held, meta={"versionId": "8"})) + "\n")
+    assert run(["index", str(tmp_path / "restore.ndjson")], env).returncode == 0
+    assert catalog(env).get_resource("default", B, ref)["verificationStatus"] == held["verificationStatus"]
 
 
 def test_duplicate_ids_keep_the_newest_version_and_say_so(env, tmp_path):
@@ -188,6 +341,93 @@ def test_bad_files_lines_entries_and_bytes_cost_only_themselves(env, tmp_path):
     answer, = ask_all(env, [(A, "K+ on Jan 4, 2023?")], tmp_path)
     assert good["good-3"] in answer["answer"]
     assert run(["check"], env).returncode == 0
+
+
+HOSTILE_IDS = {"10,000 characters": "x" * 10_000, "a NUL": "a\x00b", "a right-to-left override": "abc\u202efdp.exe",
+               "SQL": "x' OR '1'='1", "a dot-segment": "..", "a final newline": "abc\n"}
+
+
+def test_hostile_ids_from_references_or_resources_are_reported_and_skipped(env, tmp_path):
+    """FHIR's id rule holds for every id chartcite stores: a resource's own and the patient's taken
+    from `subject`, `patient` or `beneficiary`. Each such resource costs only itself."""
+    lines = [potassium("good-beside-hostile-ids", A, "2021-03-01", 4.2)]
+    for hostile in HOSTILE_IDS.values():
+        lines.append(potassium("names-a-hostile-patient", hostile, "2021-03-02", 4.3))
+        lines.append(potassium(hostile, A, "2021-03-03", 4.4))
+    allergy = {"resourceType": "AllergyIntolerance", "id": "hostile-patient-field",
+               "patient": {"reference": "Patient/.."}, "code": {"text": "peanut"}}
+    coverage = {"resourceType": "Coverage", "id": "hostile-beneficiary", "status": "active",
+                "beneficiary": {"reference": "Patient/x' OR '1'='1"}, "payor": [{"display": "Payer"}]}
+    path = tmp_path / "ids.ndjson"
+    path.write_text("".join(json.dumps(r) + "\n" for r in [*lines, allergy, coverage]))
+    before = set(chunk_counts(env))
+    out = run(["index", str(path)], env)
+    assert out.returncode == EXIT_SKIPPED, out.stdout + out.stderr
+    for number, (what, hostile) in enumerate(HOSTILE_IDS.items()):
+        quoted = json.dumps(hostile)[:80]
+        assert (f"ids.ndjson:{2 + 2 * number}: Observation/names-a-hostile-patient: the patient it names, {quoted}, "
+                f"is not a FHIR id") in out.stdout, what
+        assert f"ids.ndjson:{3 + 2 * number}: Observation id {quoted} is not a FHIR id" in out.stdout, what
+    assert f"ids.ndjson:{len(lines) + 1}: AllergyIntolerance/hostile-patient-field: the patient it names" in out.stdout
+    assert f"ids.ndjson:{len(lines) + 2}: Coverage/hostile-beneficiary: the patient it names" in out.stdout
+    assert "\x00" not in out.stdout and "\u202e" not in out.stdout
+    assert set(chunk_counts(env)) == before
+    index = catalog(env)
+    assert index.get_resource("default", A, "Observation/good-beside-hostile-ids") is not None
+    assert not any(index.get_resource("default", A, f"Observation/{hostile}") for hostile in HOSTILE_IDS.values())
+    assert run(["check"], env).returncode == 0
+
+
+def gzip_bomb(path: Path, head: bytes, filler_mb: int, tail: bytes) -> None:
+    """A gzip file of `head`, `filler_mb` MB of spaces and `tail`, written a megabyte at a time."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)       # 31: the gzip container
+    with path.open("wb") as out:
+        out.write(packer.compress(head))
+        for _ in range(filler_mb):
+            out.write(packer.compress(b" " * 2**20))
+        out.write(packer.compress(tail) + packer.flush())
+
+
+def test_a_decompression_bomb_is_reported_with_its_position_and_skipped(env, tmp_path):
+    """A few kilobytes of gzip holding tens of megabytes: read no further than the ratio allows."""
+    folder = tmp_path / "bombs"
+    folder.mkdir()
+    inside = potassium("in-the-bomb", A, "2021-01-05", 4.4)
+    first_line = potassium("before-the-bomb", A, "2021-01-06", 4.6)
+    gzip_bomb(folder / "bomb.json.gz", b'{"resourceType": "Bundle", "type": "collection", "entry": [{"resource": '
+              + json.dumps(inside).encode() + b'}], "padding": "', 40, b'"}')
+    gzip_bomb(folder / "bomb.ndjson.gz", json.dumps(first_line).encode() + b'\n{"resourceType": "Observation", '
+              b'"id": "x", "note": "', 40, b'"}\n')
+    (folder / "good.ndjson").write_text(json.dumps(potassium("beside-the-bombs", A, "2021-01-07", 4.7)) + "\n")
+    out = run(["index", str(folder)], env)
+    assert out.returncode == EXIT_SKIPPED, out.stdout + out.stderr
+    size = (folder / "bomb.json.gz").stat().st_size
+    assert (f"bomb.json.gz: the file expands more than 200 times its compressed size of {size:,} bytes "
+            f"(CHARTCITE_MAX_EXPANSION_RATIO): the file is skipped") in out.stdout
+    assert "bomb.ndjson.gz:2: the file expands more than 200 times" in out.stdout
+    assert "the rest of the file is skipped; the lines before it were read" in out.stdout
+    index = catalog(env)
+    assert index.get_resource("default", A, "Observation/in-the-bomb") is None
+    assert index.get_resource("default", A, "Observation/before-the-bomb") is not None
+    assert index.get_resource("default", A, "Observation/beside-the-bombs") is not None
+    assert run(["check"], env).returncode == 0
+
+
+def test_the_expanded_size_limit_is_a_setting(env, tmp_path):
+    path = tmp_path / "large.json.gz"
+    gzip_bomb(path, b'{"resourceType": "Bundle", "type": "collection", "entry": [{"resource": '
+              + json.dumps(potassium("in-the-large-file", A, "2021-02-05", 4.1)).encode() + b'}], "padding": "', 3,
+              b'"}')
+    settings = {"CHARTCITE_MAX_EXPANDED_MB": "2", "CHARTCITE_MAX_EXPANSION_RATIO": "1000000"}
+    out = run(["index", str(path)], env | settings)
+    assert out.returncode == EXIT_SKIPPED, out.stdout + out.stderr
+    assert "large.json.gz: the file expands to more than 2 MB (CHARTCITE_MAX_EXPANDED_MB): the file is skipped" \
+        in out.stdout
+    assert catalog(env).get_resource("default", A, "Observation/in-the-large-file") is None
+    assert run(["index", str(path)], env | settings | {"CHARTCITE_MAX_EXPANDED_MB": "8"}).returncode == 0
+    assert catalog(env).get_resource("default", A, "Observation/in-the-large-file") is not None
+    refused = run(["index", str(path)], env | {"CHARTCITE_MAX_EXPANSION_RATIO": "0"})
+    assert refused.returncode == 2 and "CHARTCITE_MAX_EXPANSION_RATIO must be more than 0" in refused.stderr
 
 
 def test_a_file_that_does_not_exist_is_a_usage_error(env):

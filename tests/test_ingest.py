@@ -256,3 +256,72 @@ def test_an_order_without_a_reason_says_why_its_visit_happened(embedder):
     assert "Ordered at the visit of 2017-05-02 for Anemia (disorder)." in chunks["m1"].text
     assert chunks["m1"].refs == ["MedicationRequest/m1", "Encounter/e1"]
     assert "Reason: Pernicious anemia." in chunks["m2"].text and "Ordered at" not in chunks["m2"].text
+
+
+def _everything(*resources, links=("self",)):
+    urls = {"self": "https://ehr.example/fhir/Patient/p1/$everything?_count=500",
+            "next": "https://ehr.example/fhir/Patient/p1/$everything?page=2"}
+    return dict(_bundle(*resources), type="searchset", link=[{"relation": rel, "url": urls[rel]} for rel in links])
+
+
+@pytest.mark.parametrize("name, document, authority", [
+    ("bundle.json", _bundle(PATIENT, obs("o1", 3.4)), "bundle"),
+    ("everything.json", _everything(PATIENT, obs("o1", 3.4)), "everything"),
+    ("first-page.json", _everything(PATIENT, obs("o1", 3.4), links=("self", "next")), "bundle"),
+    ("patient-only.json", _bundle(PATIENT), ""),
+    ("patient.json", PATIENT, ""),
+    ("two-patients.json", _bundle(PATIENT, dict(PATIENT, id="p2"), obs("o1", 3.4)), ""),
+    ("line.ndjson", _bundle(PATIENT, obs("o1", 3.4)), ""),
+])
+def test_only_a_bundle_file_with_the_patient_and_its_clinical_record_may_be_whole(tmp_path, name, document, authority):
+    """What a document shows of itself decides whether it may replace the record held: an NDJSON
+    line (even one holding a Bundle), a Patient alone, a bundle of two patients never may; a
+    `$everything` page that links to a next one is not the whole answer."""
+    path = tmp_path / name
+    path.write_text(json.dumps(document) + "\n")
+    records, report = load_resources([path])
+    assert not report.skipped
+    record = next(r for r in records if r.patient_id == "p1")
+    assert record.authority == authority
+    assert ("p1" in report.added_to) == (authority == "")
+
+
+@pytest.mark.parametrize("newer, older", [
+    ({"versionId": "10"}, {"versionId": "9"}),                                   # numbers, not strings
+    ({"versionId": "2", "lastUpdated": "2020-01-01T00:00:00Z"},                  # the version number decides
+     {"versionId": "1", "lastUpdated": "2024-01-01T00:00:00Z"}),
+    ({"lastUpdated": "2024-05-01T09:00:00Z"}, {"lastUpdated": "2024-05-01T10:00:00+02:00"}),   # instants, not text
+    ({"versionId": "b", "lastUpdated": "2024-05-02T00:00:00Z"},                  # versions that are not numbers
+     {"versionId": "a", "lastUpdated": "2024-05-01T00:00:00Z"}),
+])
+def test_a_held_newer_version_is_never_replaced_by_an_older_one(newer, older):
+    from fhir_ingest.record.load import merge_resources, version_order
+
+    held, stale = dict(obs("o1", 4.0), meta=newer), dict(obs("o1", 9.9), meta=older)
+    assert version_order(held, stale) > 0 > version_order(stale, held)
+    assert merge_resources([held], [stale]) == [held]
+    assert merge_resources([stale], [held]) == [held]
+
+
+def test_checking_a_decompression_bomb_costs_no_more_memory_than_its_limit(tmp_path):
+    """The expanded bytes are counted as they stream out of gzip: a 64 MB bomb under a 2 MB limit
+    is refused having held about 2 MB, not inflated whole first."""
+    import tracemalloc
+    import zlib
+
+    from fhir_ingest.record.reader import ReadLimits, ReadProblem
+
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)
+    with (tmp_path / "bomb.ndjson.gz").open("wb") as out:
+        out.write(packer.compress(b'{"resourceType": "Observation", "note": "'))
+        for _ in range(64):
+            out.write(packer.compress(b" " * 2**20))
+        out.write(packer.flush())
+    tracemalloc.start()
+    try:
+        items = list(read_path(tmp_path / "bomb.ndjson.gz", ReadLimits(2 * 2**20, 10_000)))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [type(i) for i in items] == [ReadProblem] and "more than 2 MB" in items[0].reason
+    assert peak < 8 * 2**20, f"{peak / 2**20:.1f} MB"

@@ -28,6 +28,7 @@ PID = "936988e9-d587-ef42-ebdf-541238540ff3"            # 46 resources
 USCORE = SHARED / "data" / "uscore"                     # HL7's US Core examples, of Patient/example
 OTHER = "8ef99ca1-5615-7aa6-d383-47fe931a1f14"          # 88 resources, two medications
 GROUP = "chartcite-test-group"
+OUTSIDER = "outside-the-group"                          # indexed from a file into the EHR's tenant
 CLIENT_ID = "chartcite-test-client"
 ADMIN_TOKEN = "admin-token-for-the-suite"
 FRAME_ORIGINS_WAIT = 31            # seconds: Registry.FRAME_ORIGINS_TTL, and a second
@@ -540,7 +541,7 @@ def test_client_assertions_expire_within_five_minutes_with_a_fresh_jti():
         assert first.claims["iss"] == first.claims["sub"] == "cid" and first.claims["aud"] == "https://ehr/token"
 
 
-def test_bulk_sync_exports_the_group_indexes_it_and_applies_deletions(stack):
+def test_bulk_sync_exports_the_group_indexes_it_and_applies_deletions(stack, tmp_path):
     stack.test_api("faults", {"kind": "429", "path": "bulk-status", "retry_after": 1, "times": 2})
     first = stack.cli("sync", "--tenant", TENANT, "--full")
     assert first.returncode == 0, first.stderr
@@ -556,18 +557,53 @@ def test_bulk_sync_exports_the_group_indexes_it_and_applies_deletions(stack):
     observation = next(e for e in requests.get(f"{stack.upstream}/Observation", timeout=30,
                                                params={"patient": OTHER, "_count": "1"}).json()["entry"])
     ref = f"Observation/{observation['resource']['id']}"
+    # Another input put the same Type/id under a patient outside the Group: the deletion is not theirs.
+    outsider = tmp_path / "outsider.ndjson"
+    copy = {k: v for k, v in observation["resource"].items() if k != "encounter"} | {
+        "subject": {"reference": f"Patient/{OUTSIDER}"}}
+    outsider.write_text(json.dumps({"resourceType": "Patient", "id": OUTSIDER}) + "\n" + json.dumps(copy) + "\n")
+    assert stack.cli("index", "--tenant", TENANT, str(outsider)).returncode == 0
     stack.test_api("delete", {"ref": ref})
     second = stack.cli("sync", "--tenant", TENANT)
     assert second.returncode == 0, second.stderr
     assert "1 deleted" in second.stdout
     kickoffs = [e for e in stack.ehr_log() if "$export" in e["path"]]
     assert "_since" in kickoffs[-1]["args"]
+    from search.backends.base import Scope
     from search.service import SearchService
 
     data = Path(stack.env["CHARTCITE_DATA_DIR"])
     svc = SearchService("embedded", data / "index.sqlite")
-    assert svc.resource(TENANT, OTHER, ref) is None
-    svc.close()
+    try:
+        assert svc.resource(TENANT, OTHER, ref) is None
+        assert svc.resource(TENANT, OUTSIDER, ref) is not None
+        # The summaries count what is left: `check` agrees, and the patient list counts it.
+        checked = stack.cli("check", "--tenant", TENANT)
+        assert checked.returncode == 0 and "consistent" in checked.stdout, checked.stdout
+        listed = {row["patient_id"]: row for row in map(json.loads, stack.cli("patients", "--tenant", TENANT,
+                                                                             "--json").stdout.splitlines())}
+        assert sum(listed[OTHER]["chunk_counts"].values()) == svc.backend.count(Scope(TENANT, OTHER))
+    finally:
+        svc.close()
+    assert (f"note: {ref}, deleted at the EHR, is held for 2 patient(s) of this tenant: removed for {OTHER}; "
+            f"kept for {OUTSIDER} (not patients of this export)") in second.stdout
+
+
+def test_a_deletion_applies_to_the_rounds_patients_holding_it_and_never_guesses():
+    from workers.sync import scoped_deletions
+
+    holders = {"Observation/one": {"a"}, "Observation/outside": {"z"}, "Observation/two": {"a", "z"},
+               "Observation/both": {"a", "b"}, "Observation/none": set()}
+    refs = list(holders)
+    group = scoped_deletions(refs, holders, {"a", "b"})
+    assert group.by_patient == {"a": ["Observation/one", "Observation/two", "Observation/both"],
+                                "b": ["Observation/both"]}
+    assert [note.split(",")[0] for note in group.notes] == ["Observation/outside", "Observation/two", "Observation/both"]
+    assert "removed for a; kept for z (not patients of this export)" in group.notes[1]
+    unknown = scoped_deletions(refs, holders, None)
+    assert unknown.by_patient == {"a": ["Observation/one"], "z": ["Observation/outside"]}
+    assert [note.split(",")[0] for note in unknown.notes] == ["Observation/two", "Observation/both"]
+    assert "removed for none of them" in unknown.notes[0]
 
 
 def test_an_export_that_ignores_since_is_detected_applies_deletions_and_re_embeds_nothing_unchanged(stack):

@@ -19,7 +19,7 @@ from functools import lru_cache
 from urllib.parse import urlsplit
 
 from fhir_ingest.connection.budget import budget_for
-from fhir_ingest.connection.client import AuthExpired, FhirClient, FhirUnavailable
+from fhir_ingest.connection.client import AuthExpired, FhirClient, FhirError, FhirUnavailable
 from fhir_ingest.record.contract import PatientNotFound
 from fhir_ingest.record.load import BundleDirectorySource, LoadReport
 from fhir_ingest.connection.registry import Ehr, Registry
@@ -91,7 +91,7 @@ def read_ehr_patient(settings, registry: Registry, ehr: Ehr, patient_id: str, he
     """The patient's record from the EHR: everything on the first sync, then what changed since the
     last one (by the EHR's own clock), merged into the resources chartcite already holds."""
     from fhir_ingest.connection.fetch import fetch_patient, to_record
-    from fhir_ingest.record.load import merge_resources
+    from fhir_ingest.record.load import source_answer_over
 
     client = ehr_client(settings, registry, ehr, session_id, interactive=True)
     cursor = registry.patient_synced(ehr.name, patient_id)
@@ -99,7 +99,7 @@ def read_ehr_patient(settings, registry: Registry, ehr: Ehr, patient_id: str, he
     server_time = client.server_time()
     granted = SessionTokens(registry, session_id, ehr).granted() if session_id else ""
     fetched = fetch_patient(client, patient_id, since, progress, granted)
-    record, report = to_record(patient_id, merge_resources(held, fetched.resources), fetched.problems, ehr.name)
+    record, report = to_record(patient_id, source_answer_over(held, fetched.resources), fetched.problems, ehr.name)
     return PatientRead([record] if record else [], report, server_time, len(fetched.resources), True,
                        fetched.not_read)
 
@@ -108,7 +108,7 @@ def read_patient(settings, registry: Registry, service, tenant: str, patient_id:
                  progress) -> PatientRead:
     ehr = registry.ehr(tenant)
     if ehr is None:
-        records, report = BundleDirectorySource(settings.demo_source).read_patient(patient_id)
+        records, report = BundleDirectorySource(settings.demo_source, settings.read_limits()).read_patient(patient_id)
         return PatientRead(records, report, fetched=sum(len(r.resources) for r in records))
     held = service.held_resources(tenant, patient_id)
     return read_ehr_patient(settings, registry, ehr, patient_id, held, session_id, progress)
@@ -132,7 +132,7 @@ def sync_patient(settings, service, tenant: str, patient_id: str, session_id: st
         # as the vectors follow (problems, medications and allergies first).
         first = bool(read.records) and not service.patient(tenant, patient_id)
         jobs.set(tenant, patient_id, "running", "words" if first else "embedding", 0, 0)
-        result = service.index_records(tenant, read.records, progress, words_first=first)
+        result = service.index_records(tenant, read.records, progress, words_first=first, report=read.report)
     except TRANSIENT as exc:
         delay = record_unreachable(jobs, tenant, patient_id, exc, attempts)
         if delay is None:
@@ -240,6 +240,71 @@ def download_export(client: FhirClient, ehr: Ehr, group_id: str, cursor: str, as
     return ExportRound(manifest.transaction_time, deleted, errors, since.ignored, whole)
 
 
+@dataclass
+class Deletions:
+    """What a round's `deleted` list removes, per patient, and what it could not place."""
+    by_patient: dict[str, list[str]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def scoped_deletions(refs: list[str], holders: dict[str, set[str]], round_patients: set[str] | None) -> Deletions:
+    """Where each resource a Bulk round lists as deleted is removed. The entry names only Type/id,
+    which is one patient's at the EHR; but another input may have put the same Type/id under
+    another patient of the tenant. So it is removed only for the patients of the round
+    (`round_patients`; None: not known, then only when a single patient holds it) whose held
+    record holds it, never guessed; the rest is kept and reported, as is any Type/id several
+    patients hold."""
+    deletions = Deletions()
+    for ref in dict.fromkeys(refs):
+        holding = holders.get(ref, set())
+        if round_patients is not None:
+            applies = holding & round_patients
+        else:
+            applies = holding if len(holding) == 1 else set()
+        for patient_id in sorted(applies):
+            deletions.by_patient.setdefault(patient_id, []).append(ref)
+        if len(holding) > 1 or holding - applies:
+            deletions.notes.append(deletion_note(ref, holding, applies, round_patients is not None))
+    return deletions
+
+
+def deletion_note(ref: str, holding: set[str], applies: set[str], members_known: bool) -> str:
+    removed = f"removed for {', '.join(sorted(applies))}" if applies else "removed for none of them"
+    kept = holding - applies
+    why = ("not patients of this export" if members_known else
+           "the export's patients are not known, and the entry does not say whose it was")
+    return (f"{ref}, deleted at the EHR, is held for {len(holding)} patient(s) of this tenant: {removed}"
+            + (f"; kept for {', '.join(sorted(kept))} ({why})" if kept else ""))
+
+
+def round_patients(client: FhirClient, group_id: str, exported: list[str]) -> tuple[set[str] | None, list[str]]:
+    """The patients a round is about (a Group export: the Group's members; a system-level export:
+    every patient of the EHR, None), and a note when the Group could not be read."""
+    from fhir_ingest.connection.bulk import group_members
+
+    if not group_id:
+        return None, []
+    try:
+        return group_members(client, group_id) | set(exported), []
+    except FhirUnavailable:
+        raise
+    except FhirError as exc:
+        return None, [f"the Group {group_id} could not be read ({exc}): a deleted resource was removed only where "
+                      f"a single patient held it"]
+
+
+def apply_deletions(service, client: FhirClient, tenant: str, group_id: str, deleted: list[str],
+                    exported: list[str]) -> tuple[int, list[str]]:
+    """The round's `deleted` list applied, each resource for the patient(s) of the round holding
+    it, the summaries counting without them. Returns the chunks removed and the report's notes."""
+    if not deleted:
+        return 0, []
+    members, notes = round_patients(client, group_id, exported)
+    deletions = scoped_deletions(deleted, service.holders(tenant, deleted), members)
+    removed = sum(service.delete_resources(tenant, pid, refs) for pid, refs in deletions.by_patient.items())
+    return removed, notes + deletions.notes
+
+
 def run_bulk_sync(settings, registry: Registry, ehr: Ehr, service, group_id: str = "", progress=None,
                   full: bool = False) -> dict:
     """One Backend Services + Bulk Data round for an EHR (`full`: everything, not just changes
@@ -251,16 +316,17 @@ def run_bulk_sync(settings, registry: Registry, ehr: Ehr, service, group_id: str
         if progress:
             progress(phase, done, total, note)
 
+    client = ehr_client(settings, registry, ehr)
     report = LoadReport()
     assembler = RecordAssembler(report, settings.data_dir)
     try:
-        round_ = download_export(ehr_client(settings, registry, ehr), ehr, group_id,
-                                 "" if full else ehr.bulk_since, assembler, say)
-        removed = service.delete_resources(ehr.name, round_.deleted) if round_.deleted else 0
+        round_ = download_export(client, ehr, group_id, "" if full else ehr.bulk_since, assembler, say)
         chunks = embedded = 0
         patients = assembler.patient_ids()
+        removed, deletion_notes = apply_deletions(service, client, ehr.name, group_id or ehr.group_id,
+                                                  round_.deleted, patients)
         with closing(service.index_in_turn(ehr.name, (assembler.record(pid, whole=round_.whole)
-                                                      for pid in patients))) as indexed:
+                                                      for pid in patients), report)) as indexed:
             for start in range(0, len(patients), PATIENTS_PER_REFRESH):
                 group = patients[start:start + PATIENTS_PER_REFRESH]
                 results = []
@@ -278,7 +344,7 @@ def run_bulk_sync(settings, registry: Registry, ehr: Ehr, service, group_id: str
                "embedded": embedded, "deleted": len(round_.deleted), "removed_chunks": removed,
                "skipped": len(report.skipped), "export_errors": len(round_.errors),
                "transaction_time": round_.transaction_time, "since_ignored": round_.since_ignored,
-               "full_export": round_.whole}
+               "full_export": round_.whole, "deletion_notes": deletion_notes}
     registry.record_sync(ehr.name, bulk_status(summary), bulk_since=round_.transaction_time)
     return summary
 

@@ -73,9 +73,9 @@ def index_resources(self, tenant: str, patient_id: str, refs: list[str]) -> dict
 
 
 @shared_task(bind=True, name="chartcite.delete_resources", **RETRY)
-def delete_resources(self, tenant: str, refs: list[str]) -> dict:
-    """Resources that disappeared or became entered-in-error leave the index."""
-    return {"removed": service_of(self).delete_resources(tenant, refs)}
+def delete_resources(self, tenant: str, patient_id: str, refs: list[str]) -> dict:
+    """Resources of this patient that disappeared or became entered-in-error leave the index."""
+    return {"removed": service_of(self).delete_resources(tenant, patient_id, refs)}
 
 
 @shared_task(bind=True, name="chartcite.reindex_tenant", **RETRY)

@@ -18,6 +18,7 @@ from typing import Callable, Iterator
 import requests
 
 from .client import FhirClient, FhirError, retry_after_seconds
+from ..record.normalize import ref_id
 from ..record.reader import RawResource, ReadItem, ReadProblem
 
 log = logging.getLogger(__name__)
@@ -142,6 +143,14 @@ class BulkExport:
                 outcome = json.loads(line)
                 messages += [str(i.get("diagnostics") or i.get("code")) for i in outcome.get("issue") or []]
         return messages
+
+
+def group_members(client: FhirClient, group_id: str) -> set[str]:
+    """The patients a Group names (`member.entity`): the patients a Group export is about."""
+    group = client.get_json(f"Group/{group_id}")
+    members = group.get("member") if isinstance(group.get("member"), list) else []
+    refs = (ref_id(m.get("entity")) for m in members if isinstance(m, dict))
+    return {ref.split("/", 1)[1] for ref in refs if ref.startswith("Patient/")}
 
 
 class SinceCheck:

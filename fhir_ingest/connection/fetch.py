@@ -13,7 +13,7 @@ from typing import Callable, Iterable
 from .client import FhirClient, FhirError
 from ..record.contract import PatientNotFound
 from ..record.kinds import PATIENT_SEARCHES
-from ..record.load import LoadReport, PatientRecord, check_items
+from ..record.load import SOURCE, LoadReport, PatientRecord, check_items
 from ..record.normalize import human_name
 from ..record.reader import RawResource, ReadItem, ReadProblem
 
@@ -199,5 +199,5 @@ def to_record(patient_id: str, resources: list[dict], problems: list[ReadProblem
     records, report = check_items(items + list(problems))
     record = next((r for r in records if r.patient_id == patient_id), None)
     if record is not None:
-        record.complete = True     # a sync of the patient from its own EHR is the authority on that record
+        record.authority = SOURCE     # a sync of the patient from its own EHR is the authority on that record
     return record, report

@@ -1,20 +1,25 @@
 """Files → checked resources grouped by patient, with a report of everything read and skipped.
 
-Authority, not mention, decides what an input may remove. A patient's record in an input is
-*whole* only when every resource of that patient comes from one document (a bundle file, an
-NDJSON line) and that document holds that patient's own Patient resource and no other patient's:
-a Synthea or `Patient/$everything` bundle. Indexing a whole record replaces what the index held
-for the patient. Anything else (a stray Observation of patient B in patient A's bundle, an NDJSON
-export, a bundle of several patients) only adds to the patient's held record: it is merged into
-it, nothing is removed, and the report says so.
+Evidence, not mention, decides what an input may remove (README, "What an input may remove").
+A document may replace what the index holds for a patient only when it shows itself to be that
+patient's whole record: a Bundle file holding the patient's own Patient, no other patient's, and
+at least one clinical resource of the patient, with every resource of the patient in the input
+coming from it. Even then, unless it is a `Patient/$everything` searchset, it replaces only when
+it confirms at least as many of the resources held as it would remove (`against_held`, at index
+time): a Patient with a result or two never passes for a record. Anything else (an NDJSON export,
+each line its own document; a stray Observation of patient B in patient A's bundle; a bundle of
+several patients) is merged into the patient's held record: nothing is removed, and the report
+says so. The patient's own EHR sync and a full Bulk round are the record source's answer and
+replace what is held as they are.
 """
 from __future__ import annotations
 
+import re
 import tempfile
 from collections import Counter
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from datetime import date, timedelta
+from dataclasses import dataclass, field, replace
+from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -22,7 +27,7 @@ from .contract import PatientNotFound
 from .kinds import IGNORED_TYPES, INDEXED_TYPES, SUPPORT_TYPES, clinical_date
 from .normalize import (InvalidResource, binary_ref, check_content,
                         check_identity, checked_later, patient_of, ref_id)
-from .reader import RawResource, ReadItem, ReadProblem, ReadWarning, read_path
+from .reader import DEFAULT_LIMITS, RawResource, ReadItem, ReadLimits, ReadProblem, ReadWarning, read_path
 from .staging import PatientStaging, StagedResource
 
 EARLIEST_PLAUSIBLE_YEAR = 1900
@@ -56,11 +61,26 @@ class LoadReport:
         return rows
 
 
+# What entitles a patient's record to replace what the index holds for the patient.
+SOURCE = "source"            # the record source's own answer (the patient's EHR sync, a full Bulk round): as is
+EVERYTHING = "everything"    # the patient's `Patient/$everything` searchset
+WHOLE_BUNDLE = "bundle"      # a bundle that looks like the whole record: replaces only what it confirms
+MERGE = ""                   # anything else: merged into what is held, removing nothing
+
+
 @dataclass
 class PatientRecord:
     patient_id: str
     resources: list[dict]
-    complete: bool = True    # the whole record: what it lacks leaves the index; False = merge into what is held
+    authority: str = SOURCE
+    document: str = ""       # the document a whole record was read in, as the report names it
+    origins: dict[str, str] = field(default_factory=dict)    # Type/id → where it was read, for the report
+    strays: set[str] = field(default_factory=set)            # Type/id read in a document not the patient's own
+
+    @property
+    def complete(self) -> bool:
+        """Whether the record may replace what is held (what it lacks leaving the index)."""
+        return self.authority != MERGE
 
     @property
     def patient(self) -> dict:
@@ -70,17 +90,133 @@ class PatientRecord:
         return {"resourceType": "Patient", "id": self.patient_id}
 
 
+def ref_of(resource: dict) -> str:
+    return f"{resource['resourceType']}/{resource.get('id')}"
+
+
 def merge_resources(held: list[dict], changed: list[dict]) -> list[dict]:
-    """What chartcite holds, with every changed resource replacing its older version."""
-    by_ref = {f"{r['resourceType']}/{r.get('id')}": r for r in held}
+    """What chartcite holds, with every changed resource replacing an older version of itself,
+    never a newer one (`version_order`)."""
+    by_ref = {ref_of(r): r for r in held}
     for resource in changed:
-        by_ref[f"{resource['resourceType']}/{resource.get('id')}"] = resource
+        current = by_ref.get(ref_of(resource))
+        if current is None or version_order(resource, current) >= 0:
+            by_ref[ref_of(resource)] = resource
     return list(by_ref.values())
 
 
-def load_resources(paths: Iterable[str | Path]) -> tuple[list[PatientRecord], LoadReport]:
+def source_answer_over(held: list[dict], answer: list[dict]) -> list[dict]:
+    """What chartcite holds with the record source's own answer over it: the EHR's current version
+    of a resource replaces whatever is held, whose version may have come from another input that
+    numbers versions its own way (kept, it would hide the EHR's updates for good)."""
+    by_ref = {ref_of(r): r for r in held}
+    by_ref.update((ref_of(r), r) for r in answer)
+    return list(by_ref.values())
+
+
+def version_order(first: dict, second: dict) -> int:
+    """Which of two copies of one resource is the newer version: > 0 `first`, < 0 `second`, 0 when
+    their meta cannot tell. meta.versionId first, as numbers when both are numbers; then
+    meta.lastUpdated, as instants."""
+    a, b = meta_of(first), meta_of(second)
+    va, vb = version_number(a), version_number(b)
+    if va is not None and vb is not None and va != vb:
+        return 1 if va > vb else -1
+    ta, tb = instant_of(a.get("lastUpdated")), instant_of(b.get("lastUpdated"))
+    if ta is not None and tb is not None and ta != tb:
+        return 1 if ta > tb else -1
+    return 0
+
+
+def meta_of(resource: dict) -> dict:
+    return resource["meta"] if isinstance(resource.get("meta"), dict) else {}
+
+
+def version_number(meta: dict) -> int | None:
+    version = str(meta.get("versionId") or "")
+    return int(version) if re.fullmatch(r"[0-9]{1,18}", version) else None
+
+
+def instant_of(value) -> datetime | None:
+    """An instant (a time zone assumed UTC when the value names none), or None."""
+    try:
+        when = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+
+
+def version_words(resource: dict) -> str:
+    meta = meta_of(resource)
+    words = [f"version {meta['versionId']}"] if meta.get("versionId") else []
+    words += [f"last updated {meta['lastUpdated']}"] if meta.get("lastUpdated") else []
+    return ", ".join(words) or "no version"
+
+
+def against_held(record: PatientRecord, held: list[dict], report: LoadReport | None = None) -> PatientRecord:
+    """The record as it is to be indexed, given the resources the index holds for the patient: the
+    record alone when it may replace them, else merged into them (and the report says so). Either
+    way a version older than the one held never replaces it."""
+    if record.authority == SOURCE:
+        return record
+    resources = newer_than_held(record, held, report)
+    if record.authority == EVERYTHING or (record.authority == WHOLE_BUNDLE and confirms_held(record, held, report)):
+        return replace(record, resources=resources)
+    if report is not None and record.authority != MERGE:
+        report.added_to.append(record.patient_id)
+    return replace(record, resources=merge_resources(held, resources), authority=MERGE)
+
+
+def newer_than_held(record: PatientRecord, held: list[dict], report: LoadReport | None) -> list[dict]:
+    """The record's resources, where the index holds a newer version of one, that version. What
+    changes a resource held is reported when it is kept out as older, and when it came in a
+    document that is not the patient's own (a stray), even if newer and indexed."""
+    held_by_ref = {ref_of(r): r for r in held}
+    resources = []
+    for resource in record.resources:
+        ref = ref_of(resource)
+        current = held_by_ref.get(ref)
+        if current is None or current == resource:
+            resources.append(resource)
+            continue
+        newer = version_order(resource, current) >= 0
+        resources.append(resource if newer else current)
+        if report is not None and (not newer or ref in record.strays):
+            report.warnings.append(Skipped(record.origins.get(ref, record.document or "input"),
+                                           change_words(record, ref, resource, current, newer)))
+    return resources
+
+
+def change_words(record: PatientRecord, ref: str, resource: dict, current: dict, newer: bool) -> str:
+    where = (f", read in a document that is not patient {record.patient_id}'s own,"
+             if ref in record.strays else "")
+    if newer:
+        return (f"{ref}{where} changes the record held for patient {record.patient_id} "
+                f"({version_words(current)} → {version_words(resource)}): indexed as the newer version")
+    return (f"{ref}{where} is older ({version_words(resource)}) than the version held for patient "
+            f"{record.patient_id} ({version_words(current)}), which stays")
+
+
+def confirms_held(record: PatientRecord, held: list[dict], report: LoadReport | None) -> bool:
+    """Whether a bundle that looks whole holds enough of what is held to replace it: what it would
+    remove is no more than what it confirms. A Patient with a new result beside a record of
+    hundreds would otherwise empty it."""
+    held_refs = {ref_of(r) for r in held}
+    present = {ref_of(r) for r in record.resources}
+    confirmed, removed = held_refs & present, held_refs - present
+    if not removed or len(removed) <= len(confirmed):
+        return True
+    if report is not None:
+        report.warnings.append(Skipped(record.document, f"holds only {len(confirmed)} of the {len(held_refs)} "
+                                                        f"resources held for patient {record.patient_id}: merged "
+                                                        f"into the record held, nothing removed"))
+    return False
+
+
+def load_resources(paths: Iterable[str | Path],
+                   limits: ReadLimits = DEFAULT_LIMITS) -> tuple[list[PatientRecord], LoadReport]:
     """Read and check every resource under `paths`; malformed ones are reported and skipped."""
-    return check_items(item for path in paths for item in read_path(path))
+    return check_items(item for path in paths for item in read_path(path, limits))
 
 
 def check_items(items: Iterable[ReadItem]) -> tuple[list[PatientRecord], LoadReport]:
@@ -197,16 +333,20 @@ class RecordAssembler:
         record whatever its documents (a full Bulk Data export without errors)."""
         staged = [item for item in self.staging.owned(patient_id) if self.passes_content_check(item, patient_id)]
         if not staged:
-            return PatientRecord(patient_id, [], complete=False)     # nothing of it passed the checks
-        resources = newest_versions(staged, self.report)
+            return PatientRecord(patient_id, [], MERGE)     # nothing of it passed the checks
+        kept = newest_versions(staged, self.report)
+        resources = [item.resource for item in kept]
         for ref in sorted(shared_refs(resources)):
             medication = self.staging.shared(ref)
             if medication is not None:
                 resources.append(medication)
-        complete = whole or self.is_whole_record(patient_id, staged)
-        if not complete:
+        authority = SOURCE if whole else self.authority_of(patient_id, staged)
+        if authority == MERGE:
             self.report.added_to.append(patient_id)
-        return PatientRecord(patient_id, resources, complete)
+        foreign = self.staging.foreign_documents(patient_id)
+        return PatientRecord(patient_id, resources, authority, self.staging.document(staged[0].document).name,
+                             {ref_of(item.resource): item.origin for item in kept},
+                             {ref_of(item.resource) for item in kept if item.document in foreign})
 
     def passes_content_check(self, item: StagedResource, patient_id: str) -> bool:
         """Whether the staged resource's content passes (checked now if `checked_later`; counted
@@ -223,11 +363,19 @@ class RecordAssembler:
             self.report.warnings.append(Skipped(item.origin, warning))
         return True
 
-    def is_whole_record(self, patient_id: str, staged: list[StagedResource]) -> bool:
+    def authority_of(self, patient_id: str, staged: list[StagedResource]) -> str:
+        """What the input shows of itself for this patient: the whole record (a Bundle file holding
+        the patient's own Patient, no other's, and a clinical resource of the patient, with all of
+        the patient's resources; the patient's `$everything` searchset) or a part to merge."""
         documents = {s.document for s in staged}
         if len(documents) != 1 or "" in documents:
-            return False
-        return self.staging.patients_defined(documents.pop()) == {patient_id}
+            return MERGE
+        document = self.staging.document(documents.pop())
+        if not document.bundle or self.staging.patients_defined(document.key) != {patient_id}:
+            return MERGE
+        if not any(s.resource["resourceType"] in INDEXED_TYPES for s in staged):
+            return MERGE          # a Patient alone (or with directory data) says nothing of the record
+        return EVERYTHING if document.everything_of == patient_id else WHOLE_BUNDLE
 
     def records(self) -> Iterator[PatientRecord]:
         """Every patient with a resource that passed the checks."""
@@ -240,29 +388,22 @@ class RecordAssembler:
         self.staging.close()
 
 
-def newest_versions(staged: list[StagedResource], report: LoadReport) -> list[dict]:
-    """One resource per `Type/id`: the newest by meta.versionId, then meta.lastUpdated, then the
-    later in the input. A duplicate that differs is reported; an identical copy is merely dropped."""
-    kept: dict[str, tuple[tuple, StagedResource]] = {}
-    for position, item in enumerate(staged):
-        ref = f"{item.resource['resourceType']}/{item.resource['id']}"
-        key = version_key(item.resource, position)
-        if ref not in kept:
-            kept[ref] = (key, item)
+def newest_versions(staged: list[StagedResource], report: LoadReport) -> list[StagedResource]:
+    """One resource per `Type/id`: the newest by `version_order`, else the later in the input. A
+    duplicate that differs is reported; an identical copy is merely dropped."""
+    kept: dict[str, StagedResource] = {}
+    for item in staged:
+        ref = ref_of(item.resource)
+        previous = kept.get(ref)
+        if previous is None:
+            kept[ref] = item
             continue
-        previous_key, previous = kept[ref]
-        newer, older = (item, previous) if key > previous_key else (previous, item)
-        kept[ref] = (max(key, previous_key), newer)
+        newer, older = (item, previous) if version_order(item.resource, previous.resource) >= 0 else (previous, item)
+        kept[ref] = newer
         if newer.resource != older.resource:
             report.warnings.append(Skipped(older.origin, f"{ref} appears again at {newer.origin} with other content; "
                                                          f"the newer version (there) is indexed"))
-    return [item.resource for _, item in kept.values()]
-
-
-def version_key(resource: dict, position: int) -> tuple:
-    meta = resource.get("meta") if isinstance(resource.get("meta"), dict) else {}
-    version = str(meta.get("versionId") or "")
-    return (int(version) if version.isdigit() else -1, str(meta.get("lastUpdated") or ""), position)
+    return list(kept.values())
 
 
 class BundleDirectorySource:
@@ -271,8 +412,9 @@ class BundleDirectorySource:
     Files are named `<patient-id>.json[.gz]` as Synthea writes them; other files are scanned.
     """
 
-    def __init__(self, root: str | Path):
+    def __init__(self, root: str | Path, limits: ReadLimits = DEFAULT_LIMITS):
         self.root = Path(root)
+        self.limits = limits
 
     def files(self) -> list[Path]:
         return sorted(p for p in self.root.glob("*.json*") if p.is_file())
@@ -287,11 +429,11 @@ class BundleDirectorySource:
         raise PatientNotFound("no bundle for that patient")
 
     def read_patient(self, patient_id: str) -> tuple[list[PatientRecord], LoadReport]:
-        return load_resources([self.path_for(patient_id)])
+        return load_resources([self.path_for(patient_id)], self.limits)
 
     def patient_resource(self, patient_id: str) -> dict | None:
         """The Patient resource alone (for a picker), without checking the rest of the bundle."""
-        for item in read_path(self.path_for(patient_id)):
+        for item in read_path(self.path_for(patient_id), self.limits):
             if isinstance(item, RawResource) and item.resource.get("resourceType") == "Patient":
                 return item.resource
         return None

@@ -20,7 +20,10 @@ from pydantic import ValidationError
 # silently (fhir_ingest/record/kinds).
 _URI = re.compile(r"^(?:[a-zA-Z][a-zA-Z0-9+.-]*:)\S+$")
 _TYPE_NAME = re.compile(r"^[A-Z][A-Za-z]{1,63}$")
-_ID = re.compile(r"^[A-Za-z0-9\-.]{1,64}$")
+_ID = re.compile(r"[A-Za-z0-9\-.]{1,64}")
+# "." and ".." fit the pattern but, in the REST paths an id goes into (`Patient/<id>`), mean "here"
+# and "up" (RFC 3986 dot-segments): a client or proxy normalising the URL reads another resource.
+_DOT_SEGMENTS = (".", "..")
 # In a resource's compact JSON, a "system" whose value is not plainly an absolute URI of printable
 # ASCII: everything `_bad_code_system` could object to, and a little more (escapes, non-ASCII).
 _SUSPECT_SYSTEM = re.compile(rb'"system":"(?![a-zA-Z][a-zA-Z0-9+.\-]*:[!#-\[\]-~]+")')
@@ -41,8 +44,8 @@ def _model_class(resource_type: str):
 
 
 def check_identity(resource: dict) -> None:
-    """The resource's type is a FHIR type and its id a FHIR id (what grouping it needs), or
-    InvalidResource. Then check_content checks the rest.
+    """The resource's type is a FHIR type, and its id and its patient's id (`patient_of`) FHIR ids
+    (what grouping it needs), or InvalidResource. Then check_content checks the rest.
 
     Wrong JSON types anywhere (a list where a string belongs, a number for an id) make the resource
     invalid, never the run: everything that can go wrong in either is an InvalidResource."""
@@ -53,8 +56,22 @@ def check_identity(resource: dict) -> None:
     rid = resource.get("id")
     if not rid:
         raise InvalidResource(f"{resource_type} without an id")
-    if not isinstance(rid, str) or not _ID.match(rid):
-        raise InvalidResource(f"{resource_type} id {json.dumps(rid)[:80]} is not a FHIR id (1-64 letters, digits, '-', '.')")
+    if not is_fhir_id(rid):
+        raise InvalidResource(f"{resource_type} id {json.dumps(rid)[:80]} is not a FHIR id {ID_RULE}")
+    patient = patient_of(resource)
+    if patient and not is_fhir_id(patient):
+        raise InvalidResource(f"{resource_type}/{rid}: the patient it names, {json.dumps(patient)[:80]}, "
+                              f"is not a FHIR id {ID_RULE}")
+
+
+ID_RULE = "(1-64 letters, digits, '-', '.'; not '.' or '..')"
+
+
+def is_fhir_id(value) -> bool:
+    """FHIR's id rule, for every id chartcite stores, wherever it came from: a resource's own, and
+    the patient's taken from a reference (which nothing else checks: `subject: Patient/<x>` would
+    create a patient with any id). fullmatch, as `$` also matches before a final newline."""
+    return isinstance(value, str) and _ID.fullmatch(value) is not None and value not in _DOT_SEGMENTS
 
 
 def check_content(resource: dict, warn=None) -> dict:

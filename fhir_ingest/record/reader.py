@@ -1,21 +1,24 @@
 """Read FHIR R4 resources from Bundles (.json / .json.gz), NDJSON and directories of these.
 
 Every resource comes out with its position ("file.json.gz#entry[12]", "file.ndjson:7") and the
-document it came from (a bundle file, an NDJSON line): the unit that decides whether the input
-is a patient's whole record (see `load.py`). Anything that cannot be read comes out as a
-`ReadProblem` with its position, and anything read with a repair (undecodable bytes replaced, an
+document it came from (a bundle file, a bare resource file, an NDJSON line) with what the document
+says of itself (a Bundle file or not, a `Patient/$everything` searchset or not): what decides
+whether the input may be a patient's whole record (see `load.py`). Anything that cannot be read
+comes out as a `ReadProblem` with its position, and anything read with a repair (undecodable bytes replaced, an
 id taken from the entry's fullUrl) as a `ReadWarning`, so the caller reports it and carries on.
 A bad file, line, entry or byte costs only itself.
 """
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import uuid
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterator, Union
+from urllib.parse import urlsplit
 
 import orjson
 
@@ -29,11 +32,74 @@ MAX_BUNDLE_NESTING = 8
 DAMAGED = (OSError, EOFError, zlib.error)
 
 
+@dataclass(frozen=True)
+class ReadLimits:
+    """How far a compressed file may expand before it is read no further: a few hundred kilobytes
+    of gzip can hold gigabytes of the same byte. Both bounds hold; the settings
+    CHARTCITE_MAX_EXPANDED_MB and CHARTCITE_MAX_EXPANSION_RATIO set them."""
+    max_expanded_bytes: int = 1024 * 2**20
+    # Real FHIR JSON and NDJSON compress 10 to 20 times, generated look-alike lines about 140; gzip tops out
+    # near 1,000 (a bomb).
+    max_expansion_ratio: float = 200.0
+
+    def for_file(self, compressed_bytes: int) -> tuple[int, str]:
+        """The bytes a file of this compressed size may expand to, and the limit that sets it."""
+        by_ratio = int(self.max_expansion_ratio * max(compressed_bytes, 1))
+        if by_ratio < self.max_expanded_bytes:
+            return by_ratio, (f"more than {self.max_expansion_ratio:g} times its compressed size of "
+                              f"{compressed_bytes:,} bytes (CHARTCITE_MAX_EXPANSION_RATIO)")
+        return self.max_expanded_bytes, (f"to more than {self.max_expanded_bytes / 2**20:g} MB "
+                                         f"(CHARTCITE_MAX_EXPANDED_MB)")
+
+
+DEFAULT_LIMITS = ReadLimits()
+
+
+class TooExpanded(Exception):
+    """A compressed file expanded beyond its limit (the message says which)."""
+
+
+class ExpansionGuard(io.RawIOBase):
+    """The decompressed stream, counted as it is read: past the limit it raises instead of handing
+    out more, so checking never costs more memory than the limit allows (no inflating it all)."""
+
+    def __init__(self, stream: BinaryIO, limit: int, words: str):
+        super().__init__()
+        self.stream, self.limit, self.words, self.expanded = stream, limit, words, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        count = self.stream.readinto(buffer)
+        self.expanded += count
+        if self.expanded > self.limit:
+            raise TooExpanded(f"the file expands {self.words}")
+        return count
+
+    def close(self) -> None:
+        self.stream.close()
+        super().close()
+
+
+@dataclass(frozen=True)
+class Document:
+    """The unit a resource was read in: a file, or one line of an NDJSON file."""
+    key: str = ""              # unique within a run (the file's path, and the line); "" = a source with its own
+                               # authority rule (a patient's EHR sync, a Bulk export)
+    name: str = ""             # as the report names it
+    bundle: bool = False       # a Bundle file: an NDJSON line (each line its own document) or a bare resource never is
+    everything_of: str = ""    # the patient whose `Patient/$everything` searchset this Bundle says it is
+
+
+NO_DOCUMENT = Document()
+
+
 @dataclass
 class RawResource:
     resource: dict
     origin: str
-    document: str = ""      # the bundle or line this came from; "" = a source with its own authority rule
+    document: Document = NO_DOCUMENT
 
 
 @dataclass
@@ -51,8 +117,11 @@ class ReadWarning:
 ReadItem = Union[RawResource, ReadProblem, ReadWarning]
 
 
-def _open_binary(path: Path) -> BinaryIO:
-    return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
+def _open_binary(path: Path, limits: ReadLimits = DEFAULT_LIMITS) -> BinaryIO:
+    if not path.name.endswith(".gz"):
+        return open(path, "rb")
+    limit, words = limits.for_file(path.stat().st_size)
+    return io.BufferedReader(ExpansionGuard(gzip.open(path, "rb"), limit, words))
 
 
 def iter_files(path: Path) -> Iterator[Path]:
@@ -64,7 +133,7 @@ def iter_files(path: Path) -> Iterator[Path]:
         yield path
 
 
-def read_path(path: str | Path) -> Iterator[ReadItem]:
+def read_path(path: str | Path, limits: ReadLimits = DEFAULT_LIMITS) -> Iterator[ReadItem]:
     """Yield every resource (or problem, or warning) found under `path`."""
     path = Path(path)
     if not path.exists():
@@ -72,9 +141,9 @@ def read_path(path: str | Path) -> Iterator[ReadItem]:
         return
     for file in iter_files(path):
         if file.name.endswith(NDJSON_SUFFIXES):
-            yield from read_ndjson(file)
+            yield from read_ndjson(file, limits)
         else:
-            yield from read_json_file(file)
+            yield from read_json_file(file, limits)
 
 
 def decode_utf8(raw: bytes, origin: str) -> tuple[str, ReadWarning | None]:
@@ -103,20 +172,24 @@ def parse_json(text: str) -> object:
         raise ValueError("JSON nested too deeply to read") from None
 
 
-def read_ndjson(file: Path) -> Iterator[ReadItem]:
+def read_ndjson(file: Path, limits: ReadLimits = DEFAULT_LIMITS) -> Iterator[ReadItem]:
     lineno = 0
     try:
-        with _open_binary(file) as fh:
+        with _open_binary(file, limits) as fh:
             for lineno, line in enumerate(fh, start=1):
                 if line.strip():
-                    yield from read_line(line, f"{file.name}:{lineno}")
+                    origin = f"{file.name}:{lineno}"
+                    yield from read_line(line, origin, Document(f"{file}:{lineno}", origin))
+    except TooExpanded as exc:
+        yield ReadProblem(f"{file.name}:{lineno + 1}", f"{exc}: the rest of the file is skipped; "
+                                                     f"the lines before it were read")
     except DAMAGED as exc:
         where = f"after line {lineno}" if lineno else "at its start"
         yield ReadProblem(f"{file.name}:{lineno + 1}", f"the file is damaged {where} ({_describe(exc)}); "
                                                      f"the lines before it were read")
 
 
-def read_line(line: bytes, origin: str) -> Iterator[ReadItem]:
+def read_line(line: bytes, origin: str, document: Document) -> Iterator[ReadItem]:
     text, warning = decode_utf8(line, origin)
     if warning:
         yield warning
@@ -128,13 +201,16 @@ def read_line(line: bytes, origin: str) -> Iterator[ReadItem]:
     except ValueError as exc:
         yield ReadProblem(origin, str(exc))
         return
-    yield from document_items(resource, origin)
+    yield from document_items(resource, origin, document)
 
 
-def read_json_file(file: Path) -> Iterator[ReadItem]:
+def read_json_file(file: Path, limits: ReadLimits = DEFAULT_LIMITS) -> Iterator[ReadItem]:
     try:
-        with _open_binary(file) as fh:
+        with _open_binary(file, limits) as fh:
             raw = fh.read()
+    except TooExpanded as exc:
+        yield ReadProblem(file.name, f"{exc}: the file is skipped")
+        return
     except DAMAGED as exc:
         yield ReadProblem(file.name, f"unreadable file: {_describe(exc)}")
         return
@@ -142,29 +218,52 @@ def read_json_file(file: Path) -> Iterator[ReadItem]:
     if warning:
         yield warning
     try:
-        document = parse_json(text)
+        parsed = parse_json(text)
     except json.JSONDecodeError as exc:
         yield ReadProblem(file.name, f"bad JSON: {exc.msg} at line {exc.lineno} column {exc.colno}")
         return
     except ValueError as exc:
         yield ReadProblem(file.name, str(exc))
         return
-    yield from document_items(document, file.name)
+    yield from document_items(parsed, file.name, file_document(parsed, file))
 
 
-def document_items(document: object, origin: str) -> Iterator[ReadItem]:
+def file_document(parsed: object, file: Path) -> Document:
+    """What a whole file says of itself: a Bundle or a bare resource; a `Patient/$everything` searchset."""
+    if not isinstance(parsed, dict) or parsed.get("resourceType") != "Bundle":
+        return Document(str(file), file.name)
+    return Document(str(file), file.name, bundle=True, everything_of=everything_patient(parsed))
+
+
+def everything_patient(bundle: dict) -> str:
+    """The patient id of a searchset Bundle whose self link is `.../Patient/<id>/$everything`, else
+    ''. A page that links to a next one is part of the answer, not all of it."""
+    links = [link for link in bundle.get("link") or [] if isinstance(link, dict)] \
+        if isinstance(bundle.get("link"), list) else []
+    if bundle.get("type") != "searchset" or any(link.get("relation") == "next" for link in links):
+        return ""
+    for link in links:
+        if link.get("relation") == "self" and isinstance(link.get("url"), str):
+            parts = urlsplit(link["url"]).path.rstrip("/").split("/")
+            if len(parts) >= 3 and parts[-3] == "Patient" and parts[-1] == "$everything":
+                return parts[-2]
+    return ""
+
+
+def document_items(parsed: object, origin: str, document: Document) -> Iterator[ReadItem]:
     """One parsed JSON document (a file or an NDJSON line): a Bundle's entries or one resource."""
-    if not isinstance(document, dict) or "resourceType" not in document:
+    if not isinstance(parsed, dict) or "resourceType" not in parsed:
         yield ReadProblem(origin, "not a FHIR resource (no resourceType)")
-    elif not isinstance(document["resourceType"], str):
-        yield ReadProblem(origin, f"invalid resourceType {str(document['resourceType'])[:40]}: it must name a type")
-    elif document["resourceType"] == "Bundle":
-        yield from bundle_entries(document, origin, document=origin)
+    elif not isinstance(parsed["resourceType"], str):
+        yield ReadProblem(origin, f"invalid resourceType {str(parsed['resourceType'])[:40]}: it must name a type")
+    elif parsed["resourceType"] == "Bundle":
+        yield from bundle_entries(parsed, origin, document)
     else:
-        yield from checked_shape(document, origin, origin)
+        yield from checked_shape(parsed, origin, document)
 
 
-def checked_shape(resource: dict, origin: str, document: str, local_refs: dict | None = None) -> Iterator[ReadItem]:
+def checked_shape(resource: dict, origin: str, document: Document,
+                  local_refs: dict | None = None) -> Iterator[ReadItem]:
     """The resource, with its bundle's local references resolved, unless it nests too deep to read
     safely (validating walks it recursively)."""
     if not within_depth(resource, local_refs or {}, MAX_RESOURCE_DEPTH):
@@ -190,7 +289,7 @@ def within_depth(node: dict | list, local_refs: dict[str, str], levels_left: int
     return True
 
 
-def bundle_entries(bundle: dict, origin: str, document: str, nesting: int = 1) -> Iterator[ReadItem]:
+def bundle_entries(bundle: dict, origin: str, document: Document, nesting: int = 1) -> Iterator[ReadItem]:
     """Entries of a transaction, batch, collection or searchset Bundle, with urn:uuid resolved.
 
     An entry without an id (the usual POST shape of a transaction) gets the one its `urn:uuid`

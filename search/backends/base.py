@@ -22,6 +22,24 @@ PENDING_PROBLEM = ("chunks still wait for their vector (found by their words onl
                    "or it stopped; sync the patient again")
 
 
+def summary_after_removal(summary: dict, chunk_types: list[str], pending: int, resource_refs: list[str]) -> dict:
+    """The patient summary with removed chunks (their semantic types; `pending` of them still
+    waiting for a vector) and removed stored resources taken off its counts, so it keeps agreeing
+    with the index (`check`) and the patient list counts what is there."""
+    chunk_counts = dict(summary.get("chunk_counts") or {})
+    for semantic_type in chunk_types:
+        chunk_counts[semantic_type] = chunk_counts.get(semantic_type, 0) - 1
+    resource_counts = dict(summary.get("resource_counts") or {})
+    for ref in resource_refs:
+        resource_type = ref.split("/", 1)[0]
+        resource_counts[resource_type] = resource_counts.get(resource_type, 0) - 1
+    updated = dict(summary, chunk_counts={k: n for k, n in chunk_counts.items() if n > 0},
+                   resource_counts={k: n for k, n in resource_counts.items() if n > 0})
+    if summary.get("vectors_pending"):
+        updated["vectors_pending"] = max(summary["vectors_pending"] - pending, 0)
+    return updated
+
+
 class BackendError(RuntimeError):
     """A clear, user-facing problem with the index (wrong model, unreachable cluster...)."""
 
@@ -90,8 +108,15 @@ class Backend(ABC):
         return nullcontext()
 
     @abstractmethod
-    def delete_refs(self, tenant: str, refs: list[str]) -> int:
-        """Remove every chunk drawn from these resources ("Type/id"); returns chunks removed."""
+    def delete_refs(self, tenant: str, patient_id: str, refs: list[str]) -> int:
+        """Remove these resources ("Type/id") of this patient, and every chunk of the patient drawn
+        from them, and take them off the patient summary's counts, in one write; another patient's
+        resource of the same Type/id stays. Returns the chunks removed."""
+
+    @abstractmethod
+    def holders(self, tenant: str, refs: list[str]) -> dict[str, set[str]]:
+        """The patients whose stored record holds each of these resources (a Type/id is one
+        patient's at its EHR, but another input may have put it under another patient)."""
 
     @abstractmethod
     def delete_chunks(self, tenant: str, chunk_ids: list[str]) -> int: ...

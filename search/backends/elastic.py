@@ -24,7 +24,7 @@ from fhir_ingest.record.contract import Chunk
 
 from search.nlp.annotate import asserted_keys
 from search.backends.base import (PENDING_PROBLEM, VECTOR_PENDING, Backend, BackendError, BackendUnavailable, Hit,
-                                  IndexCheck, ModelMismatch, Scope, Search)
+                                  IndexCheck, ModelMismatch, Scope, Search, summary_after_removal)
 from search.backends.embedded import text_hash
 from search.nlp.lexicon import tokens
 
@@ -365,19 +365,45 @@ class ElasticsearchBackend(Backend):
         self._refresh(alias)
         return removed
 
-    def delete_refs(self, tenant: str, refs: list[str]) -> int:
+    def delete_refs(self, tenant: str, patient_id: str, refs: list[str]) -> int:
         # Search, then bulk-delete by id: delete_by_query lives in the reindex module, which the
-        # minimal distribution does not ship.
-        self._ensure(tenant)
-        chunk_ids = [h["_id"] for h in self._search(tenant, size=MAX_RESULT, source=False, query={"bool": {
-            "filter": [{"term": {"tenant": tenant}}, {"terms": {"refs": refs}}]}})]
+        # minimal distribution does not ship. The chunks, the stored resources and the summary go
+        # in one bulk request.
+        refs = list(dict.fromkeys(refs))
+        if not refs:
+            return 0
+        alias = self._ensure(tenant)
+        chunks = self._search(tenant, size=MAX_RESULT, source=["semantic_type", "text_hash"], query={"bool": {
+            "filter": [{"term": {"tenant": tenant}}, {"term": {"patient_id": patient_id}}, {"terms": {"refs": refs}}]}})
         records = self.records_index(tenant)
-        record_ids = [h["_id"] for h in self._call(lambda: self.es.search(
-            index=records, size=MAX_RESULT, source=False, query={"terms": {"ref": refs}}))["hits"]["hits"]]
-        if record_ids:
-            self._bulk({"_op_type": "delete", "_index": records, "_id": i} for i in record_ids)
-            self._call(lambda: self.es.indices.refresh(index=records))
-        return self.delete_chunks(tenant, chunk_ids)
+        stored = list(self.get_resources(tenant, patient_id, refs))
+        summary = self.get_patient(tenant, patient_id)
+        actions = [{"_op_type": "delete", "_index": self.current_index(tenant), "_id": h["_id"]} for h in chunks]
+        actions += [{"_op_type": "delete", "_index": records, "_id": f"{patient_id}|{ref}"} for ref in stored]
+        if summary is not None and (chunks or stored):
+            updated = summary_after_removal(summary, [h["_source"]["semantic_type"] for h in chunks],
+                                            sum(h["_source"]["text_hash"] == VECTOR_PENDING for h in chunks), stored)
+            actions.append({"_op_type": "index", "_index": records, "_id": f"patient|{patient_id}",
+                            "_source": {"kind": "patient", "patient_id": patient_id, "data": updated}})
+        if actions:
+            self._bulk(actions)
+            self._refresh(alias)
+            self._refresh(records)
+        return len(chunks)
+
+    def holders(self, tenant: str, refs: list[str]) -> dict[str, set[str]]:
+        from elasticsearch.helpers import scan
+
+        refs = list(dict.fromkeys(refs))
+        found: dict[str, set[str]] = {ref: set() for ref in refs}
+        index = self.records_index(tenant)
+        if not refs or not self._call(lambda: self.es.indices.exists(index=index)):
+            return found
+        query = {"query": {"bool": {"filter": [{"term": {"kind": "resource"}}, {"terms": {"ref": refs}}]}},
+                 "_source": ["ref", "patient_id"]}
+        for hit in self._call(lambda: list(scan(self.es, index=index, query=query))):
+            found[hit["_source"]["ref"]].add(hit["_source"]["patient_id"])
+        return found
 
     def store_resources(self, tenant: str, patient_id: str, resources: list[dict]) -> None:
         from elasticsearch.helpers import scan

@@ -17,7 +17,8 @@ import orjson
 from fhir_ingest.record.contract import Chunk
 
 from search.nlp.annotate import asserted_keys
-from search.backends.base import PENDING_PROBLEM, VECTOR_PENDING, Backend, Hit, IndexCheck, ModelMismatch, Scope
+from search.backends.base import (PENDING_PROBLEM, VECTOR_PENDING, Backend, Hit, IndexCheck, ModelMismatch, Scope,
+                                  summary_after_removal)
 from search.nlp.lexicon import tokens
 
 SCHEMA = """
@@ -51,6 +52,8 @@ CREATE TABLE IF NOT EXISTS resources (
     tenant TEXT NOT NULL, patient_id TEXT NOT NULL, ref TEXT NOT NULL, data TEXT NOT NULL,
     PRIMARY KEY (tenant, patient_id, ref)
 );
+-- Which patients hold a resource (a Bulk `deleted` entry names only Type/id).
+CREATE INDEX IF NOT EXISTS resources_ref ON resources (tenant, ref);
 CREATE TABLE IF NOT EXISTS patients (
     tenant TEXT NOT NULL, patient_id TEXT NOT NULL, data TEXT NOT NULL,
     PRIMARY KEY (tenant, patient_id)
@@ -190,13 +193,32 @@ class EmbeddedBackend(Backend):
             db.executemany("DELETE FROM chunk_concepts WHERE tenant = ? AND chunk_id = ?", ids)
         return removed
 
-    def delete_refs(self, tenant: str, refs: list[str]) -> int:
+    def delete_refs(self, tenant: str, patient_id: str, refs: list[str]) -> int:
+        chunks: dict[str, tuple[str, bool]] = {}       # chunk id → (semantic type, waiting for its vector)
         with self._transaction() as db:
-            ids = []
-            for ref in refs:
-                ids += [r[0] for r in db.execute("SELECT chunk_id FROM chunk_refs WHERE tenant=? AND ref=?", (tenant, ref))]
-            db.executemany("DELETE FROM resources WHERE tenant=? AND ref=?", [(tenant, r) for r in refs])
-            return self.delete_chunks(tenant, ids)
+            for ref in dict.fromkeys(refs):
+                rows = db.execute("SELECT c.chunk_id, c.semantic_type, c.text_hash FROM chunk_refs r JOIN chunks c "
+                                  "ON c.chunk_id = r.chunk_id WHERE r.tenant = ? AND r.ref = ? AND c.patient_id = ?",
+                                  (tenant, ref, patient_id))
+                chunks.update((cid, (semantic_type, digest == VECTOR_PENDING)) for cid, semantic_type, digest in rows)
+            stored = [ref for ref in dict.fromkeys(refs) if db.execute(
+                "SELECT 1 FROM resources WHERE tenant=? AND patient_id=? AND ref=?",
+                (tenant, patient_id, ref)).fetchone()]
+            db.executemany("DELETE FROM resources WHERE tenant=? AND patient_id=? AND ref=?",
+                           [(tenant, patient_id, ref) for ref in stored])
+            removed = self.delete_chunks(tenant, list(chunks))
+            summary = self.get_patient(tenant, patient_id)
+            if summary is not None and (chunks or stored):
+                self.upsert_patient(tenant, patient_id, summary_after_removal(
+                    summary, [t for t, _ in chunks.values()], sum(p for _, p in chunks.values()), stored))
+        return removed
+
+    def holders(self, tenant: str, refs: list[str]) -> dict[str, set[str]]:
+        found: dict[str, set[str]] = {}
+        for ref in dict.fromkeys(refs):
+            rows = self._db().execute("SELECT patient_id FROM resources WHERE tenant=? AND ref=?", (tenant, ref))
+            found[ref] = {row[0] for row in rows}
+        return found
 
     def store_resources(self, tenant: str, patient_id: str, resources: list[dict]) -> None:
         rows = [(tenant, patient_id, f"{r['resourceType']}/{r['id']}", as_json(r)) for r in resources]
