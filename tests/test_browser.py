@@ -140,7 +140,7 @@ def test_the_answer_comes_first_in_clinical_words_with_a_readable_chart(servers,
         page = browser.new_page(viewport={"width": 1220, "height": 760})
         frame = launch(page, servers, CARDIAC)
 
-        lead = ask(frame, "Is he on a blood thinner?")
+        lead = ask(frame, "Is he on an antiplatelet?")      # clopidogrel is one; a blood thinner it is not
         text = lead.inner_text()
         assert text.startswith("Yes — ") and "clopidogrel 75 mg" in text.lower(), text
         assert lead.locator(".cite").count() >= 2                 # each clause carries its own mark

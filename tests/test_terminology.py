@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from search.nlp import spelling as S
 from search.nlp import terminology as T
 
 REPO = Path(__file__).resolve().parent.parent
@@ -343,7 +344,7 @@ def test_abbreviation_overrides_use_known_contexts():
     ("apendectomy", "appendectomy"), ("amoxicilin", "amoxicillin"), ("pnuemonia", "pneumonia"),
 ])
 def test_typos_are_corrected(typed, meant):
-    corrected, score = T.correct(typed)
+    corrected, score = S.correct(typed)
     assert corrected == meant and 0 < score <= 1
 
 
@@ -352,13 +353,13 @@ def test_typos_are_corrected(typed, meant):
     "metformin", "fosamax", "labetalol", "sinusitis", "retinopathy", "pneumonia", "statins", "tacro",
 ])
 def test_a_known_word_is_never_corrected(word):
-    assert T.is_known(word)
-    assert T.correct(word) is None
+    assert S.is_known(word)
+    assert S.correct(word) is None
 
 
 def test_ordinary_short_and_odd_words_are_left_alone():
     for word in ("fitted", "creeping", "stretch", "jumped", "lasx", "fx", "2024", "b12", "k+"):
-        assert T.correct(word) is None, word
+        assert S.correct(word) is None, word
 
 
 def test_a_correction_never_lands_on_a_different_drug():
@@ -368,15 +369,15 @@ def test_a_correction_never_lands_on_a_different_drug():
     for a, b in pairs:
         for typo_of, other in ((a, b), (b, a)):
             for typo in {typo_of[:-1], typo_of[1:] if False else typo_of, typo_of[0] + typo_of[2:]}:
-                fixed = T.correct(typo)
+                fixed = S.correct(typo)
                 assert fixed is None or fixed[0] != other, (typo, fixed)
 
 
 def test_vocabulary_holds_every_kind_of_word():
-    vocab = set(T.vocabulary())
+    vocab = set(S.vocabulary())
     assert {"retinopathy", "sinusitis", "labetalol", "fosamax", "metformin", "blood thinner", "shingles",
             "creatinine", "basic metabolic panel", "hypertension"} <= vocab
-    assert T.vocabulary() == tuple(sorted(vocab))
+    assert S.vocabulary() == tuple(sorted(vocab))
 
 
 # --- provenance --------------------------------------------------------------------------------

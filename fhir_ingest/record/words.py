@@ -34,7 +34,7 @@ def _join(items: Iterable[str], sep: str = ", ") -> str:
 def _strip_tag(display: str) -> str:
     """'Prediabetes (finding)' → 'Prediabetes' for labels; the full display stays in the text."""
     return re.sub(r"\s*\((?:disorder|finding|situation|procedure|substance|product|qualifier value|"
-                  r"observable entity|physical object|morphologic abnormality|regime/therapy|event)\)\s*$",
+                  r"observable entity|physical object|morphologic abnormality|regime/therapy|event|environment|record artifact)\)\s*$",
                   "", display or "")
 
 

@@ -3,7 +3,7 @@
 Drugs (RxNorm ingredients with RXCUIs, brand names, FDA pharmacologic classes), the drug classes
 clinicians name ("blood thinner", "beta-lactam") with allergy cross-reactivity, CDC vaccines (CVX
 codes and groups), common labs (LOINC codes, clinician names, groups), clinical abbreviations, and
-a spelling corrector bounded so that it never turns one drug into another.
+the common English words (spelling correction against all of these is search/nlp/spelling.py).
 
 The tables live in search/nlp/data/terminology/: built ones come from public sources through
 scripts/build_terminology.py, hand-reviewed ones say so in their header; SOURCES.md gives source,
@@ -18,8 +18,8 @@ class, vaccine and lab words also match in the plural and with hyphens or spaces
     ['acetaminophen', 'oxycodone']
     >>> clinical_class("blood thinners"), "warfarin" in members_of("anticoagulant")
     ('anticoagulant', True)
-    >>> sorted(vaccine_groups("shingles shot")), correct("metforman")
-    (['ZOSTER'], ('metformin', 0.89))
+    >>> sorted(vaccine_groups("shingles shot"))
+    ['ZOSTER']
 """
 from __future__ import annotations
 
@@ -625,85 +625,3 @@ def is_common_word(word: str) -> bool:
     return norm(word) in _english()
 
 
-@lru_cache(maxsize=1)
-def vocabulary() -> tuple[str, ...]:
-    """Every surface form the tables and the shipped lexicon know (drug names, brands, class words,
-    vaccine words and trade names, lab names and groups, abbreviation long forms, the lexicon's
-    problems, symptoms and procedures) and the words of four letters or more inside them
-    ("retinopathy" from "diabetic retinopathy"), lower case, sorted."""
-    from search.nlp.lexicon import default_lexicon
-
-    forms: set[str] = set(_drugs().names)
-    for cls in clinical_classes():
-        forms.update(norm(w) for w in (cls.name, *cls.words))
-    forms.update(_vaccines().words)
-    forms.update(norm(s) for s in _vaccines().short.values())
-    labs = _labs()
-    forms.update(labs.names)
-    forms.update(labs.group_words)
-    ab = _abbreviations()
-    for long_forms in (*ab.source.values(), *ab.overrides.values()):
-        forms.update(norm(f) for f in long_forms)
-    for entry in default_lexicon().entries:
-        forms.update(norm(s) for s in (entry.canonical, *entry.surfaces))
-        for member, others in entry.members.items():
-            forms.update(norm(s) for s in (member, *others))
-    for form in list(forms):
-        if " " in form:
-            forms.update(w for w in _TOKEN.findall(form) if len(w) >= 4)
-    return tuple(sorted(f for f in forms if f))
-
-
-@lru_cache(maxsize=1)
-def _spelling() -> tuple[frozenset[str], tuple[str, ...], frozenset[str]]:
-    """(known words, correction targets, drug words)."""
-    known: set[str] = set()
-    for form in vocabulary():
-        known.add(form)
-        known.update(_TOKEN.findall(form))
-    known.update(a.lower() for a in _abbreviations().source)
-    drug_words = frozenset(w for name in _drugs().names for w in {name, *_TOKEN.findall(name)})
-    targets = tuple(sorted(w for w in known if len(w) >= 4 and " " not in w and _TOKEN.fullmatch(w)))
-    return frozenset(known), targets, drug_words
-
-
-def is_known(word: str) -> bool:
-    """Whether a word or phrase is in the vocabulary (or is a common English word)."""
-    known = _spelling()[0]
-    return any(form in known for form in _variants(word)) or is_common_word(word)
-
-
-def correct(word: str) -> tuple[str, float] | None:
-    """The vocabulary word a misspelt word was meant to be, with a similarity in (0, 1]:
-    "retinopahty" -> ("retinopathy", 0.91), "labetolol" -> labetalol, "fossamax" -> fosamax.
-
-    Bounded so that it never turns one drug, or any real word, into another: only words of five
-    letters or more that are neither in the vocabulary (drug names, brands, abbreviations, class
-    and lab words...) nor common English words; at most one edit under eight letters and two from
-    eight (a swap of neighbouring letters is one edit); the first letter kept; and no answer when
-    two different words are equally close. None when nothing is corrected; the caller shows the
-    correction it makes in its diagnostics."""
-    from rapidfuzz import process
-    from rapidfuzz.distance import OSA
-
-    w = norm(word)
-    if len(w) < 5 or not _TOKEN.fullmatch(w) or is_known(w):
-        return None
-    known, targets, drug_words = _spelling()
-    limit = 1 if len(w) < 8 else 2
-    hits = process.extract(w, targets, scorer=OSA.distance, score_cutoff=limit, limit=None)
-    hits = [(t, d) for t, d, _ in hits if t[0] == w[0] and abs(len(t) - len(w)) <= limit]
-    if not hits:
-        return None
-    best = min(d for _, d in hits)
-    closest = sorted({t for t, d in hits if d == best})
-    if len(closest) != 1:
-        candidates = {frozenset(ingredients_of(t)) or t for t in closest}
-        if len(candidates) != 1:
-            return None
-    target = closest[0]
-    # the typed word may itself be a drug the tables lack: never trade it for a neighbour of the
-    # same letters that is also a drug unless it is a single edit away
-    if target in drug_words and best > 1 and len(w) < 10:
-        return None
-    return target, round(1 - best / max(len(w), len(target)), 2)
