@@ -106,7 +106,8 @@ def cmd_config(args, settings: Settings) -> int:
     return 0
 
 
-# Exit codes of `chartcite index` (and of `check`): documented in the README.
+# Exit codes of `chartcite index` (and of `check`): their meanings are in docs/commands.md, which
+# scripts/command_reference.py writes from these constants.
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_SKIPPED = 0, 1, 2, 3
 
 
