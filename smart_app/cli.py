@@ -106,11 +106,14 @@ def cmd_config(args, settings: Settings) -> int:
     return 0
 
 
-# Exit codes of `chartcite index` (and of `check`): documented in the README.
+# Exit codes of `chartcite index` (and of `check`): their meanings are in docs/commands.md, which
+# scripts/command_reference.py writes from these constants.
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_SKIPPED = 0, 1, 2, 3
 
 
-@command("index", "index FHIR bundles / NDJSON files or folders", arg("paths", nargs="+"), TENANT)
+@command("index", "index FHIR bundles / NDJSON files or folders",
+         arg("paths", nargs="+", help="FHIR R4 Bundles (.json, .json.gz), Bulk Data NDJSON files, or folders of these"),
+         TENANT)
 def cmd_index(args, settings: Settings) -> int:
     from tqdm import tqdm
 
@@ -168,7 +171,7 @@ def cmd_check(args, settings: Settings) -> int:
 
 
 @command("patients", "list indexed patients (no names unless --show-names)", TENANT,
-         arg("--show-names", action="store_true"), JSON)
+         arg("--show-names", action="store_true", help="also print each patient's name"), JSON)
 def cmd_patients(args, settings: Settings) -> int:
     rows = service(settings).patients(args.tenant or settings.tenant)
     if args.json:
@@ -220,9 +223,13 @@ def format_context(bundle: dict) -> str:
     return "\n".join(lines)
 
 
-@command("ask", "ask a question about one patient (or --batch a JSONL file)", arg("question", nargs="?"), PATIENT,
+@command("ask", "ask a question about one patient (or --batch a JSONL file)",
+         arg("question", nargs="?", help="the question, in plain language (with --patient)"), PATIENT,
          arg("--batch", help="JSONL with patient_id and question (and id) per line"), TENANT,
-         arg("--k", type=int, default=5), arg("--pipeline", choices=("dense", "hybrid", "full"), default="full"), JSON,
+         arg("--k", type=int, default=5, help="evidence passages the answer may cite"),
+         arg("--pipeline", choices=("dense", "hybrid", "full"), default="full",
+             help="dense: kNN only (the baseline); hybrid: BM25 over concept-normalised text and dense, fused; full: "
+                  "hybrid with query expansion, filter, recovery and a deterministic rerank"), JSON,
          arg("--explain", action="store_true", help="print the per-stage table"))
 def cmd_ask(args, settings: Settings) -> int:
     tenant = args.tenant or settings.tenant
@@ -283,7 +290,9 @@ def print_stage_table(stages: list[dict]) -> None:
 
 
 @command("eval", "recall@k, MRR, facts and abstention per question set (one or more files)",
-         arg("questions", nargs="+"), arg("--k", default="3,5,10"), arg("--pipeline", default="dense,hybrid,full"),
+         arg("questions", nargs="+", help="question sets (JSON lines with gold evidence groups)"),
+         arg("--k", default="3,5,10", help="cut-offs of recall@k, comma separated; answers use the deepest"),
+         arg("--pipeline", default="dense,hybrid,full", help="pipelines to compare, comma separated"),
          arg("--ablate", default="", help="also run full without these stages: filter,recovery,rerank"),
          arg("--backend", choices=("embedded", "elasticsearch"), help="overrides CHARTCITE_BACKEND"), TENANT, JSON,
          arg("--stages", action="store_true", help="also recall@k after every stage of full (first k)"))
@@ -314,7 +323,8 @@ def cmd_eval(args, settings: Settings) -> int:
 
 
 @command("serve", "serve the web app (gunicorn; --dev for Flask's development server)",
-         arg("--host", default="127.0.0.1"), arg("--port", type=int, default=5000),
+         arg("--host", default="127.0.0.1", help="address to listen on"),
+         arg("--port", type=int, default=5000, help="port to listen on"),
          arg("--cert", help="TLS certificate (PEM) for a local HTTPS test; production sits behind a TLS proxy"),
          arg("--key", help="TLS private key (PEM) matching --cert"),
          arg("--dev", action="store_true", help="Flask's development server (one process, for local work) instead of gunicorn"))
@@ -344,7 +354,7 @@ def registry_for(settings: Settings):
 @command("keys", "chartcite's signing keys (the JWKS EHRs verify its assertions with)", subcommands(
     "keys_command",
     ("generate", "new current key pairs; older ones stay published for the overlap",
-     (arg("--alg", choices=("RS384", "ES384", "both"), default="both"),)),
+     (arg("--alg", choices=("RS384", "ES384", "both"), default="both", help="which key pairs to make"),)),
     ("list", "the keys and whether they are retiring", ()),
     ("prune", "drop retired keys whose overlap has passed", ())))
 def cmd_keys(args, settings: Settings) -> int:
@@ -406,15 +416,18 @@ def client_secret_from(args) -> str:
         arg("--write-back", action="store_true", help="also ask for DocumentReference create, so saved drafts can "
             "be written back as preliminary notes"),
         lambda parser: add_client_options(parser, defaults=True))),
-    ("update", "change a registration (client type, secret, scopes, frames, group)", (
-        arg("name"), arg("--client-id"), arg("--scopes", choices=("v1", "v2")),
+    ("update", "change a registration (client type, secret, scopes, frames, group); what is not given stays", (
+        arg("name", help="the registered EHR's name"), arg("--client-id", help="the client id the EHR gave chartcite"),
+        arg("--scopes", choices=("v1", "v2"), help="SMART scope syntax the EHR expects"),
         arg("--frame-origin", action="append", default=None, help="replaces the frame origins (repeatable)"),
-        arg("--group-id"), arg("--write-back", action=argparse.BooleanOptionalAction, default=None),
+        arg("--group-id", help="Bulk Data Group for background sync"),
+        arg("--write-back", action=argparse.BooleanOptionalAction, default=None,
+            help="ask (or stop asking) for DocumentReference create"),
         lambda parser: add_client_options(parser, defaults=False))),
     ("list", "registered EHRs and their last sync", (JSON,)),
-    ("remove", "unregister an EHR (its index is kept)", (arg("name"),)),
+    ("remove", "unregister an EHR (its index is kept)", (arg("name", help="the registered EHR's name"),)),
     ("check", "is the registration ready? discovery, capabilities, JWKS, Backend Services token, one search; "
-              "each failure with its fix", (arg("name"), JSON))))
+              "each failure with its fix", (arg("name", help="the registered EHR's name"), JSON))))
 def cmd_ehr(args, settings: Settings) -> int:
     from fhir_ingest.connection.registry import RegistryError
 
@@ -486,8 +499,10 @@ def check_ehr(args, settings: Settings, registry) -> int:
 
 
 @command("audit", "the audit trail: who asked what about which patient (JSON lines with --jsonl)",
-         arg("--patient", default=""), arg("--tenant", default=""),
-         arg("--kind", default="", help="ask, refused, draft, draft-saved"), arg("--limit", type=int, default=50),
+         arg("--patient", default="", help="only this patient's entries"),
+         arg("--tenant", default="", help="only this tenant's entries"),
+         arg("--kind", default="", help="only entries of this kind: ask, refused, draft, draft-saved, "
+             "draft-written, session-ended, admin"), arg("--limit", type=int, default=50, help="the newest N entries"),
          arg("--jsonl", action="store_true", help="export as JSON lines, oldest first"))
 def cmd_audit(args, settings: Settings) -> int:
     from .audit import open_audit

@@ -417,7 +417,7 @@ def test_the_folder_stays_compact():
 def test_the_build_says_what_source_is_missing_and_how_to_get_it(tmp_path):
     """The tables are rebuilt on purpose from pinned sources that are not part of the repository
     (two wheels and eight git repositories; `python scripts/build_terminology.py --out DIR` and a
-    byte comparison with the committed files, as the README's terminology section says). Where the
+    byte comparison with the committed files, as docs/terminology.md says). Where the
     sources are absent the build stops with exit 2 and a sentence naming the source and the command
     that fetches it; the checksum test above guards the committed files either way."""
     env = {k: v for k, v in os.environ.items() if k != "CHARTCITE_TERMINOLOGY_SOURCES"}
