@@ -14,6 +14,7 @@ from fhir_ingest.record.reader import DEFAULT_LIMITS, ReadLimits, read_path
 
 from search.answering.answer import compose, impossible_date_answer
 from search.answering.grounded import GENERAL_BANNER, GENERAL_REFUSAL, grounded_answer
+from search.answering.parts import combined, question_parts
 from search.answering.phi import Identifiers
 from search.answering.steps import AnswerContext, apply_steps
 from search.answering.types import Answer
@@ -179,7 +180,18 @@ class SearchService:
 
     def answer(self, tenant: str, patient_id: str, question: str, k: int = 5, pipeline: str = "full",
                question_id: str | None = None, ablate: tuple[str, ...] = (), use_llm: bool = True) -> Answer:
+        """The answer to a question; a question of several parts is answered part by part
+        (search/answering/parts.py)."""
         question = clean_text(question)
+        parts = question_parts(question) if pipeline == "full" else [question]
+        if len(parts) > 1:
+            answers = [self.answer_one(tenant, patient_id, part, k, pipeline, question_id, ablate, use_llm)
+                       for part in parts]
+            return combined(question, question_id, parts, answers)
+        return self.answer_one(tenant, patient_id, question, k, pipeline, question_id, ablate, use_llm)
+
+    def answer_one(self, tenant: str, patient_id: str, question: str, k: int, pipeline: str,
+                   question_id: str | None, ablate: tuple[str, ...], use_llm: bool) -> Answer:
         retrieval = retrieve(self.backend, self.embedder, question, tenant, patient_id, k=k, pipeline=pipeline,
                              ablate=ablate, reranker=self.reranker)
         analysis = retrieval.analysis
