@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, replace
 
 from search.answering.charts import series_chart
-from search.answering.facts import Fact
+from search.answering.facts import Fact, fact_of
 from search.answering.lead import ALLERGY_WORDS, SUPPORTING, Draft, Lead, first_sentence, note_words
 from search.answering.types import Answer, Citation, EvidenceItem, Statement
 from search.nlp.annotate import RecordTerm, asserted_keys, default_annotator
@@ -386,7 +386,8 @@ def clinical_statements(retrieval: Retrieval, relevant: list[Evidence]) -> tuple
     cites. Evidence that cannot be put in clinical words keeps its own words."""
     analysis = retrieval.analysis
     try:
-        lead = first_sentence(analysis, relevant, lambda ev: _passage(ev, statement_for(ev, analysis, first=True)))
+        lead = first_sentence(analysis, relevant, lambda ev: _passage(ev, statement_for(ev, analysis, first=True)),
+                              retrieval.histories)
     except Exception:      # a resource shape the sentence writer did not foresee: the record's own words
         log.exception("writing the first sentence failed; the evidence's own words are used")
         lead = Lead(None, [])
@@ -394,7 +395,8 @@ def clinical_statements(retrieval: Retrieval, relevant: list[Evidence]) -> tuple
     facts = {ev.chunk.chunk_id: f for f in lead.facts for ev in [f.ev]}
     said = {ev.chunk.chunk_id for d in drafts for ev in d.sources()}
     # A later order of a drug the first sentence names, a test it already charts: said once.
-    said_names = {(f.kind, f.series or f.name) for f in lead.facts if f.ev.chunk.chunk_id in said}
+    said_names = {(f.kind, f.series or f.name) for f in (fact_of(ev) for d in drafts for ev in d.sources())
+                  if f is not None}
     stated_series = bool(lead.series) and lead.draft is not None
     for ev in relevant:
         if len(drafts) == 1 + SUPPORTING + (0 if lead.draft else 1):

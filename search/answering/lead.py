@@ -21,6 +21,7 @@ ASKS_IF_RECORDED = re.compile(
     r"(?:on|taking|allergic|anemic|diabetic|hypertensive|pregnant|immunized|vaccinated)\b"
     r"|(?:does|do|did)\s+(?:he|she|they|the patient|pt)\s+(?:ever\s+|still\s+)?(?:have|take|carry|use|get|receive|had)\b"
     r"|(?:has|have|had)\s+(?:he|she|they|the patient|pt)\s+(?:ever\s+)?(?:had|been|got|gotten|received|taken)\b"
+    r"|(?:still|currently|now|ever)\s+(?:on|taking|using|getting|receiving)\b"
     r"|any\b)", re.I)
 # "How have his BPs been?", "Is her weight going up?": several values asked for, whatever the
 # retrieval analysis made of the wording.
@@ -97,9 +98,10 @@ def affirms(question: str) -> bool:
     return bool(ASKS_IF_RECORDED.search(question))
 
 
-def first_sentence(analysis: Analysis, relevant: list[Evidence], note_passage) -> Lead:
+def first_sentence(analysis: Analysis, relevant: list[Evidence], note_passage, history: list[Evidence] = ()) -> Lead:
     """The lead sentence and the facts of the relevant evidence; no sentence when none can be
-    written in clinical words (the caller keeps the evidence's own words)."""
+    written in clinical words (the caller keeps the evidence's own words). `history`: every order
+    of the drugs the evidence names, to fold."""
     facts = [f for f in (fact_of(ev) for ev in relevant) if f is not None]
     top = relevant[0]
     kind = asked_kind(analysis, facts, top)
@@ -116,7 +118,8 @@ def first_sentence(analysis: Analysis, relevant: list[Evidence], note_passage) -
     if not same:
         return Lead(None, facts)
     if kind == "medication":
-        return Lead(medication_sentence(analysis, same), facts)
+        orders = [f for f in (fact_of(ev) for ev in history) if f is not None and f.kind == "medication"]
+        return Lead(medication_sentence(analysis, same, orders), facts)
     if kind == "encounter":
         return Lead(encounter_sentence(analysis, same), facts)
     return Lead(listing_sentence(analysis, same), facts)
@@ -197,8 +200,8 @@ def listing_sentence(analysis: Analysis, facts: list[Fact]) -> Draft:
     clauses, firsts = [], []
     for group in list(by_name.values())[:MAX_CLAUSES]:
         group.sort(key=lambda f: f.date, reverse=True)
-        if analysis.wants_latest or len(group) == 1 or f"on {group[0].date}" not in group[0].words:
-            group = group[:1] if analysis.wants_latest else group
+        if analysis.wants_latest or analysis.wants_first or len(group) == 1 or f"on {group[0].date}" not in group[0].words:
+            group = group[:1] if analysis.wants_latest else group[-1:] if analysis.wants_first else group
             clauses += [(f.words, [f.ev]) for f in group]
         else:
             dates = [f.date for f in group]
@@ -216,22 +219,39 @@ def _distinct(facts: list[Fact], key) -> list[Fact]:
     return out
 
 
-def medication_sentence(analysis: Analysis, facts: list[Fact]) -> Draft:
-    """Current orders (active, newest per drug) first; a reason when asked why; older orders only
-    when nothing is current or the question asks about ever."""
-    per_drug: dict[str, Fact] = {}
-    for f in sorted(facts, key=lambda f: (f.current, f.date), reverse=True):
-        per_drug.setdefault(f.series or f.name, f)
-    drugs = sorted(per_drug.values(), key=lambda f: facts.index(f))
-    current = [f for f in drugs if f.current]
+def medication_sentence(analysis: Analysis, facts: list[Fact], history: list[Fact] = ()) -> Draft:
+    """One clause per drug, its orders folded: the newest order says whether it is current (a
+    refill history of years is one drug, not years of clauses), with how many orders there were
+    and when the first was; current drugs first, older ones only when nothing is current or the
+    question asks about ever or the first; a reason when asked why."""
+    orders: dict[str, list[Fact]] = {}
+    for f in {f.ev.chunk.chunk_id: f for f in [*facts, *history]}.values():
+        orders.setdefault(f.series or f.name, []).append(f)
+    drugs = list(dict.fromkeys(f.series or f.name for f in facts))
+    for name in drugs:
+        orders[name].sort(key=lambda f: (f.date, f.current))
+    newest = {name: orders[name][-1] for name in drugs}
     if analysis.wants_why:
-        f = drugs[0]
-        words = f.words + (f", for {f.reason}" if f.reason else "")
-        return Draft([(words, [f.ev])], lead=True)
-    shown = current if current and not analysis.wants_ever else drugs
-    shown = shown[:MAX_CLAUSES]
-    prefix = prefix_for(analysis, shown) if current or any(f.negative for f in shown) else ""
-    return Draft([(f.words, [f.ev]) for f in shown], prefix, lead=True)
+        f = next((f for f in facts if f.reason), facts[0])
+        return Draft([(f.words + (f", for {f.reason}" if f.reason else ""), [f.ev])], lead=True)
+    current = [name for name in drugs if newest[name].current]
+    shown = (current if current and not (analysis.wants_ever or analysis.wants_first) else drugs)[:MAX_CLAUSES]
+    clauses = [folded_orders(orders[name], analysis) for name in shown]
+    last = [newest[name] for name in shown]
+    prefix = prefix_for(analysis, last) if current or any(f.negative for f in last) else ""
+    return Draft(clauses, prefix, lead=True)
+
+
+def folded_orders(orders: list[Fact], analysis: Analysis) -> tuple[str, list[Evidence]]:
+    """A drug's orders as one clause: the newest (its status), how many, and the first."""
+    first, newest = orders[0], orders[-1]
+    if first.date == newest.date:
+        return newest.words, [newest.ev]
+    count = f"{len(orders)} orders, the first on {first.date}"
+    if analysis.wants_first:
+        return f"{first.name} first ordered on {first.date}; the latest of {len(orders)} orders: {newest.words}", \
+            [first.ev, newest.ev]
+    return f"{newest.words} (the latest of {count})", [newest.ev, first.ev]
 
 
 def encounter_sentence(analysis: Analysis, facts: list[Fact]) -> Draft:
@@ -301,6 +321,9 @@ def measurement_sentence(analysis: Analysis, series: list[Series]) -> tuple[Draf
         if wants_several(analysis) and len(points) > 1:
             clauses.append(trend_clause(s.name, points))
             shown.append(Series(s.name, points, s.coded, s.range))
+        elif analysis.wants_first:
+            clauses += first_clauses(s.name, points)
+            shown.append(s)
         else:
             clauses += latest_clauses(s.name, points, s.points, windowed=bool(analysis.date_from or analysis.date_to))
             shown.append(s)
@@ -315,6 +338,16 @@ def latest_clauses(name: str, points: list, history: list, windowed: bool) -> li
     if earlier and not windowed:
         before, before_ev = earlier[-1]
         clauses.append((f"previous {before.text} on {before.date}", [before_ev]))
+    return clauses
+
+
+def first_clauses(name: str, points: list) -> list[tuple[str, list[Evidence]]]:
+    """The first result on file (of the window asked), and the latest beside it."""
+    (first, first_ev), (last, last_ev) = points[0], points[-1]
+    flag = f" ({first.flag})" if first.flag else ""
+    clauses = [(f"first {name} on file {first.text}{flag} on {first.date}", [first_ev])]
+    if last.date != first.date:
+        clauses.append((f"latest {last.text} on {last.date}", [last_ev]))
     return clauses
 
 

@@ -150,9 +150,9 @@ class Backend(ABC):
                 for s in searches]
 
     @abstractmethod
-    def has_terms(self, tenant: str, patient_id: str, terms: list[str]) -> set[str]:
-        """Which words occur in this patient's indexed text. Only one patient's: nothing a
-        clinician sees may depend on another patient's record."""
+    def has_terms(self, tenant: str, patient_id: str, terms: list[str], prefix: bool = False) -> set[str]:
+        """Which words occur in this patient's indexed text (with `prefix`, which begin a word of
+        it). Only one patient's: nothing a clinician sees may depend on another patient's record."""
 
     @abstractmethod
     def refs_in_scope(self, scope: Scope, refs: list[str]) -> set[str]:

@@ -508,12 +508,16 @@ class ElasticsearchBackend(Backend):
     def latest(self, scope: Scope, n: int) -> list[Hit]:
         return self.search_many([Search("latest", scope, None, n)])[0]
 
-    def has_terms(self, tenant: str, patient_id: str, terms: list[str]) -> set[str]:
+    def has_terms(self, tenant: str, patient_id: str, terms: list[str], prefix: bool = False) -> set[str]:
         alias = self._ensure(tenant)
         found = set()
         for term in terms:
             filters = [{"term": {"tenant": tenant}}, {"term": {"patient_id": patient_id}}]
-            query = {"bool": {"filter": filters, "must": [{"match": {"lexical": self._lexical(term)}}]}}
+            # A prefix is looked up as written: the indexed words are stems, and a stem begins with
+            # the word's first letters up to a consonant (search/nlp/vocabulary.presence_prefix).
+            words = ({"prefix": {"lexical": term.lower()}} if prefix and " " not in term.strip()
+                     else {"match_phrase_prefix" if prefix else "match": {"lexical": self._lexical(term)}})
+            query = {"bool": {"filter": filters, "must": [words]}}
             if self._call(lambda: self.es.count(index=alias, query=query))["count"]:
                 found.add(term)
         return found

@@ -289,12 +289,12 @@ class EmbeddedBackend(Backend):
                                   [*args, n]).fetchall()
         return [Hit(r[0], 0.0) for r in rows]
 
-    def has_terms(self, tenant: str, patient_id: str, terms: list[str]) -> set[str]:
+    def has_terms(self, tenant: str, patient_id: str, terms: list[str], prefix: bool = False) -> set[str]:
         found = set()
         for term in terms:
             clean = term.replace('"', "")
             sql = "SELECT 1 FROM chunks_fts WHERE chunks_fts MATCH ? AND tenant = ? AND patient_id = ? LIMIT 1"
-            if self._db().execute(sql, [f'"{clean}"', tenant, patient_id]).fetchone():
+            if self._db().execute(sql, [f'"{clean}"' + ("*" if prefix else ""), tenant, patient_id]).fetchone():
                 found.add(term)
         return found
 

@@ -26,7 +26,7 @@ from search.models.embed import Embedder
 from search.nlp.lexicon import STOP_WORDS, content_tokens, tokens
 from search.nlp.spelling import spelled
 from search.nlp.terminology import is_common_word
-from search.nlp.vocabulary import is_clinical_word
+from search.nlp.vocabulary import is_clinical_word, is_phrasing, names_a_clinical_thing, presence_prefix
 from search.retrieval.dates import MONTH_RE as _MONTH_RE, MONTHS, impossible_dates, valid_date
 from search.retrieval.timeline import ANCHOR, anchor, last_n
 
@@ -39,6 +39,7 @@ FILTER_GUARD = 6          # a filter that leaves fewer chunks than this is widen
 
 LATEST = re.compile(r"\b(latest|last|most recent|recent|recently|current|currently|now|today|newest|right now)\b", re.I)
 TREND = re.compile(r"\b(trend|trends|trended|trending|over time|changed|change|going up|going down|over the (?:last|past))\b", re.I)
+FIRST = re.compile(r"\b(first|earliest|initial|oldest|original)\b", re.I)
 EVER = re.compile(r"\b(ever|history|hx|any|previous|prior|past)\b", re.I)
 LIST = re.compile(r"\b(what|which|list|all|any)\b.*\b(meds|medications|drugs|problems|diagnoses|allergies|procedures|"
                   r"vaccines|immunizations|visits|conditions|dx|blood thinners|antiplatelets|statins|pills)\b", re.I)
@@ -68,6 +69,7 @@ class Analysis:
     date_from: str = ""
     date_to: str = ""
     wants_latest: bool = False
+    wants_first: bool = False        # "first rx on file", "earliest A1c": the oldest of what was asked
     wants_trend: bool = False
     wants_ever: bool = False
     wants_list: bool = False
@@ -78,6 +80,8 @@ class Analysis:
     visit_refs: set[str] = field(default_factory=set)   # encounters of the kind a note question names
     impossible_dates: list[str] = field(default_factory=list)   # "2023-02-30 is not a date: ..." for each
     corrections: list[str] = field(default_factory=list)        # misspelt words read as ("fossamax → fosamax")
+    target: int = 0                  # where the asked clause begins (after context such as "K+ was low —")
+    abbreviations: dict[str, list[str]] = field(default_factory=dict)   # abbreviation → its long forms
 
     @property
     def keys(self) -> set[str]:
@@ -143,7 +147,7 @@ class Analysis:
                 and not t.isdigit() and t not in MONTHS]
 
     def intents(self) -> list[str]:
-        return [name for name in ("latest", "trend", "ever", "list", "why") if getattr(self, f"wants_{name}")]
+        return [name for name in ("latest", "first", "trend", "ever", "list", "why") if getattr(self, f"wants_{name}")]
 
 
 @dataclass
@@ -185,6 +189,7 @@ class Retrieval:
     scope: Scope                      # the scope after the filter stage
     candidates: list[Evidence] = field(default_factory=list)   # everything the rerank saw
     absent_terms: set[str] = field(default_factory=set)        # clinical words of the question this record never uses
+    histories: list[Evidence] = field(default_factory=list)    # every order of the drugs the evidence names
     ranked_after: dict[str, list[list[str]]] = field(default_factory=dict)   # stage -> each evidence's refs, in order
     vectors_pending: int = 0          # chunks still waiting for their vector (a first sync under way)
 
@@ -261,11 +266,18 @@ def target_offset(question: str) -> int:
     return 0
 
 
+def asks_for_the_first(question: str) -> bool:
+    """"First rx on file?", "earliest A1c": the oldest is asked for. "At her first prenatal
+    visit" only names an event the question is anchored to."""
+    anchored = [m.span(2) for m in ANCHOR.finditer(question) if m.group(2)]
+    return any(not any(a <= m.start() < b for a, b in anchored) for m in FIRST.finditer(question))
+
+
 def analyse(question: str, terms: list[RecordTerm] | None = None) -> Analysis:
     typed = question
     question, corrections = spelled(question)
     concepts = default_annotator().annotate([question], terms or [], in_question=True)[0]
-    concepts, expanded = with_abbreviations(question, concepts, terms or [])
+    concepts, abbreviations = with_abbreviations(question, concepts, terms or [])
     concepts += record_words(question, concepts, terms or [])
     target = target_offset(question)
     purpose_as_context(question, target, concepts)
@@ -285,9 +297,11 @@ def analyse(question: str, terms: list[RecordTerm] | None = None) -> Analysis:
                 concept["role"] = ""
     return Analysis(
         question, concepts, content_tokens(question), sorted({c["semantic_type"] for c in concepts} | kinds),
-        date_from, date_to, wants_latest=bool(LATEST.search(question)), wants_trend=bool(TREND.search(question)),
+        date_from, date_to, wants_latest=bool(LATEST.search(question)), wants_first=asks_for_the_first(question),
+        wants_trend=bool(TREND.search(question)),
         wants_ever=bool(EVER.search(question)), wants_list=bool(LIST.search(question)),
-        wants_why=bool(WHY.search(question)), kinds=tuple(sorted(kinds)), expansions=expanded,
+        wants_why=bool(WHY.search(question)), kinds=tuple(sorted(kinds)),
+        expansions=[form for forms in abbreviations.values() for form in forms], target=target, abbreviations=abbreviations,
         last_n=last_n(question), impossible_dates=impossible_dates(typed),
         corrections=[f"{wrong} → {right}" for wrong, right in corrections])
 
@@ -318,7 +332,7 @@ def record_words(question: str, concepts: list[dict], terms: list[RecordTerm]) -
         if any(s <= m.start() < e for s, e in covered) or len(word) < 3 or word in STOP_WORDS \
                 or word in QUESTION_WORDS or word in GENERIC_RECORD_WORDS or is_common_word(word):
             continue
-        named = by_word.get(word) or by_word.get(word.rstrip("s"))
+        named = by_word.get(word) or by_word.get(word.rstrip("s")) or spelled_out(word, terms)
         if not named or len(named) > MOST_RECORD_TERMS:
             continue
         for term in named:
@@ -331,13 +345,25 @@ def record_words(question: str, concepts: list[dict], terms: list[RecordTerm]) -
     return found
 
 
-def with_abbreviations(question: str, concepts: list[dict], terms: list[RecordTerm]) -> tuple[list[dict], list[str]]:
-    """The question's concepts plus those its capitalised abbreviations' long forms name
-    ("DOAC" → direct oral anticoagulant), each placed where the abbreviation stands."""
+SHORTEST_ACRONYM = 4     # three letters fall by chance among the initials of a long coded name
+
+
+def spelled_out(word: str, terms: list[RecordTerm]) -> list[RecordTerm]:
+    """The record's coded names whose words' initials spell an acronym of the question that no
+    abbreviation list has ("CRAFFT": "Car, Relax, Alone, Forget, Friends, Trouble Screening Test")."""
+    if len(word) < SHORTEST_ACRONYM or not word.isalpha() or is_common_word(word):
+        return []
+    return [term for term in terms if word in "".join(t[0] for t in tokens(term.phrase))]
+
+
+def with_abbreviations(question: str, concepts: list[dict], terms: list[RecordTerm]) -> tuple[list[dict], dict[str, list[str]]]:
+    """The question's concepts plus those its abbreviations' long forms name ("DOAC" → direct
+    oral anticoagulant), each placed where the abbreviation stands; and each abbreviation's long
+    forms, by the abbreviation."""
     covered = [(c.get("start", 0), c.get("start", 0) + len(c.get("text", ""))) for c in concepts]
     found = expansions(question, covered)
     if not found:
-        return concepts, []
+        return concepts, {}
     keys = {c["key"] for c in concepts}
     forms = [form for _, _, long_forms in found for form in long_forms]
     annotated = default_annotator().annotate(forms, terms, in_question=True)
@@ -348,7 +374,7 @@ def with_abbreviations(question: str, concepts: list[dict], terms: list[RecordTe
                 if concept["key"] not in keys:
                     keys.add(concept["key"])
                     concepts.append(concept | {"start": start, "text": token, "via": form})
-    return concepts, forms
+    return concepts, {token.lower(): long_forms for _, token, long_forms in found}
 
 
 def time_window(question: str) -> tuple[str, str]:
@@ -495,6 +521,7 @@ RERANK_WEIGHTS = {
     "negated": -0.6,      # only mentions it to deny it ("no history of asthma")
     "in_window": 0.6,     # dated inside the window the question names
     "latest": 0.4,        # the newest of its concept, for "latest" questions
+    "earliest": 0.4,      # the oldest of its concept, for "first" questions
     "type": 0.2,          # of a record type the question's words point at
     "trend": 0.4,         # a trend summary, for "trend" questions
     "structured": 0.3,    # a structured fact over a templated note line saying the same
@@ -512,10 +539,13 @@ def rerank(evidence: list[Evidence], analysis: Analysis, reranker: CrossEncoderR
     if not evidence:
         return evidence
     newest: dict[str, str] = {}
+    oldest: dict[str, str] = {}
     for ev in evidence:
         for key in asserted_keys(ev.chunk.concepts) & analysis.keys:
             if ev.chunk.date > newest.get(key, ""):
                 newest[key] = ev.chunk.date
+            if ev.chunk.date and ev.chunk.date < oldest.get(key, "9999"):
+                oldest[key] = ev.chunk.date
     newest_any = max((ev.chunk.date for ev in evidence), default="")
     asked_n = newest_results(evidence, analysis)
     top_fused = max(ev.score for ev in evidence) or 1.0
@@ -530,6 +560,8 @@ def rerank(evidence: list[Evidence], analysis: Analysis, reranker: CrossEncoderR
             "in_window": 1.0 if in_window(chunk, analysis) else 0.0,
             "latest": 1.0 if analysis.wants_latest and (
                 any(chunk.date >= newest[k] for k in matched) if analysis.keys else chunk.date[:10] == newest_any[:10]) else 0.0,
+            "earliest": 1.0 if analysis.wants_first and chunk.category != "trend" and any(
+                chunk.date <= oldest[k] for k in matched) else 0.0,
             "type": 1.0 if chunk.semantic_type in analysis.semantic_types else 0.0,
             "trend": 1.0 if analysis.wants_trend and chunk.category == "trend" else 0.0,
             "structured": 1.0 if overlap and chunk.semantic_type != "note" else 0.0,
@@ -632,6 +664,7 @@ class RetrievalState:
     lexical_hits: list[Hit] = field(default_factory=list)
     evidence: list[Evidence] = field(default_factory=list)
     candidates: list[Evidence] = field(default_factory=list)
+    histories: list[Evidence] = field(default_factory=list)
     ranked_after: dict[str, list[list[str]]] = field(default_factory=dict)
     # Asked for with recall, in the same round trip, for the recovery stage (None: not asked).
     recovery_hits: list[Hit] | None = None
@@ -685,10 +718,10 @@ def analyse_question(state: RetrievalState, tools: Tools) -> tuple[int, str]:
     if state.corpus:
         read_ambiguous_words_by_the_record(analysis, backend, tenant, state.patient_id)
     # A clinical word that this patient's record never uses is something the record cannot
-    # answer: "breast" for a patient with prostate cancer. Clinical by the general vocabulary,
-    # never by other patients' records (search/nlp/vocabulary.py).
-    clinical = sorted(clinical_residual(analysis)) if state.corpus else []
-    absent = set(clinical) - backend.has_terms(tenant, state.patient_id, clinical)
+    # answer: "breast" for a patient with prostate cancer, "monofilament" for a patient never
+    # tested. Clinical by the general vocabulary, never by other patients' records
+    # (search/nlp/vocabulary.py).
+    absent = absent_words(backend, tenant, state.patient_id, analysis) if state.corpus else set()
     state.analysis, state.absent = analysis, absent
     return state.corpus, ", ".join(analysis.names + analysis.intents() + [f"absent: {t}" for t in sorted(absent)])
 
@@ -716,8 +749,64 @@ def clinical_residual(analysis: Analysis) -> set[str]:
     """The question's clinical words no concept covers. With a concept asked about, only its
     qualifiers count ("breast" of breast cancer), by the wider vocabulary qualifiers have."""
     if analysis.required_keys:
-        return {t for t in analysis.modifiers(set(analysis.residual)) if is_clinical_word(t, qualifier=True)}
-    return {t for t in analysis.residual if is_clinical_word(t)}
+        found = {t for t in analysis.modifiers(set(analysis.residual)) if is_clinical_word(t, qualifier=True)}
+    else:
+        found = {t for t in analysis.residual if is_clinical_word(t)}
+    return {t for t in found if not is_phrasing(t)}
+
+
+def asked_span(analysis: Analysis) -> tuple[int, int, list[tuple[int, int]]]:
+    """Where the asked clause is, less what only places it in time ("after the wrist fx") or says
+    what it is for ("... for the colon ca", when the clause names something before "for")."""
+    q = analysis.question
+    start, end, skip = analysis.target, len(q), []
+    anchored = ANCHOR.search(q, start)
+    if anchored:
+        skip.append(anchored.span(3))
+    purpose = _PURPOSE.search(q, start)
+    if purpose and any(t not in QUESTION_WORDS for t in content_tokens(q[start:purpose.start()])):
+        end = purpose.start()
+    return start, end, skip
+
+
+def asked_words(analysis: Analysis) -> dict[str, list[str]]:
+    """The words of the asked clause no concept covers that can only name a clinical thing, each
+    with what would show it in the record: the word, and an abbreviation's long forms."""
+    start, end, skip = asked_span(analysis)
+    skip += [(c.get("start", 0), c.get("start", 0) + len(c.get("text", ""))) for c in analysis.concepts]
+    residual = set(analysis.residual)
+    found: dict[str, list[str]] = {}
+    previous = ""
+    for m in re.finditer(r"[a-z][a-z0-9'/-]*", analysis.question.lower()):
+        word, before = m.group(0).strip("'-/"), previous
+        previous = m.group(0)
+        if not (start <= m.start() < end) or any(a <= m.start() < b for a, b in skip) \
+                or not (word in residual or word in analysis.abbreviations) or set(word.split("-")) <= set(MONTHS):
+            continue
+        long_forms = analysis.abbreviations.get(word, [])
+        if names_a_clinical_thing(word, abbreviation=bool(long_forms)):
+            if before in residual and not is_phrasing(before) and is_clinical_word(before, qualifier=True):
+                found[before] = [before]       # which one: a *renal* ultrasound
+            spaced = re.sub(r"(?<=[a-z])(?=\d)", " ", word)
+            written = [word, spaced] if not long_forms or re.fullmatch(r"[a-z0-9]+", word) else []   # "u/s": its long form
+            # "right eye (oculus dexter)": the record may say either
+            glossed = [part for form in long_forms for part in re.split(r"\s*[()]\s*", form) if part.strip()]
+            found[word] = list(dict.fromkeys([*written, *glossed]))
+    return found
+
+
+def absent_words(backend: Backend, tenant: str, patient_id: str, analysis: Analysis) -> set[str]:
+    """The question's clinical words this patient's record never uses, in any of their forms (a
+    long form counts when each of its words is in the record)."""
+    words = {w: [w] for w in clinical_residual(analysis)} | asked_words(analysis)
+    if not words:
+        return set()
+    probes = {w: [probe for probe in ([presence_prefix(t) for t in re.findall(r"[a-z0-9]{2,}", form.lower())
+                                       if t not in STOP_WORDS] for form in forms) if probe]
+              for w, forms in words.items()}
+    wanted = sorted({t for forms in probes.values() for form in forms for t in form})
+    present = backend.has_terms(tenant, patient_id, wanted, prefix=True)
+    return {w for w, forms in probes.items() if not any(all(t in present for t in form) for form in forms)}
 
 
 def analyse_with_record(state: RetrievalState, tools: Tools) -> tuple[int, str]:
@@ -850,6 +939,54 @@ def select_facts(state: RetrievalState, tools: Tools) -> tuple[int, str]:
     return len(state.evidence), ""
 
 
+HISTORY_N = 200       # orders of one drug read to fold its history (decades of monthly refills)
+
+
+def gather_histories(state: RetrievalState, tools: Tools) -> tuple[int, str]:
+    """Every order, in the whole record, of the drugs the selected evidence names (by the record's
+    own drug codes and ingredients), so "still on", "first rx" and "latest" are answered over the drug's whole
+    history and not over the few orders that ranked well."""
+    codes = sorted({c["key"] for ev in state.evidence if ev.chunk.semantic_type == "medication"
+                    for c in ev.chunk.concepts
+                    if c.get("semantic_type") == "medication" and not c.get("negated")
+                    and (c.get("role") == "member" or not c["key"].startswith("lex:"))})
+    if not codes:
+        return len(state.evidence), ""
+    scope = Scope(state.tenant, state.patient_id, semantic_types=("medication",))
+    hits = tools.backend.search_many([Search("concepts", scope, codes, HISTORY_N)])[0]
+    chunks = chunks_of(state, tools, [h.chunk_id for h in hits])
+    state.histories = [Evidence(chunks[h.chunk_id], 0.0) for h in hits if h.chunk_id in chunks]
+    several = bool(SEVERAL_TIMES.search(state.question)) or state.analysis.wants_ever or state.analysis.wants_list
+    state.evidence = with_defining_orders(state.evidence, state.histories, state.analysis.wants_first, keep=several)
+    return len(state.evidence), f"{len(state.histories)} orders of {len(codes)} drug codes"
+
+
+SEVERAL_TIMES = re.compile(r"\b(both|each|every|times|all the)\b", re.I)
+
+
+def with_defining_orders(evidence: list[Evidence], histories: list[Evidence], first: bool,
+                         keep: bool = False) -> list[Evidence]:
+    """Each drug's newest order (its oldest, for "first rx") in the place of the order of it that
+    ranked: that is the order the answer rests on. The one it replaces goes to the end, unless the
+    question asks about several of them ("same drug both times?"): then it stays after it."""
+    have = {ev.chunk.chunk_id for ev in evidence}
+    out, replaced = [], []
+    for ev in evidence:
+        if ev.chunk.semantic_type == "medication":
+            codes = {c["key"] for c in ev.chunk.concepts if c.get("semantic_type") == "medication"
+                     and not c["key"].startswith("lex:")}
+            same = [h for h in histories if codes & {c["key"] for c in h.chunk.concepts}]
+            pick = (min if first else max)(same, key=lambda h: h.chunk.date) if same else ev
+            if pick.chunk.chunk_id not in have:
+                have.add(pick.chunk.chunk_id)
+                out.append(replace(pick, score=ev.score))
+                if not keep:
+                    replaced.append(ev)
+                    continue
+        out.append(ev)
+    return out + replaced
+
+
 # --- the pipelines: lists of stages -----------------------------------------------------------------------
 
 SCOPE = Stage("scope", count_scope, whole_record=True)
@@ -863,7 +1000,7 @@ STAGES = {
              Stage("anchor", anchor_in_time, whole_record=True), Stage("filter", narrow_scope, whole_record=True),
              Stage("recall", recall_expanded), Stage("fuse", fuse_rrf), Stage("recovery", recover_concepts),
              CANDIDATES, Stage("visits", name_visits, reported=False), Stage("rerank", rerank_features),
-             Stage("select", select_facts)],
+             Stage("select", select_facts), Stage("histories", gather_histories)],
 }
 
 
@@ -884,4 +1021,4 @@ def retrieve(backend: Backend, embedder: Embedder, question: str, tenant: str, p
     state = RetrievalState(question, tenant, patient_id, k, Scope(tenant, patient_id))
     reports = run_stages(stages, state, Tools(backend, embedder, reranker))
     return Retrieval(question, pipeline, state.analysis, state.evidence, reports, state.corpus, state.scope,
-                     state.candidates, state.absent, state.ranked_after, state.vectors_pending)
+                     state.candidates, state.absent, state.histories, state.ranked_after, state.vectors_pending)
