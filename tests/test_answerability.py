@@ -56,6 +56,10 @@ def record() -> list[dict]:
               ("levo-2", "completed", "2022-01-05", "966247", "Levothyroxine Sodium 0.075 MG Oral Tablet"),
               ("met-1", "completed", "2019-03-03", "861007", "Metformin hydrochloride 500 MG Oral Tablet"),
               ("met-2", "stopped", "2021-03-03", "861007", "Metformin hydrochloride 500 MG Oral Tablet"))],
+        {"resourceType": "Observation", "id": "ca", "status": "final", "subject": SUBJECT,
+         "category": [{"coding": [{"code": "laboratory"}]}], "effectiveDateTime": "2024-05-01",
+         "code": coded(LOINC, "17861-6", "Calcium [Mass/volume] in Serum or Plasma"),
+         "valueQuantity": {"value": 9.4, "unit": "mg/dL"}},
         {"resourceType": "Procedure", "id": "crafft", "status": "completed", "subject": SUBJECT,
          "performedDateTime": "2024-07-01", "code": coded(SNOMED, "868187001", "Assessment using Car, Relax, Alone, "
                                                                                "Forget, Friends, Trouble Screening Test")},
@@ -147,6 +151,15 @@ def test_phrasing_and_other_forms_never_veto_the_answer(svc, question, ref):
     result = svc.ask("t", PID, question)
     assert not result["abstained"], (result["answer"], result["diagnostics"]["support"])
     assert ref in cited(result)
+
+
+def test_what_she_takes_is_answered_by_orders_not_by_a_result_of_the_same_name(svc):
+    """"Is she on calcium?" asks about a drug: a calcium result does not answer it."""
+    on = svc.ask("t", PID, "osteoporosis - is she on calcium?")
+    assert on["abstained"] and on["diagnostics"]["support"]["reason"] == "no medication record names what was asked"
+    level = svc.ask("t", PID, "calcium level?")
+    assert not level["abstained"] and level["citations"][0]["ref"] == "Observation/ca"
+    assert not svc.ask("t", PID, "is she on apixaban?")["abstained"]
 
 
 def test_a_drugs_orders_are_folded_and_the_newest_says_if_it_is_current(svc):

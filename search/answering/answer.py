@@ -66,6 +66,9 @@ def judge_support(retrieval: Retrieval) -> Support:
         if allergens and not allergens & allergy:
             return Support(False, 0.0, "no allergy record names what was asked")
         asserted = allergy | ({ALLERGY_WORDS} & asserted)
+    drug = drug_asked(retrieval)
+    if drug is not None:
+        return drug
     members = {c["key"] for c in analysis.concepts if c.get("role") == "member"}
     if required:
         hit = required & asserted
@@ -96,6 +99,27 @@ def judge_support(retrieval: Retrieval) -> Support:
     if best_dense >= SEMANTIC_MATCH:
         return Support(True, 0.5, "semantic match only")
     return Support(False, 0.0, "nothing in the record matches the question")
+
+
+def drug_asked(retrieval: Retrieval) -> Support | None:
+    """"Is she on calcium + vit D?", "post-op pain meds?": a question about what the patient takes
+    is answered by medication records naming the drug or class (in the asked window), not by a
+    calcium result or a vitamin D level. None when the question asks no such thing."""
+    analysis = retrieval.analysis
+    if "medication" not in analysis.kinds:
+        return None
+    asked = [c for c in analysis.concepts if c.get("role") != "context" and c["semantic_type"] != "note"]
+    drugs = {c["key"] for c in asked if c["semantic_type"] == "medication"}
+    # "On calcium?", "iron pills?": a lab's analyte asked as a drug is named by the order's words.
+    analytes = {c["display"] for c in asked if c["semantic_type"] in ("lab", "vital")} if not drugs else set()
+    if not drugs and not analytes:
+        return None
+    orders = [e.chunk for e in retrieval.evidence if e.chunk.semantic_type == "medication"
+              and (in_window(e.chunk, analysis) or not (analysis.date_from or analysis.date_to))]
+    taken = set().union(*(asserted_keys(c.concepts) for c in orders))
+    if drugs & taken or any(term_in(name, c.text) for name in analytes for c in orders):
+        return None
+    return Support(False, 0.0, "no medication record names what was asked")
 
 
 def missing_qualifier(question: str, residual: list[str], found: set[str]) -> tuple[str, str] | None:

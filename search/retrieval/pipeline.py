@@ -200,7 +200,8 @@ class Retrieval:
 # stroke visit?" asks for procedures, not for the visit's medications.
 RECORD_KIND_WORDS = {
     "procedure": re.compile(r"\b(procedures?|surger(?:y|ies)|operations?|transplant(?:s|ed)?)\b", re.I),
-    "medication": re.compile(r"\b(meds|medications?|drugs|prescriptions?|prescribed|taking|takes)\b|"
+    "medication": re.compile(r"\b(meds|medications?|drugs|prescriptions?|prescribed|taking|takes|pills|tablets|"
+                             r"supplements?)\b|"
                              r"\b(?:is|was|are|were) (?:she|he|they|the patient|pt) (?:still |currently |now |ever )?on\b", re.I),
     "lab": re.compile(r"\b(labs|lab results|bloodwork|blood work)\b", re.I),
     "vital": re.compile(r"\b(vitals|vital signs)\b", re.I),
