@@ -99,7 +99,7 @@ def test_capitalised_abbreviations_are_read_through_the_inventory():
 
 @pytest.mark.parametrize("question,klass,listed", [
     ("Any latex allergy?", "allergies", {"AllergyIntolerance/pcn", "AllergyIntolerance/smx"}),
-    ("Is she on warfarin?", "medications", {"MedicationRequest/apix"}),
+    ("Is she on simvastatin?", "medications", {"MedicationRequest/apix"}),
     ("Any history of asthma?", "problems", {"Condition/aki", "Condition/tx"}),
     ("Has she had a colonoscopy?", "procedures", {"Procedure/pci"}),
 ])
@@ -109,6 +109,48 @@ def test_no_evidence_never_hides_a_class_the_record_holds(svc, question, klass, 
     assert f"Recorded {klass}" in result["answer"] and "none of which matches" in result["answer"]
     assert listed <= cited(result)
     assert not class_present_no_evidence(result)
+
+
+@pytest.mark.parametrize("question,why", [
+    ("Can I give him amoxicillin?", "an allergy of the same class as amoxicillin (penicillin)"),
+    ("Is she allergic to amoxicillin?", "an allergy of the same class as amoxicillin (penicillin)"),
+    ("can I give her cefazolin?", "penicillin, which may cross-react with cefazolin: low"),
+])
+def test_an_allergy_of_the_drugs_class_comes_first_said_as_what_it_is(svc, question, why):
+    """Asked before giving a drug (or about an allergy to it), the recorded allergy of its class
+    or of a cross-reacting class is shown first, as what it is; never "none of which matches"."""
+    result = svc.ask("t", PID, question)
+    assert result["abstained"]
+    assert result["citations"][0]["ref"] == "AllergyIntolerance/pcn" and "anaphylaxis" in result["statements"][0]["text"]
+    assert why in result["answer"] and "none of which matches" not in result["answer"]
+
+
+def test_a_class_question_answers_only_with_its_members_and_names_the_neighbour_as_what_it_is(svc):
+    """No antiplatelet recorded: apixaban is an anticoagulant, named as a neighbouring class and
+    never under "Yes"; asked for warfarin, apixaban is another anticoagulant."""
+    antiplatelet = svc.ask("t", PID, "Is she on an antiplatelet?")
+    assert antiplatelet["abstained"] and not antiplatelet["answer"].startswith("Yes")
+    assert "No antiplatelet is recorded among the patient's medications." in antiplatelet["answer"]
+    assert "anticoagulant, a class beside antiplatelet, not one [1]" in antiplatelet["answer"]
+    warfarin = svc.ask("t", PID, "is she on warfarin?")
+    assert warfarin["abstained"] and "also an anticoagulant, like warfarin [1]" in warfarin["answer"]
+    assert warfarin["citations"][0]["ref"] == "MedicationRequest/apix"
+
+
+def test_a_class_list_that_is_cut_claims_nothing_about_what_it_did_not_show(tmp_path, embedder):
+    problems = ["Essential hypertension", "Hyperlipidemia", "Osteoarthritis of knee", "Gout", "Anemia",
+                "Chronic sinusitis", "Migraine", "Obesity", "Hypothyroidism", "Insomnia", "Glaucoma", "Eczema"]
+    resources = [record()[0]] + [
+        {"resourceType": "Condition", "id": f"p{i}", "subject": SUBJECT, "clinicalStatus": ACTIVE,
+         "onsetDateTime": f"20{10 + i}-01-01", "code": coded(SNOMED, f"{100000 + i}", name)}
+        for i, name in enumerate(problems)]
+    service = indexed_record(tmp_path, resources)
+    try:
+        result = service.ask("t", PID, "any history of asthma?")
+    finally:
+        service.close()
+    assert result["abstained"] and "none of which matches" not in result["answer"]
+    assert "Recorded problems and diagnoses, closest first (8 of 12):" in result["answer"]
 
 
 def test_the_target_is_judged_not_the_context(svc):

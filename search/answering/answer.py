@@ -140,37 +140,72 @@ CLASSES = {"allergy": "allergies", "problem": "problems and diagnoses", "medicat
 CLASS_LIST_LIMIT = 8
 
 
+# "Can I give him amoxicillin?", "ok to start keflex?", "is cipro safe for her?": asked before giving a
+# drug, the record's allergies are what answers (the drug, its classes, what cross-reacts).
+CAN_GIVE = re.compile(r"\b(?:can|could|should|may)\s+(?:i|we|you|he|she|they)\s+(?:give|start|prescribe|use|order|take|have)\b"
+                      r"|\b(?:ok|okay|safe|alright|fine)\s+(?:to\s+)?(?:give|start|prescribe|use|order|take)\b"
+                      r"|\bis\s+\S+(?:\s+\S+)?\s+safe\b", re.I)
+
+
 def asked_class(analysis: Analysis) -> str:
-    """The clinical class a question asks within: an allergy question whatever the allergen; else
-    the class of the first thing asked about; else a kind of record the question names."""
+    """The clinical class a question asks within: an allergy question whatever the allergen (a
+    question about giving a drug is one); else the class of the first thing asked about; else a
+    kind of record the question names."""
     kinds = [c["semantic_type"] for c in analysis.concepts if c.get("role") != "context"] + list(analysis.kinds)
+    if "medication" in kinds and CAN_GIVE.search(analysis.question):
+        return "allergy"
     if "allergy" in kinds:
         return "allergy"
     return next((kind for kind in kinds if kind in CLASSES), "")
 
 
-def class_entries_answer(result: Answer, klass: str, entries: list, context=None) -> Answer:
-    """An abstention that lists what the record holds of the asked class, each entry cited, and
-    says that none of it matches: a clinician must never read "no evidence" as "none recorded".
-    A fact the question mentioned on the way ("her potassium was low") comes first, as context."""
+def class_entries_answer(result: Answer, klass: str, entries: list, context=None, related: list | None = None,
+                         absent: str = "") -> Answer:
+    """An abstention that lists what the record holds of the asked class, each entry cited: first
+    what is related to what was asked, said as what it is ("an allergy of the same class as
+    amoxicillin"), then the others, closest first. "None of which matches" is said only of a list
+    shown whole: a list that is cut makes no claim about what it did not show. A fact the question
+    mentioned on the way ("her potassium was low") comes first, as context."""
+    related = related or []
     citations, statements = [], []
-    for ev in ([context] if context is not None else []) + entries[:CLASS_LIST_LIMIT]:
-        n = len(citations) + 1
-        citations.append(Citation.of(ev, n))
-        words = f"For context: {ev.chunk.text}" if ev is context else entry_words(ev)
-        statements.append(Statement(words, [n], context=True))
-    listed = statements[1:] if context is not None else statements
-    more = f" (and {len(entries) - CLASS_LIST_LIMIT} more)" if len(entries) > CLASS_LIST_LIMIT else ""
-    lead = f"{NO_EVIDENCE} Recorded {CLASSES[klass]}{more}, none of which matches what was asked:" if klass else NO_EVIDENCE
-    answer = " ".join([NO_EVIDENCE] + [f"{s.text} [{s.citations[0]}]" for s in statements[:1] if context is not None])
+
+    def cite(ev, words: str) -> None:
+        citations.append(Citation.of(ev, len(citations) + 1))
+        statements.append(Statement(words, [len(citations)], context=True))
+
+    if context is not None:
+        cite(context, f"For context: {context.chunk.text}")
+    for r in related:
+        cite(r.ev, f"{entry_words(r.ev)}: {r.why}")
+    room = max(CLASS_LIST_LIMIT - len(related), 0)
+    for ev in entries[:room]:
+        cite(ev, entry_words(ev))
+    shown_related = statements[(context is not None):(context is not None) + len(related)]
+    listed = statements[(context is not None) + len(related):]
+    cut = len(entries) > room
+    parts = [NO_EVIDENCE]
+    if absent:
+        parts.append(absent)
+    if context is not None:
+        parts.append(statements[0].cited_text())
+    if shown_related:
+        parts.append("Related: " + "; ".join(f"{s.text} [{s.citations[0]}]" for s in shown_related) + ".")
     if listed:
-        answer += lead.removeprefix(NO_EVIDENCE) + " " + "; ".join(f"{s.text} [{s.citations[0]}]" for s in listed) + "."
-    shown = ([context] if context is not None else []) + entries[:CLASS_LIST_LIMIT]
+        other = "Other recorded" if shown_related else "Recorded"
+        if cut:
+            lead = f"{other} {CLASSES[klass]}, closest first ({len(listed)} of {len(entries)}):"
+        elif shown_related:
+            lead = f"{other} {CLASSES[klass]}:"
+        else:
+            lead = f"{other} {CLASSES[klass]}, none of which matches what was asked:"
+        parts.append(lead + " " + "; ".join(f"{s.text} [{s.citations[0]}]" for s in listed) + ".")
+    answer = " ".join(parts)
+    shown = ([context] if context is not None else []) + [r.ev for r in related] + entries[:room]
     have = {e.chunk_id for e in result.evidence}
     evidence = result.evidence + [EvidenceItem.of(ev, len(result.evidence) + i + 1)
                                   for i, ev in enumerate(e for e in shown if e.chunk.chunk_id not in have)]
-    return replace(result, answer=answer, lead=lead, statements=statements, citations=citations, evidence=evidence,
-                   class_entries=len(listed))
+    return replace(result, answer=answer, lead=" ".join(parts[:2]), statements=statements, citations=citations,
+                   evidence=evidence, class_entries=len(listed) + len(shown_related))
 
 
 def while_reading(result: Answer, retrieval: Retrieval) -> Answer:
@@ -196,7 +231,11 @@ def context_evidence(retrieval: Retrieval):
 
 
 def entry_words(ev) -> str:
-    """'Penicillin V (recorded 2015-03-02)': the entry's name from its chip, with its date."""
+    """The entry in clinical words ("Penicillin V allergy — anaphylaxis (severe), recorded
+    2010-01-01"), else its name from its chip with its date."""
+    fact = fact_of(ev)
+    if fact is not None:
+        return fact.words
     name = ev.chunk.label.split(" · ")[-1]
     return f"{name} ({ev.chunk.date[:10]})" if ev.chunk.date else name
 

@@ -20,6 +20,8 @@ from typing import Callable
 from search.answering.answer import (NEW_PATIENT, NO_EVIDENCE, asked_class, class_entries_answer, context_evidence,
                                      while_reading as reading_notice)
 from search.answering.lead import ALLERGY_WORDS
+from search.answering.related import closest_first
+from search.nlp import terminology
 from search.answering.charts import trend_chart as chart_of_trend
 from search.answering.types import Answer, Citation, EvidenceItem, Statement
 from search.backends.base import Backend, Scope
@@ -75,8 +77,25 @@ def never_hide_the_class(result: Answer, ctx: AnswerContext) -> Answer:
         return empty_class_answer(result, ctx, klass)
     if not held and context is None:
         return result
-    return class_entries_answer(result, klass if held else "", class_entries(ctx.backend, scope) if held else [],
-                                context)
+    entries = class_entries(ctx.backend, scope) if held else []
+    related, others = closest_first(entries, ctx.retrieval.analysis, klass, ctx.retrieval.candidates)
+    return class_entries_answer(result, klass if held else "", others, context, related,
+                                absence(ctx.retrieval.analysis, klass, 0 < held <= CLASS_READ, related))
+
+
+def absence(analysis, klass: str, read_whole: bool, related: list) -> str:
+    """What the whole class, read through, says is absent: "No anticoagulant is recorded." for a
+    drug class none of the patient's medications belongs to; "No allergy to amoxicillin or to its
+    classes is recorded." when no allergy is related to the drug asked about."""
+    if not read_whole:
+        return ""
+    asked = [c for c in analysis.concepts if c.get("role") not in ("context", "class", "record")
+             and c["semantic_type"] == "medication"]
+    if klass == "medication" and asked and all(terminology.clinical_class(c["display"]) for c in asked):
+        return " ".join(f"No {c['display']} is recorded among the patient's medications." for c in asked[:2])
+    if klass == "allergy" and asked and not related:
+        return " ".join(f"No allergy to {c['display']} or to a class it belongs to is recorded." for c in asked[:2])
+    return ""
 
 
 EMPTY_CLASS = {"allergy": "No allergies or intolerances are recorded in this patient's record",
@@ -121,10 +140,13 @@ def newest_none_known(ctx: AnswerContext, klass: str) -> tuple[Evidence, str] | 
     return None
 
 
+CLASS_READ = 500       # entries of a class read to list it; a class this long is not said to lack anything
+
+
 def class_entries(backend: Backend, scope: Scope) -> list[Evidence]:
     """What the record holds of a class, newest first, one per fact; current entries (active
     problems, allergies and orders) before the rest."""
-    chunks = backend.get_chunks(scope.tenant, [h.chunk_id for h in backend.latest(scope, 500)])
+    chunks = backend.get_chunks(scope.tenant, [h.chunk_id for h in backend.latest(scope, CLASS_READ)])
     ordered = [c for c in chunks if c.status == "active"] + [c for c in chunks if c.status != "active"]
     seen, entries = set(), []
     for chunk in ordered:

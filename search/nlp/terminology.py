@@ -321,6 +321,29 @@ def members_of(clinical_class_or_word: str) -> frozenset[str]:
     return _classes().by_name[name].members if name else frozenset()
 
 
+@lru_cache(maxsize=1)
+def _parents() -> dict[str, frozenset[str]]:
+    """Each clinical class and the classes that name it among their members ("class:antiplatelet"
+    in antithrombotic)."""
+    parents: dict[str, set[str]] = {}
+    for r in _rows("clinical_classes.tsv"):
+        for item in _split(r["members"]):
+            if item.startswith("class:"):
+                parents.setdefault(item[6:], set()).add(r["class"])
+    return {k: frozenset(v) for k, v in parents.items()}
+
+
+def neighbouring_classes(clinical_class_or_word: str) -> frozenset[str]:
+    """The classes beside a class under the same broader one: antiplatelets beside
+    anticoagulants (both antithrombotics), loop beside thiazide diuretics. What a clinician asking
+    for one may be shown as what it is, never as the one asked for."""
+    name = clinical_class(clinical_class_or_word)
+    if not name:
+        return frozenset()
+    parents = _parents()
+    return frozenset(child for child, above in parents.items() if above & parents.get(name, frozenset())) - {name}
+
+
 def classes_of(drug: str, *, epc: bool = True) -> frozenset[str]:
     """The classes of a drug word (ingredient, synonym or brand; a combination gives the classes
     of each ingredient): the clinical classes it belongs to (lower case, as in clinical_classes())
