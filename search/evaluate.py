@@ -107,6 +107,41 @@ def class_present_no_evidence(result: dict) -> bool:
     return bool(result["abstained"] and asked.get("records") and not result["citations"])
 
 
+def first_sentence_refs(result: dict) -> set[str]:
+    """The records the answer's first sentence cites."""
+    first = (sentences(result["answer"]) or [""])[0]
+    numbers = {int(n) for n in re.findall(r"\[(\d+)\]", first)}
+    return {c["ref"] for c in result.get("citations", []) if c.get("n") in numbers}
+
+
+def wrong_yes(result: dict, q: dict) -> bool:
+    """A "Yes —" whose listed entries are not what was asked: the record cannot answer the
+    question, or the first sentence cites none of the gold records."""
+    if not result["answer"].startswith("Yes"):
+        return False
+    if not q["answerable"]:
+        return True
+    gold = {ref for group in q["gold"] for ref in group}
+    return bool(gold) and not (first_sentence_refs(result) & gold)
+
+
+# What an answer says the record lacks: a complete class list that matches nothing, a class none
+# of whose entries belongs, an allergy with none related.
+NEGATIVE_CLAIM = re.compile(r"none of which matches|\bNo [\w ,'/-]+ is recorded among\b|\bNo allergy to\b", re.I)
+
+
+def hidden_match(result: dict, q: dict) -> bool:
+    """The record holds what was asked (the question is answerable) and the answer says it does
+    not: it claims the record lacks it ("none of which matches", "No anticoagulant is recorded
+    among…"), or it abstains while citing the very record that answers (listed as context or as a
+    non-matching entry). A plain abstention that shows nothing is a false abstention instead."""
+    if not q["answerable"]:
+        return False
+    gold = {ref for group in q["gold"] for ref in group}
+    shown = {c["ref"] for c in result.get("citations", [])}
+    return bool(NEGATIVE_CLAIM.search(result["answer"]) or (result["abstained"] and shown & gold))
+
+
 def reciprocal_rank(result: dict, gold: list[list[str]]) -> float:
     wanted = {ref for group in gold for ref in group}
     for ev in result["evidence"]:
@@ -161,7 +196,8 @@ def evaluate(service, tenant: str, questions_path: str, ks: list[int], pipelines
                          "rr": reciprocal_rank(result, q["gold"]) if q["answerable"] else 0.0,
                          "abstained": result["abstained"], "corpus_ratio": ratio, "filter_recall": filter_recall,
                          **answer_figures(result, q.get("facts") or []),
-                         "class_no_evidence": class_present_no_evidence(result)})
+                         "class_no_evidence": class_present_no_evidence(result),
+                         "wrong_yes": wrong_yes(result, q), "hidden_match": hidden_match(result, q)})
         report["pipelines"][label] = summarise(rows, ks, latencies)
     return report
 
@@ -194,6 +230,7 @@ def summarise(rows: list[dict], ks: list[int], latencies: list[float]) -> dict:
         "corpus_ratio": mean([r.get("corpus_ratio", 1.0) for r in answerable]),
         "filter_recall": mean([r.get("filter_recall", 1.0) for r in answerable]),
         "facts": mean([r["facts"] for r in answerable]),
+        "multi_part_facts": mean([r["facts"] for r in answerable if r["kind"] == "multi"]),
         "first_facts": mean([r["first_facts"] for r in answerable]),
         "words_p50": percentile([r["words"] for r in answerable], 0.5),
         "words_p90": percentile([r["words"] for r in answerable], 0.9),
@@ -201,26 +238,31 @@ def summarise(rows: list[dict], ks: list[int], latencies: list[float]) -> dict:
         "abstention_accuracy": mean([1.0 if r["abstained"] else 0.0 for r in unanswerable]),
         "false_abstention": mean([1.0 if r["abstained"] else 0.0 for r in answerable]),
         "class_present_no_evidence": sum(1 for r in rows if r.get("class_no_evidence")),
+        "wrong_yes": sum(1 for r in rows if r.get("wrong_yes")),
+        "hidden_match": sum(1 for r in rows if r.get("hidden_match")),
         "p50_ms": round(percentile(latencies, 0.5), 1),
         "p95_ms": round(percentile(latencies, 0.95), 1),
         "by_kind": {kind: {str(k): mean([r["recall"][k] for r in items]) for k in ks} for kind, items in sorted(by_kind.items())},
         "misses_at_5": [r["id"] for r in answerable if r["recall"].get(5, 1.0) < 1.0],
         "facts_missed": [r["id"] for r in answerable if r["facts"] < 1.0],
         "wrong_abstentions": [r["id"] for r in rows if r["abstained"] != (not r["answerable"])],
+        "wrong_yes_ids": [r["id"] for r in rows if r.get("wrong_yes")],
+        "hidden_match_ids": [r["id"] for r in rows if r.get("hidden_match")],
     }
 
 
 def format_table(report: dict, ks: list[int]) -> str:
     lines = [f"questions: {report['questions']}", ""]
     head = (f"{'pipeline':16} {'corpus':>7} {'filt-R':>7} " + " ".join(f"{'R@' + str(k):>6}" for k in ks)
-            + f" {'MRR':>6} {'facts':>6} {'1st-s':>6} {'words':>5} {'w-p90':>5} {'uncit':>5} {'abstain':>8} {'false-abst':>10} {'class-NE':>8} {'p50 ms':>8} {'p95 ms':>8}")
+            + f" {'MRR':>6} {'facts':>6} {'1st-s':>6} {'words':>5} {'w-p90':>5} {'uncit':>5} {'abstain':>8} {'false-abst':>10} {'class-NE':>8} {'wrongY':>6} {'hidden':>6} {'multi':>6} {'p50 ms':>8} {'p95 ms':>8}")
     lines.append(head)
     for name, p in report["pipelines"].items():
         lines.append(f"{name:16} {p.get('corpus_ratio', 1.0):>7.3f} {p.get('filter_recall', 1.0):>7.3f} "
                      + " ".join(f"{p['recall'][str(k)]:>6.3f}" for k in ks)
                      + f" {p['mrr']:>6.3f} {p.get('facts', 0):>6.3f} {p.get('first_facts', 0):>6.3f} {p.get('words_p50', 0):>5.0f}"
                      + f" {p.get('words_p90', 0):>5.0f} {p.get('uncited_clauses', 0):>5} {p['abstention_accuracy']:>8.2f} {p['false_abstention']:>10.2f}"
-                     + f" {p.get('class_present_no_evidence', 0):>8}"
+                     + f" {p.get('class_present_no_evidence', 0):>8} {p.get('wrong_yes', 0):>6} {p.get('hidden_match', 0):>6}"
+                     + f" {p.get('multi_part_facts', 0):>6.3f}"
                      + f" {p['p50_ms']:>8.1f} {p['p95_ms']:>8.1f}")
     names = list(report["pipelines"])
     if "dense" in report["pipelines"] and "full" in report["pipelines"]:

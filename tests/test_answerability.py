@@ -55,7 +55,8 @@ def record() -> list[dict]:
               ("levo-3", "active", "2024-12-05", "966247", "Levothyroxine Sodium 0.075 MG Oral Tablet"),
               ("levo-2", "completed", "2022-01-05", "966247", "Levothyroxine Sodium 0.075 MG Oral Tablet"),
               ("met-1", "completed", "2019-03-03", "861007", "Metformin hydrochloride 500 MG Oral Tablet"),
-              ("met-2", "stopped", "2021-03-03", "861007", "Metformin hydrochloride 500 MG Oral Tablet"))],
+              ("met-2", "stopped", "2021-03-03", "861007", "Metformin hydrochloride 500 MG Oral Tablet"),
+              ("fe", "active", "2024-10-10", "310325", "ferrous sulfate 325 MG Oral Tablet"))],
         {"resourceType": "Observation", "id": "ca", "status": "final", "subject": SUBJECT,
          "category": [{"coding": [{"code": "laboratory"}]}], "effectiveDateTime": "2024-05-01",
          "code": coded(LOINC, "17861-6", "Calcium [Mass/volume] in Serum or Plasma"),
@@ -202,6 +203,8 @@ def test_what_she_takes_is_answered_by_orders_not_by_a_result_of_the_same_name(s
     level = svc.ask("t", PID, "calcium level?")
     assert not level["abstained"] and level["citations"][0]["ref"] == "Observation/ca"
     assert not svc.ask("t", PID, "is she on apixaban?")["abstained"]
+    iron = svc.ask("t", PID, "Is she on an iron pill?")          # oral iron salts carry no FDA class
+    assert iron["answer"].startswith("Yes — ") and iron["citations"][0]["ref"] == "MedicationRequest/fe"
 
 
 def test_a_drugs_orders_are_folded_and_the_newest_says_if_it_is_current(svc):
@@ -221,6 +224,22 @@ def test_a_drugs_orders_are_folded_and_the_newest_says_if_it_is_current(svc):
 def test_an_allergy_to_one_drug_is_not_an_allergy_to_another_of_its_class(svc):
     result = svc.ask("t", PID, "Is she allergic to amoxicillin?")
     assert result["abstained"] and "AllergyIntolerance/pcn" in cited(result)   # listed, said not to match
+
+
+def test_wrong_yes_and_hidden_matches_are_measured():
+    from search.evaluate import hidden_match, wrong_yes
+
+    answerable = {"answerable": True, "gold": [["AllergyIntolerance/pcn"]]}
+    unanswerable = {"answerable": False, "gold": []}
+    yes_other = {"answer": "Yes — aspirin [1].", "abstained": False, "citations": [{"n": 1, "ref": "MedicationRequest/asa"}]}
+    yes_gold = {"answer": "Yes — penicillin V [1].", "abstained": False,
+                "citations": [{"n": 1, "ref": "AllergyIntolerance/pcn"}]}
+    assert wrong_yes(yes_other, answerable) and wrong_yes(yes_gold, unanswerable) and not wrong_yes(yes_gold, answerable)
+    listed = {"answer": "I don't have evidence for that. Recorded allergies, none of which matches what was asked: "
+                        "penicillin V [1].", "abstained": True, "citations": [{"n": 1, "ref": "AllergyIntolerance/pcn"}]}
+    bare = {"answer": "I don't have evidence for that in this patient's record.", "abstained": True, "citations": []}
+    assert hidden_match(listed, answerable) and not hidden_match(listed, unanswerable)
+    assert not hidden_match(bare, answerable)        # a false abstention, counted as such
 
 
 def test_class_present_no_evidence_is_measured():

@@ -14,6 +14,7 @@ from search.answering.facts import Fact, fact_of
 from search.answering.lead import ALLERGY_WORDS, SUPPORTING, Draft, Lead, first_sentence, note_words
 from search.answering.types import Answer, Citation, EvidenceItem, Statement
 from search.nlp.annotate import RecordTerm, asserted_keys, default_annotator
+from search.nlp import terminology
 from search.nlp.lexicon import tokens
 from search.nlp.vocabulary import clinical_words
 from search.retrieval.pipeline import Analysis, Evidence, Retrieval, concept_overlap, in_window
@@ -106,8 +107,8 @@ def drug_asked(retrieval: Retrieval) -> Support | None:
     is answered by medication records naming the drug or class (in the asked window), not by a
     calcium result or a vitamin D level. None when the question asks no such thing."""
     analysis = retrieval.analysis
-    if "medication" not in analysis.kinds:
-        return None
+    if "medication" not in analysis.kinds or analysis.names_a_note:
+        return None          # "what meds does her last note list" asks what a note says
     asked = [c for c in analysis.concepts if c.get("role") != "context" and c["semantic_type"] != "note"]
     drugs = {c["key"] for c in asked if c["semantic_type"] == "medication"}
     # "On calcium?", "iron pills?": a lab's analyte asked as a drug is named by the order's words.
@@ -117,7 +118,9 @@ def drug_asked(retrieval: Retrieval) -> Support | None:
     orders = [e.chunk for e in retrieval.evidence if e.chunk.semantic_type == "medication"
               and (in_window(e.chunk, analysis) or not (analysis.date_from or analysis.date_to))]
     taken = set().union(*(asserted_keys(c.concepts) for c in orders))
-    if drugs & taken or any(term_in(name, c.text) for name in analytes for c in orders):
+    # The analyte's supplement names it too: "on iron?" is answered by ferrous sulfate.
+    names = analytes | {m for a in analytes for m in terminology.members_of(f"{a} supplement")}
+    if drugs & taken or any(term_in(name, c.text) for name in names for c in orders):
         return None
     return Support(False, 0.0, "no medication record names what was asked")
 

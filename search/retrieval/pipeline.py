@@ -201,7 +201,7 @@ class Retrieval:
 RECORD_KIND_WORDS = {
     "procedure": re.compile(r"\b(procedures?|surger(?:y|ies)|operations?|transplant(?:s|ed)?)\b", re.I),
     "medication": re.compile(r"\b(meds|medications?|drugs|prescriptions?|prescribed|taking|takes|pills|tablets|"
-                             r"supplements?)\b|"
+                             r"supplements?)\b|\b(?:what|which \w+) (?:was|were|is) (?:she|he|they|the patient|pt) given\b|"
                              r"\b(?:is|was|are|were) (?:she|he|they|the patient|pt) (?:still |currently |now |ever )?on\b", re.I),
     "lab": re.compile(r"\b(labs|lab results|bloodwork|blood work)\b", re.I),
     "vital": re.compile(r"\b(vitals|vital signs)\b", re.I),
@@ -252,9 +252,18 @@ def event_as_context(question: str, concepts: list[dict], kinds: set[str]) -> No
     inside = [c for c in concepts if start <= c.get("start", -1) < end]
     asked = [c for c in concepts if c not in inside and c.get("role") not in ("class", "context")
              and c["semantic_type"] != "note"]
-    if inside and (asked or kinds):
+    if inside and (asked or kinds or asks_words_outside(question, m.span(0))):
         for concept in inside:
             concept["role"] = "context"
+
+
+def asks_words_outside(question: str, span: tuple[int, int]) -> bool:
+    """The question names something of its own outside the event it is anchored to ("any IM
+    injections after the IUD went in?", "risky behaviors flagged at the well visit"), not only
+    how it asks ("what happened at the ER visit?")."""
+    rest = question[:span[0]] + " " + question[span[1]:]
+    return any(t not in QUESTION_WORDS and t not in MONTHS and not t.isdigit() and not is_phrasing(t) and len(t) > 2
+               for t in content_tokens(rest))
 
 
 def target_offset(question: str) -> int:
@@ -756,6 +765,11 @@ def clinical_residual(analysis: Analysis) -> set[str]:
     return {t for t in found if not is_phrasing(t)}
 
 
+def names_a_kind(word: str) -> bool:
+    """"Surgery", "meds", "labs": a kind of record the question asks within, not a thing to find."""
+    return any(words.fullmatch(word) for words in RECORD_KIND_WORDS.values())
+
+
 def asked_span(analysis: Analysis) -> tuple[int, int, list[tuple[int, int]]]:
     """Where the asked clause is, less what only places it in time ("after the wrist fx") or says
     what it is for ("... for the colon ca", when the clause names something before "for")."""
@@ -799,7 +813,8 @@ def asked_words(analysis: Analysis) -> dict[str, list[str]]:
 def absent_words(backend: Backend, tenant: str, patient_id: str, analysis: Analysis) -> set[str]:
     """The question's clinical words this patient's record never uses, in any of their forms (a
     long form counts when each of its words is in the record)."""
-    words = {w: [w] for w in clinical_residual(analysis)} | asked_words(analysis)
+    words = {w: forms for w, forms in ({w: [w] for w in clinical_residual(analysis)} | asked_words(analysis)).items()
+             if not names_a_kind(w)}
     if not words:
         return set()
     probes = {w: [probe for probe in ([presence_prefix(t) for t in re.findall(r"[a-z0-9]{2,}", form.lower())
