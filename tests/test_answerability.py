@@ -61,6 +61,10 @@ def record() -> list[dict]:
          "category": [{"coding": [{"code": "laboratory"}]}], "effectiveDateTime": "2024-05-01",
          "code": coded(LOINC, "17861-6", "Calcium [Mass/volume] in Serum or Plasma"),
          "valueQuantity": {"value": 9.4, "unit": "mg/dL"}},
+        *[{"resourceType": "Condition", "id": cid, "subject": SUBJECT, "clinicalStatus": ACTIVE,
+           "onsetDateTime": "2023-09-09", "code": coded(SNOMED, code, display)}
+          for cid, code, display in (("ipv", "706893006", "Victim of intimate partner abuse (finding)"),
+                                     ("transport", "713458007", "Lack of access to transportation (finding)"))],
         {"resourceType": "Procedure", "id": "crafft", "status": "completed", "subject": SUBJECT,
          "performedDateTime": "2024-07-01", "code": coded(SNOMED, "868187001", "Assessment using Car, Relax, Alone, "
                                                                                "Forget, Friends, Trouble Screening Test")},
@@ -189,6 +193,8 @@ def test_an_absent_asked_thing_is_not_answered_by_its_present_context(svc, quest
     ("penicillin allergy - anaphylactic?", "AllergyIntolerance/pcn"),    # another ending of the record's word
     ("CRAFFT done? when", "Procedure/crafft"),                           # an acronym the record spells out
     ("potassium levels charted after the appendectomy?", "Observation/k3"),
+    ("any IPV hx documented", "Condition/ipv"),                          # a long form the record says in other words
+    ("any transport barriers?", "Condition/transport"),                  # the record's word with another ending
 ])
 def test_phrasing_and_other_forms_never_veto_the_answer(svc, question, ref):
     result = svc.ask("t", PID, question)
@@ -248,6 +254,17 @@ def test_class_present_no_evidence_is_measured():
     empty = bare | {"diagnostics": {"asked_class": {"class": "allergy", "records": 0}}}
     assert class_present_no_evidence(bare) and not class_present_no_evidence(listed)
     assert not class_present_no_evidence(empty)
+
+
+@pytest.mark.parametrize("question,window", [
+    ("wt gain from the 2023 to the 2024 physical", ("2023-01-01", "2024-12-31")),   # both years and between
+    ("wt at the 2025 physical vs the prior years", ("", "2025-12-31")),
+    ("hdl went way up in 2024? values since 2023", ("2023-01-01", "")),              # "since" stays open
+])
+def test_a_comparison_of_years_spans_them(question, window):
+    from search.retrieval.pipeline import time_window
+
+    assert time_window(question) == window
 
 
 def test_time_anchored_to_the_patients_own_events(svc):

@@ -53,7 +53,8 @@ def expansions(question: str, covered: list[tuple[int, int]]) -> list[tuple[int,
     for match in _TOKEN.finditer(question):
         start, end = match.span()
         token = match.group(0)
-        if any(s < end and start < e for s, e in covered) or not is_abbreviation_like(token):
+        if not is_abbreviation_like(token) or (any(s < end and start < e for s, e in covered)
+                                                 and not reviewed_as_ambiguous(token)):
             continue
         context = context_at(question, start)
         forms = terminology.abbreviation(token, context) or (
@@ -61,6 +62,13 @@ def expansions(question: str, covered: list[tuple[int, int]]) -> list[tuple[int,
         if forms:
             found.append((start, token, by_the_other_words(forms, question, token)))
     return found
+
+
+def reviewed_as_ambiguous(token: str) -> bool:
+    """A token the reviewed overrides give several meanings ("IPV": intimate partner violence or
+    the polio vaccine): read through all of them even when one vocabulary already matched it, so
+    the record can say which it holds."""
+    return terminology.has_reviewed_meaning(token) and len(terminology.abbreviation(token, None)) > 1
 
 
 def by_the_other_words(forms: list[str], question: str, token: str) -> list[str]:

@@ -38,7 +38,8 @@ RRF_K = 60
 FILTER_GUARD = 6          # a filter that leaves fewer chunks than this is widened, then dropped
 
 LATEST = re.compile(r"\b(latest|last|most recent|recent|recently|current|currently|now|today|newest|right now)\b", re.I)
-TREND = re.compile(r"\b(trend|trends|trended|trending|over time|changed|change|going up|going down|over the (?:last|past))\b", re.I)
+TREND = re.compile(r"\b(trend|trends|trended|trending|over time|changed|change|going up|going down|over the (?:last|past)|"
+                   r"gain|gained|loss|lost|vs|versus|compared)\b", re.I)
 FIRST = re.compile(r"\b(first|earliest|initial|oldest|original)\b", re.I)
 EVER = re.compile(r"\b(ever|history|hx|any|previous|prior|past)\b", re.I)
 LIST = re.compile(r"\b(what|which|list|all|any)\b.*\b(meds|medications|drugs|problems|diagnoses|allergies|procedures|"
@@ -311,7 +312,7 @@ def analyse(question: str, terms: list[RecordTerm] | None = None) -> Analysis:
         wants_trend=bool(TREND.search(question)),
         wants_ever=bool(EVER.search(question)), wants_list=bool(LIST.search(question)),
         wants_why=bool(WHY.search(question)), kinds=tuple(sorted(kinds)),
-        expansions=[form for forms in abbreviations.values() for form in forms], target=target, abbreviations=abbreviations,
+        expansions=search_forms(concepts, abbreviations), target=target, abbreviations=abbreviations,
         last_n=last_n(question), impossible_dates=impossible_dates(typed),
         corrections=[f"{wrong} → {right}" for wrong, right in corrections])
 
@@ -340,9 +341,10 @@ def record_words(question: str, concepts: list[dict], terms: list[RecordTerm]) -
     for m in re.finditer(r"[a-z][a-z'-]+", question.lower()):
         word = m.group(0)
         if any(s <= m.start() < e for s, e in covered) or len(word) < 3 or word in STOP_WORDS \
-                or word in QUESTION_WORDS or word in GENERIC_RECORD_WORDS or is_common_word(word):
+                or word in QUESTION_WORDS or word in GENERIC_RECORD_WORDS or is_common_word(word) or names_a_kind(word):
             continue
-        named = by_word.get(word) or by_word.get(word.rstrip("s")) or spelled_out(word, terms)
+        named = by_word.get(word) or by_word.get(word.rstrip("s")) or spelled_out(word, terms) \
+            or by_word.get(same_word(word, by_word) or "")
         if not named or len(named) > MOST_RECORD_TERMS:
             continue
         for term in named:
@@ -353,6 +355,19 @@ def record_words(question: str, concepts: list[dict], terms: list[RecordTerm]) -
                 found.append({"key": term.key, "display": term.display, "semantic_type": term.semantic_type,
                               "negated": False, "text": m.group(0), "role": "record", "start": m.start()})
     return found
+
+
+def same_word(word: str, vocabulary) -> str | None:
+    """The record's word that is the question's with another ending ("risky" → risk,
+    "transport" → transportation, "assess" → assessment): the shorter, of five letters or more,
+    begins the longer, which has at most five more; or an adjective's "-y" on the record's noun."""
+    for candidate in vocabulary:
+        if word.endswith("y") and word[:-1] == candidate and len(candidate) >= 4:
+            return candidate
+        short, long = sorted((word, candidate), key=len)
+        if len(short) >= 5 and long.startswith(short) and len(long) - len(short) <= 5:
+            return candidate
+    return None
 
 
 SHORTEST_ACRONYM = 4     # three letters fall by chance among the initials of a long coded name
@@ -380,11 +395,39 @@ def with_abbreviations(question: str, concepts: list[dict], terms: list[RecordTe
     per_form = iter(annotated)
     for start, token, long_forms in found:
         for form in long_forms:
-            for concept in next(per_form):
-                if concept["key"] not in keys:
+            from_record = named_in_record(form, terms) if not names_a_kind(form) else []
+            for concept in next(per_form) or from_record:
+                # "vaccine" of "inactivated poliovirus vaccine" says only what kind of record it is
+                generic = concept["display"] == concept["semantic_type"] or names_a_kind(concept["display"])
+                if concept["key"] not in keys and not generic:
                     keys.add(concept["key"])
                     concepts.append(concept | {"start": start, "text": token, "via": form})
     return concepts, {token.lower(): long_forms for _, token, long_forms in found}
+
+
+def search_forms(analysis_concepts: list[dict], abbreviations: dict[str, list[str]]) -> list[str]:
+    """Long forms worth adding to the search text: those of abbreviations no other vocabulary
+    matched ("ED" of "ED visit" is already the emergency visit; adding "erectile dysfunction"
+    would only blur the search)."""
+    matched = {c.get("text", "").lower() for c in analysis_concepts if not c.get("via")}
+    return [form for token, forms in abbreviations.items() if token not in matched for form in forms]
+
+
+def named_in_record(form: str, terms: list[RecordTerm]) -> list[dict]:
+    """The patient's coded names that say a long form no vocabulary knows in other words ("IPV":
+    intimate partner violence, recorded as "Victim of intimate partner abuse"): at least two of
+    its words (its one word, for a one-word form), as written or with another ending."""
+    words = [w for w in content_tokens(form) if w not in GENERIC_RECORD_WORDS and len(w) > 2]
+    if not words:
+        return []
+    found = []
+    for term in terms:
+        have = set(tokens(term.phrase))
+        shared = [w for w in words if w in have or same_word(w, have)]
+        if len(shared) >= min(2, len(words)):
+            found.append({"key": term.key, "display": term.display, "semantic_type": term.semantic_type,
+                          "negated": False, "role": "record"})
+    return found if len(found) <= MOST_RECORD_TERMS else []
 
 
 def time_window(question: str) -> tuple[str, str]:
@@ -413,13 +456,24 @@ def time_window(question: str) -> tuple[str, str]:
         last = calendar.monthrange(year, month)[1]
         since = re.search(rf"\b(since|after|from)\s+{re.escape(m.group(0))}", q)
         return f"{year:04d}-{month:02d}-01", ("" if since else f"{year:04d}-{month:02d}-{last:02d}")
-    m = re.search(r"\b(since|after|from)\s+(\d{4})\b", q)
+    m = re.search(r"\b(since|after)\s+(\d{4})\b", q) or (len(years_named(q)) < 2 and re.search(r"\b(from)\s+(\d{4})\b", q))
     if m and valid_date(int(m.group(2)), 1, 1):
         return f"{m.group(2)}-01-01", ""
+    years = years_named(q)
+    if len(years) >= 2:          # "wt gain from the 2023 to the 2024 physical": both, and between
+        return f"{min(years)}-01-01", f"{max(years)}-12-31"
+    m = re.search(r"\b(19[5-9]\d|20[0-4]\d)\b.*\b(?:vs\.?|versus|compared (?:to|with))\s+(?:the\s+)?"
+                  r"(?:prior|previous|earlier|past|last)\b", q)
+    if m:                        # "wt at the 2025 physical vs the prior years": up to that year
+        return "", f"{m.group(1)}-12-31"
     m = re.search(r"\b(?:in|during|of)\s+(\d{4})\b", q) or re.search(r"\b(19[5-9]\d|20[0-4]\d)\b", q)
     if m and valid_date(int(m.group(1)), 1, 1):
         return f"{m.group(1)}-01-01", f"{m.group(1)}-12-31"
     return "", ""
+
+
+def years_named(q: str) -> list[int]:
+    return sorted({int(y) for y in re.findall(r"\b(19[5-9]\d|20[0-4]\d)\b", q) if valid_date(int(y), 1, 1)})
 
 
 def expanded_query(analysis: Analysis) -> str:
@@ -740,10 +794,16 @@ def read_ambiguous_words_by_the_record(analysis: Analysis, backend: Backend, ten
     """One word with several clinical readings ("PT": physical therapy or prothrombin time; "OD":
     overdose or right eye) means what this patient's record holds: readings the record asserts
     are kept and the others dropped; when the record holds none of them, all stay."""
-    spans: dict[tuple[int, str], list[dict]] = {}
-    for concept in analysis.concepts:
-        spans.setdefault((concept.get("start", 0), concept.get("text", "")), []).append(concept)
-    ambiguous = [group for group in spans.values()
+    # One word read several ways: concepts whose spans overlap ("ED" of "ED visit").
+    spans: list[tuple[int, int, list[dict]]] = []
+    for concept in sorted(analysis.concepts, key=lambda c: c.get("start", 0)):
+        start = concept.get("start", 0)
+        end = start + max(len(concept.get("text", "")), 1)
+        if spans and start < spans[-1][1]:
+            spans[-1] = (spans[-1][0], max(end, spans[-1][1]), spans[-1][2] + [concept])
+        else:
+            spans.append((start, end, [concept]))
+    ambiguous = [group for _, _, group in spans
                  if len({c["semantic_type"] for c in group if c.get("role") not in ("class", "context")}) > 1]
     if not ambiguous:
         return

@@ -97,7 +97,7 @@ def event_window(backend: Backend, scope: Scope, question: str, terms: list[Reco
     when = event_dates(backend, scope, event, terms)
     if not when:
         return None
-    first = ordinal.lower() in ("first", "initial") or re.search(r"start|began|went|since", m.group(0) if m else "", re.I)
+    first = ordinal.lower() in ("first", "initial") or re.search(r"start|began|went on|since", m.group(0) if m else "", re.I)
     day = when[0] if first else when[-1]
     note = f"{relation} {ordinal + ' ' if ordinal else ''}{event} ({day.isoformat()})"
     if relation.lower() == "during" and not ordinal and len(when) > 1:      # an episode: all of it
