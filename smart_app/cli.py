@@ -248,8 +248,29 @@ def cmd_ask(args, settings: Settings) -> int:
         for c in result["citations"]:
             print(f"  [{c['n']}] {c['label']}  ({c['ref']})")
     if args.explain:
+        print_plan(result["diagnostics"])
         print_stage_table(result["diagnostics"]["stages"])
     return 0
+
+
+def print_plan(diagnostics: dict) -> None:
+    """How the question was read: each part's concepts with their role and source, corrections,
+    the window, what the record holds in no form."""
+    parts = diagnostics.get("parts") or [{"part": "", "analysis": diagnostics.get("analysis")}]
+    for part in parts:
+        analysis = part.get("analysis") or {}
+        plan = analysis.get("plan") or {}
+        print(f"\nplan{' of “' + part['part'] + '”' if part.get('part') else ''}:")
+        for c in plan.get("concepts", []):
+            via = f" via {c['via']}" if c.get("via") else ""
+            print(f"  {c['role']:8} {c['concept']} ({c['type']}) from “{c['from']}”{via}")
+        for label, value in (("corrections", ", ".join(analysis.get("corrections") or [])),
+                             ("window", " to ".join(d or "…" for d in (analysis.get("date_from"), analysis.get("date_to")))
+                              if analysis.get("date_from") or analysis.get("date_to") else ""),
+                             ("intents", ", ".join(analysis.get("intents") or [])),
+                             ("absent", ", ".join(plan.get("absent") or []))):
+            if value:
+                print(f"  {label}: {value}")
 
 
 def ask_batch(svc, tenant: str, args) -> int:

@@ -396,3 +396,34 @@ def test_a_word_only_another_patient_uses_shows_what_a_word_no_record_uses_shows
     assert [n.replace("martian", "african") for n in notes[1]] == notes[0]
     assert not any("absent" in note for note in notes[0])
     assert answers[0]["answer"] == answers[1]["answer"].replace("martian", "african")
+
+
+def test_a_note_section_asked_is_answered_by_the_notes_that_have_it(tmp_path, embedder):
+    """"What does the social history say?" names a section, not a clinical thing: the notes holding
+    that section answer it, the newest first, and a second part never leaves a clause uncited."""
+    import base64
+
+    from search.evaluate import uncited_clauses
+
+    def note(nid, day, social):
+        text = f"# Chief Complaint\\n- Checkup\\n\\n# Social History\\n{social}\\n\\n# Assessment and Plan\\nNone.\\n"
+        return {"resourceType": "DocumentReference", "id": nid, "status": "current", "subject": SUBJECT,
+                "type": coded(LOINC, "34117-2", "History and physical note"), "date": f"{day}T10:00:00Z",
+                "content": [{"attachment": {"contentType": "text/plain",
+                                            "data": base64.b64encode(text.encode()).decode()}}]}
+
+    smoking = {"resourceType": "Observation", "id": "smoke", "status": "final", "subject": SUBJECT,
+               "category": [{"coding": [{"code": "social-history"}]}], "effectiveDateTime": "2024-03-03",
+               "code": coded(LOINC, "72166-2", "Tobacco smoking status"),
+               "valueCodeableConcept": coded(SNOMED, "8517006", "Ex-smoker (finding)")}
+    service = indexed_record(tmp_path, [record()[0], smoking, note("old", "2019-02-02", "Patient quit smoking at age 16."),
+                                        note("new", "2024-03-03", "Patient lives alone and walks daily.")])
+    section = service.ask("t", PID, "what does the social history say?")
+    both = service.ask("t", PID, "Does she smoke? what does the social history say?")
+    service.close()
+    assert not section["abstained"], section["answer"]
+    # Answered because the notes have the section, not because a passage happens to resemble it.
+    assert section["diagnostics"]["support"]["coverage"] == 1.0
+    assert section["citations"][0]["ref"] == "DocumentReference/new"
+    assert not both["abstained"] and uncited_clauses(both) == 0, both["answer"]
+    assert "Observation/smoke" in cited(both)

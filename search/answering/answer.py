@@ -90,6 +90,9 @@ def judge_support(retrieval: Retrieval) -> Support:
             return Support(True, len(found) / len(residual), "terms found")
     if analysis.wants_note and retrieval.scope.semantic_types and (retrieval.scope.date_from or retrieval.scope.date_to):
         return Support(True, 1.0, "the note asked for")
+    if notes_holding(analysis.sections_asked, evidence):
+        # "What does the social history say?" is answered by the notes that have that section.
+        return Support(True, 1.0, "the note section asked for")
     best_dense = max((e.dense for e in evidence if e.dense is not None), default=0.0)
     unsaid = [t for t in residual if t in clinical_words()]
     if unsaid and not analysis.wants_note:
@@ -100,6 +103,12 @@ def judge_support(retrieval: Retrieval) -> Support:
     if best_dense >= SEMANTIC_MATCH:
         return Support(True, 0.5, "semantic match only")
     return Support(False, 0.0, "nothing in the record matches the question")
+
+
+def notes_holding(sections: set[str], evidence) -> bool:
+    """Does a note among the evidence carry one of the asked sections under its own heading?"""
+    return any(e.chunk.semantic_type == "note" and any(s.lower() in f"{e.chunk.label} {e.chunk.text}".lower() for s in sections)
+               for e in evidence) if sections else False
 
 
 def drug_asked(retrieval: Retrieval) -> Support | None:
@@ -444,7 +453,20 @@ def retrieval_diagnostics(retrieval: Retrieval) -> dict:
                        "date_to": scope.date_to},
             "analysis": {"concepts": analysis.names, "intents": analysis.intents(),
                          "date_from": analysis.date_from, "date_to": analysis.date_to,
-                         "corrections": analysis.corrections}}
+                         "corrections": analysis.corrections, "plan": question_plan(retrieval)}}
+
+
+def question_plan(retrieval: Retrieval) -> dict:
+    """Why the question was read as it was: each concept with its role (asked, context, class of
+    a named drug, found through the record's own words) and where it came from (the words typed,
+    an abbreviation's long form), the asked clause, and the words the record holds in no form."""
+    analysis = retrieval.analysis
+    concepts = [{"concept": c["display"], "type": c["semantic_type"], "role": c.get("role") or "asked",
+                 "from": c.get("text", ""), **({"via": c["via"]} if c.get("via") else {})}
+                for c in analysis.concepts]
+    return {"concepts": concepts, "asked_clause": analysis.question[analysis.target:].strip(),
+            "kinds": list(analysis.kinds), "abbreviations": analysis.abbreviations,
+            "absent": sorted(retrieval.absent_terms)}
 
 
 def clinical_statements(retrieval: Retrieval, relevant: list[Evidence]) -> tuple[list[Statement], list[Citation], dict | None]:

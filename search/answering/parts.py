@@ -93,10 +93,13 @@ def combined(question: str, question_id: str | None, parts: list[str], answers: 
                 numbers[c.ref] = len(citations) + 1
                 citations.append(replace(c, n=numbers[c.ref]))
             renumber[c.n] = numbers[c.ref]
+        earlier = {n for st in statements for n in st.citations}
         for s in answer.statements:
+            cited = [renumber[n] for n in s.citations if n in renumber]
+            if cited and set(cited) <= earlier:
+                continue        # an earlier part already said it, citing the same records
             text = MARK.sub(lambda m: f"[{renumber.get(int(m.group(0)[1:-1]), m.group(0)[1:-1])}]", s.text)
-            statements.append(replace(s, text=text, citations=[renumber[n] for n in s.citations if n in renumber],
-                                      lead=s.lead and not statements))
+            statements.append(replace(s, text=text, citations=cited, lead=s.lead and not statements))
     text = " ".join(s.cited_text() if s.citations else s.text for s in statements)
     evidence = interleaved([a.evidence for a in answers])
     abstained = all(a.abstained for a in answers)
