@@ -45,6 +45,8 @@ EXIT_MEANINGS = (
     (cli.EXIT_USAGE, "usage or configuration error (no such file, bad setting): nothing was done"),
     (cli.EXIT_SKIPPED, "done, but some input was skipped (unreadable or invalid; for `ask --batch`, a line that "
                        "could not be answered gets an `error` result and the rest are answered)"),
+    (cli.EXIT_CLOSED_PIPE, "the reader of the output stopped reading (`chartcite patients --json | head`); what it "
+                           "read is whole lines, and nothing else went wrong"),
 )
 
 SYNOPSIS_WIDTH = 96

@@ -75,7 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     from search.models.embed import ModelNotFound
 
     try:
-        return handler(args, settings) or 0
+        code = handler(args, settings) or 0
+        sys.stdout.flush()          # a closed pipe is met here, not after main returns
+        return code
+    except BrokenPipeError:
+        return reader_went_away()
     except (BackendError, ModelNotFound, SettingsError, FileNotFoundError) as exc:
         print(f"chartcite: {exc}", file=sys.stderr)
         return 2
@@ -83,6 +87,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"chartcite: Redis at {mask_url_password(settings.redis_url)} cannot be reached ({exc}); start it, or "
               f"correct CHARTCITE_REDIS_URL", file=sys.stderr)
         return EXIT_FAILED
+
+
+def reader_went_away() -> int:
+    """`chartcite patients --json | head`: the reader stopped reading, which is not an error of
+    chartcite's. What remains to be written goes nowhere (Python would otherwise report the closed
+    pipe again when it flushes at exit), and the exit code is the one a shell gives a process the
+    closed pipe stopped (128 + SIGPIPE)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return EXIT_CLOSED_PIPE
 
 
 def redis_unreachable_errors() -> tuple[type[Exception], ...]:
@@ -109,6 +123,7 @@ def cmd_config(args, settings: Settings) -> int:
 # Exit codes of `chartcite index` (and of `check`): their meanings are in docs/commands.md, which
 # scripts/command_reference.py writes from these constants.
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_SKIPPED = 0, 1, 2, 3
+EXIT_CLOSED_PIPE = 141
 
 
 @command("index", "index FHIR bundles / NDJSON files or folders",
