@@ -105,7 +105,7 @@ def test_commands_that_need_redis_say_it_is_down_in_a_sentence(env, tmp_path):
     down = {**env, "CHARTCITE_DATA_DIR": str(tmp_path / "data"),
             "CHARTCITE_REDIS_URL": f"redis://:redis-pw@127.0.0.1:{free_port()}/0"}
     assert run(["ehr", "add", "--name", "gone", "--iss", f"http://127.0.0.1:{free_port()}/fhir", "--client-id", "c",
-                "--client-auth", "none"], down).returncode == 0
+                "--client-auth", "none", "--group-id", "g"], down).returncode == 0
     for command in (["status"], ["status", "--json"], ["sync", "--tenant", "gone"]):
         out = run(command, down)
         assert out.returncode == 1 and "Traceback" not in out.stderr, (command, out.stderr)

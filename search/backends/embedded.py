@@ -340,6 +340,9 @@ class EmbeddedBackend(Backend):
                                  (tenant, patient_id)).fetchone()
         return json.loads(row[0]) if row else None
 
+    def has_patients(self, tenant: str) -> bool:
+        return self._db().execute("SELECT 1 FROM patients WHERE tenant=? LIMIT 1", (tenant,)).fetchone() is not None
+
     def list_patients(self, tenant: str) -> list[dict]:
         rows = self._db().execute("SELECT data FROM patients WHERE tenant=? ORDER BY patient_id", (tenant,)).fetchall()
         return [json.loads(r[0]) for r in rows]
