@@ -17,10 +17,12 @@ import uuid
 from pathlib import Path
 
 import pytest
+import requests
 from cryptography.fernet import Fernet
 
 from .conftest import SYNTHEA, clean_env, es_url, redis_url
-from .fhir_servers import REPO, free_port, load_synthea, start_ehr_server, start_sekmet, stop
+from .fhir_servers import (REPO, free_port, load_synthea, published_keys, serve_folder, start_ehr_server,
+                           start_sekmet, stop)
 
 CLIENT_ID = "chartcite-workers-client"
 GROUP = "workers-group"
@@ -60,8 +62,9 @@ def workers_stack(tmp_path_factory, synthea_dir):
         # The test server fetches chartcite's JWKS: without `chartcite serve` here, from a plain web server.
         (folder / "jwks.json").write_text(json.dumps({"keys": published_keys(env)}))
         jwks_server = serve_folder(folder)
-        requests_post(f"{ehr_root}/_test/client", {"auth": "private_key_jwt", "jwks_url":
-                                                   f"http://127.0.0.1:{jwks_server.server_port}/jwks.json"})
+        requests.post(f"{ehr_root}/_test/client", timeout=30, json={
+            "auth": "private_key_jwt", "jwks_url": f"http://127.0.0.1:{jwks_server.server_port}/jwks.json"}
+        ).raise_for_status()
         added = cli("ehr", "add", "--name", tenant, "--iss", f"{ehr_root}/fhir", "--client-id", CLIENT_ID,
                     "--group-id", GROUP, "--backend-only")
         assert added.returncode == 0, added.stderr
@@ -69,37 +72,12 @@ def workers_stack(tmp_path_factory, synthea_dir):
     finally:
         for process in reversed(processes):
             stop(process)
+        if "jwks_server" in locals():
+            jwks_server.shutdown()
         from elasticsearch import Elasticsearch
 
         Elasticsearch([es_url()]).indices.delete(index=f"chartcite-{tenant}-*", ignore_unavailable=True,
                                                  allow_no_indices=True)
-
-
-def serve_folder(folder: Path):
-    from functools import partial
-    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
-    from threading import Thread
-
-    class Quiet(SimpleHTTPRequestHandler):
-        def log_message(self, *args):
-            return None
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(Quiet, directory=str(folder)))
-    Thread(target=server.serve_forever, daemon=True).start()
-    return server
-
-
-def published_keys(env: dict) -> list[dict]:
-    code = ("from smart_app.settings import Settings; from workers.sync import open_registry; import json; "
-            "print(json.dumps(open_registry(Settings.load()).published_keys()))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    return json.loads(out.stdout)
-
-
-def requests_post(url: str, body: dict) -> None:
-    import requests
-
-    requests.post(url, json=body, timeout=30).raise_for_status()
 
 
 def parts(folder: Path) -> list[dict]:

@@ -99,6 +99,8 @@ class BulkPart(Base):
     claimed_by: Mapped[str] = mapped_column(String(100), default="")
     claimed_until: Mapped[float] = mapped_column(Float, default=0.0)
     completions: Mapped[int] = mapped_column(Integer, default=0)
+    claimed_at: Mapped[float] = mapped_column(Float, default=0.0)   # when its last claim began
+    done_at: Mapped[float] = mapped_column(Float, default=0.0)
     error: Mapped[str] = mapped_column(Text, default="")
     result: Mapped[str] = mapped_column(Text, default="{}")
 
@@ -274,7 +276,8 @@ class Rounds:
             claimed = s.execute(update(BulkPart).where(
                 BulkPart.round_id == round_id, BulkPart.n == n, BulkPart.state != "done",
                 (BulkPart.state != "running") | (BulkPart.claimed_until < now) | (BulkPart.claimed_by == holder))
-                .values(state="running", claimed_by=holder, claimed_until=now + seconds, error="")).rowcount
+                .values(state="running", claimed_by=holder, claimed_until=now + seconds, claimed_at=now,
+                        error="")).rowcount
             s.commit()
             if claimed:
                 return "claimed"
@@ -296,6 +299,7 @@ class Rounds:
             done = s.execute(update(BulkPart).where(
                 BulkPart.round_id == round_id, BulkPart.n == n, BulkPart.claimed_by == holder,
                 BulkPart.state == "running").values(state="done", claimed_until=0.0, result=json.dumps(result),
+                                                    done_at=time.time(),
                                                     completions=BulkPart.completions + 1)).rowcount
             s.commit()
             left = s.scalar(select(func.count()).select_from(BulkPart).where(
