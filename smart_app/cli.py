@@ -677,6 +677,9 @@ def print_sync_summary(summary: dict) -> None:
           f"{summary['export_errors']} export errors; "
           + (f"next sync from {summary['transaction_time']}" if summary["state"] == "done" else
              f"the cursor stays at {summary['since'] or 'none (the next round is a full one)'}"))
+    for failed in summary.get("failed_parts", []):
+        print(f"failed: {failed}: the round stays open and its cursor where it was; the next sync indexes the "
+              "parts left")
     for failed in summary["failed_files"]:
         print(f"incomplete: {failed}: the next sync reads this file again from where it stopped, and the rest "
               "of the round is kept")

@@ -46,12 +46,9 @@ def condition(cid: str, patient: str, text: str) -> dict:
 
 
 def cursor_of(stack: Stack, group: str = GROUP) -> str:
-    """The group's cursor as `ehr list` shows it (a chartcite with one cursor per registration showed
-    that one: the tests then fail on what the rounds do, not on the listing)."""
+    """The group's cursor as `ehr list` shows it."""
     listed = json.loads(stack.cli("ehr", "list", "--json").stdout)
     row = next(e for e in listed if e["name"] == TENANT)
-    if "bulk_cursors" not in row:
-        return row.get("bulk_since", "")
     return row["bulk_cursors"].get(group, {}).get("since", "")
 
 
@@ -343,3 +340,51 @@ def test_status_polling_honours_retry_after_backs_off_and_shows_x_progress(stack
     gaps = [b["at"] - a["at"] for a, b in zip(polls, polls[1:])]
     assert len(polls) <= 7 and all(later >= earlier * 1.2 for earlier, later in zip(gaps, gaps[1:])), gaps
     assert "42% (test)" in synced.stderr
+
+
+def test_a_part_that_failed_for_good_ends_the_wait_and_a_retried_one_does_not(tmp_path):
+    """`sync --workers` follows the round's parts; a part whose task gave up must end the wait with
+    the error (the round left open for the next sync), where a part waiting for its retry keeps it."""
+    import threading
+
+    from smart_app.settings import Settings
+    from workers.bulk_round import follow_round, round_deps
+    from workers.sync import open_registry
+
+    settings = Settings.load({"CHARTCITE_DATA_DIR": str(tmp_path)})
+    registry = open_registry(settings)
+    rounds = round_deps(settings, registry, None).rounds
+    round_ = rounds.new_round(TENANT, GROUP, "", [], "sync-1")
+    rounds.update_round(round_.id, state="indexing")
+    rounds.add_parts(round_.id, [["p1"], ["p2"]])
+    for n, retrying in ((0, True), (1, False)):
+        assert rounds.claim_part(round_.id, n, "worker-1", 60) == "claimed"
+        rounds.fail_part(round_.id, n, "worker-1", "IndexError: boom", retrying=retrying)
+    ended: list[dict] = []
+    follower = threading.Thread(target=lambda: ended.append(follow_round(settings, registry, round_.id, every=0.05)),
+                                daemon=True)
+    follower.start()
+    follower.join(0.5)
+    assert not ended, "a part waiting for its retry must keep the wait"
+    assert rounds.claim_part(round_.id, 0, "worker-2", 60) == "claimed"
+    rounds.fail_part(round_.id, 0, "worker-2", "ValueError: for good")
+    follower.join(5)
+    assert ended and ended[0]["state"] == "failed"
+    assert ended[0]["failed_parts"] == ["part 0: ValueError: for good", "part 1: IndexError: boom"]
+
+
+def test_staged_resources_of_rounds_that_ended_are_swept(tmp_path):
+    """A process killed between a round's end and its clean-up leaves patient data staged: the next
+    sync of any group removes it, and keeps what an open round still needs."""
+    from smart_app.settings import Settings
+    from workers.bulk_round import round_deps, sweep_ended_rounds
+    from workers.sync import open_registry
+
+    settings = Settings.load({"CHARTCITE_DATA_DIR": str(tmp_path)})
+    deps = round_deps(settings, open_registry(settings), None)
+    ended, open_ = deps.rounds.new_round(TENANT, GROUP, "", [], "a"), deps.rounds.new_round(TENANT, OTHER, "", [], "b")
+    deps.rounds.update_round(ended.id, state="done")
+    row = {"file_n": 0, "line": 1, "patient_id": PID, "ref": f"Condition/{CONDITION}", "origin": "x", "body": b""}
+    deps.staging.add([row | {"round_id": rid} for rid in (ended.id, open_.id, "gone-round")])
+    assert sweep_ended_rounds(deps) == 2
+    assert deps.staging.round_ids() == {open_.id}

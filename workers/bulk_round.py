@@ -147,6 +147,7 @@ def run_bulk_sync(settings, registry: Registry, ehr: Ehr, service, group_id: str
         raise SyncRunning(running_sentence(ehr.name, group, held.holder, held.expires_at))
     handed_over = False
     try:
+        sweep_ended_rounds(deps)
         with Heartbeat(lambda: deps.rounds.renew_lease(ehr.name, group, holder, deps.lease), deps.lease / 4):
             round_ = advance(deps, ehr, begin_round(deps, ehr, group, full, holder), say)
             if round_.state == "indexing" and dispatch is not None:
@@ -160,6 +161,16 @@ def run_bulk_sync(settings, registry: Registry, ehr: Ehr, service, group_id: str
     finally:
         if not handed_over:
             deps.rounds.release_lease(ehr.name, group, holder)
+
+
+def sweep_ended_rounds(deps: RoundDeps) -> int:
+    """Staged resources of rounds that ended, or whose rows are gone (a process killed between a
+    round's end and its clean-up), are removed: patient data is kept only while a round needs it."""
+    ended = [rid for rid in deps.staging.round_ids()
+             if (found := deps.rounds.round(rid)) is None or found.state in ("done", "abandoned")]
+    for round_id in ended:
+        deps.staging.remove(round_id)
+    return len(ended)
 
 
 def running_sentence(tenant: str, group: str, holder: str, expires_at: float) -> str:
@@ -463,7 +474,9 @@ def index_part(deps: RoundDeps, round_id: str, n: int, say: Say | None = None) -
         log.warning("a Bulk part was taken over by another worker: this one stops")
         return {"part": n, "state": "busy"}
     except BaseException as exc:
-        deps.rounds.fail_part(round_id, n, holder, f"{type(exc).__name__}: {exc}")
+        from .sync import TRANSIENT
+
+        deps.rounds.fail_part(round_id, n, holder, f"{type(exc).__name__}: {exc}", retrying=isinstance(exc, TRANSIENT))
         raise
     finished, left = deps.rounds.finish_part(round_id, n, holder, result)
     if finished and left == 0 and deps.rounds.move_round(round_id, "indexing", "finishing"):
@@ -634,13 +647,19 @@ def group_cursors(settings, registry: Registry, tenant: str) -> dict[str, dict]:
 
 def follow_round(settings, registry: Registry, round_id: str, progress: Say | None = None,
                  every: float = 2.0) -> dict:
-    """Wait for a round handed to the workers to end, reporting its parts as they are done."""
+    """Wait for a round handed to the workers to end, reporting its parts as they are done. A part
+    that failed for good (no retry coming) ends the wait: the round stays open, its cursor where it
+    was, and the next sync of the group indexes what is left."""
     deps = round_deps(settings, registry, None)
     while True:
         round_ = deps.rounds.round(round_id)
         if round_.state in ("done", "abandoned"):
             return round_summary(deps, round_)
         parts = deps.rounds.parts(round_id)
+        failed = [p for p in parts if p.state == "failed"]
+        if failed and not any(p.state in ("pending", "running") for p in parts):
+            return round_summary(deps, round_) | {"state": "failed",
+                                                  "failed_parts": [f"part {p.n}: {p.error}" for p in failed]}
         done = sum(len(json.loads(p.patients)) for p in parts if p.state == "done")
         if progress:
             progress("indexing on the workers", done, sum(len(json.loads(p.patients)) for p in parts), "")

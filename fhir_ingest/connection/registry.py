@@ -51,7 +51,9 @@ class Ehr(Base):
     created_at: Mapped[float] = mapped_column(Float, default=time.time)
     last_sync_at: Mapped[float] = mapped_column(Float, default=0.0)
     last_sync_status: Mapped[str] = mapped_column(Text, default="never")
-    bulk_since: Mapped[str] = mapped_column(String(40), default="")      # transactionTime of the last export
+    # Before Bulk rounds kept a cursor per (registration, group) in bulk_cursors: kept so that old
+    # registries open, neither read nor written (a group's first round after the upgrade is full).
+    bulk_since: Mapped[str] = mapped_column(String(40), default="")
     client_auth: Mapped[str] = mapped_column(String(30), default="")     # one of CLIENT_AUTH_METHODS ("" = legacy)
     client_secret: Mapped[str] = mapped_column(Text, default="")         # encrypted; client_secret_basic only
     request_scopes: Mapped[str] = mapped_column(Text, default=DEFAULT_REQUEST_SCOPES)
@@ -76,7 +78,7 @@ class Ehr(Base):
         return {"name": self.name, "iss": self.iss, "client_id": self.client_id, "scopes": self.scopes,
                 "frame_origins": self.frame_origins.split(), "group_id": self.group_id, "write_back": self.write_back,
                 "last_sync_at": self.last_sync_at, "last_sync_status": self.last_sync_status,
-                "bulk_since": self.bulk_since, "client_auth": self.auth_method,
+                "client_auth": self.auth_method,
                 "secret_encoding": self.secret_encoding or "form", "request_scopes": self.request_scopes.split(),
                 "backend_client_id": self.backend_client_id or self.client_id, "backend_only": bool(self.backend_only),
                 "bulk_types": self.bulk_types.split(",") if self.bulk_types else "derived from the EHR's offer"}
@@ -381,14 +383,12 @@ class Registry:
             return list(by_ehr.get(name, []))
         return sorted({o for origins in by_ehr.values() for o in origins})
 
-    def record_sync(self, name: str, status: str, bulk_since: str | None = None) -> None:
+    def record_sync(self, name: str, status: str) -> None:
         with Session(self.engine) as s:
             ehr = s.get(Ehr, name)
             if ehr is None:
                 return
             ehr.last_sync_at, ehr.last_sync_status = time.time(), status
-            if bulk_since is not None:
-                ehr.bulk_since = bulk_since
             s.commit()
 
     # --- per-patient sync cursors ------------------------------------------------------------------

@@ -306,11 +306,13 @@ class Rounds:
                 BulkPart.round_id == round_id, BulkPart.state != "done"))
             return bool(done), int(left or 0)
 
-    def fail_part(self, round_id: str, n: int, holder: str, error: str) -> None:
+    def fail_part(self, round_id: str, n: int, holder: str, error: str, retrying: bool = False) -> None:
+        """The part let go with its error: "pending" again when its task will be retried (the EHR or
+        the index was briefly unavailable), else "failed" until the next sync of the group."""
         with Session(self.engine) as s:
             s.execute(update(BulkPart).where(BulkPart.round_id == round_id, BulkPart.n == n,
                                              BulkPart.claimed_by == holder)
-                      .values(state="failed", claimed_until=0.0, error=error[:500]))
+                      .values(state="pending" if retrying else "failed", claimed_until=0.0, error=error[:500]))
             s.commit()
 
     def delete_round_rows(self, tenant: str) -> None:
