@@ -5,7 +5,7 @@ their practitioner references resolve), then measures
 - patient sync: the searches chartcite makes on a launch (one per type, paged), per patient:
   requests, resources/s, p50/p95 seconds per patient;
 - incremental sync of an unchanged patient (`_lastUpdated`): requests and seconds;
-- Bulk Data: kick-off to manifest, download and check of every NDJSON line: resources/s.
+- Bulk Data: kick-off to manifest, download, check and staging of every NDJSON line: resources/s.
 No embedding here (bench/ingest.py measures that). Usage: python bench/fhir_sync.py [--patients N]
 """
 from __future__ import annotations
@@ -22,12 +22,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from fhir_ingest.connection.bulk import BulkExport  # noqa: E402
+from fhir_ingest.connection.bulk import BulkExport, SinceCheck  # noqa: E402
+from fhir_ingest.connection.bulk_staging import FileProgress, StagedExport, download_file  # noqa: E402
 from fhir_ingest.connection.client import FhirClient  # noqa: E402
 from fhir_ingest.connection.fetch import fetch_patient  # noqa: E402
 from fhir_ingest.record.kinds import PATIENT_SEARCHES  # noqa: E402
-from fhir_ingest.record.load import LoadReport, checked  # noqa: E402
-from fhir_ingest.record.staging import PatientStaging  # noqa: E402
+from fhir_ingest.record.load import LoadReport  # noqa: E402
 from tests.fhir_servers import load_synthea, start_sekmet, stop  # noqa: E402
 
 
@@ -76,10 +76,13 @@ def main() -> None:
                 manifest = export.wait(status)
                 kicked = time.perf_counter() - t
                 report = LoadReport()
-                with PatientStaging() as staging:
-                    for checked_resource in checked(export.resources(manifest), report):
-                        staging.add(checked_resource)
-                    patients = sum(1 for _ in staging.records())   # what indexing reads, one at a time
+                with tempfile.TemporaryDirectory() as staging:
+                    # Downloaded, checked and parked as a round parks them, for any worker to index.
+                    store = StagedExport(f"sqlite:///{staging}/bulk-staging.sqlite")
+                    for n, output in enumerate(manifest.outputs):
+                        download_file(export, store, "bench", n, output["url"], f"{output.get('type')}.{n}.ndjson",
+                                      manifest.requires_token, FileProgress(), report, SinceCheck(""), lambda _: None)
+                    patients = len(store.patients("bench"))
             elapsed = time.perf_counter() - t
             print(f"bulk export: {report.resources_read} resources for {patients} patients in {elapsed:.1f}s "
                   f"(manifest after {kicked:.1f}s) = {report.resources_read / elapsed:.0f} resources/s, "

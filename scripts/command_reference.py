@@ -40,11 +40,14 @@ what this page says about COMMAND.
 EXIT_MEANINGS = (
     (cli.EXIT_OK, "everything read was indexed or deliberately ignored (warnings may be printed)"),
     (cli.EXIT_FAILED, "`check` found the index inconsistent; also: `ehr check` found a check that failed, `sync` "
-                      "could not read the EHR, a command could not reach Redis, `context` or `ehr remove` named "
-                      "no such patient or EHR"),
+                      "could not read the EHR, left part of the export for the next sync (the cursor did not "
+                      "move) or found another sync of the group running, a command could not reach Redis, "
+                      "`context` or `ehr remove` named no such patient or EHR"),
     (cli.EXIT_USAGE, "usage or configuration error (no such file, bad setting): nothing was done"),
     (cli.EXIT_SKIPPED, "done, but some input was skipped (unreadable or invalid; for `ask --batch`, a line that "
                        "could not be answered gets an `error` result and the rest are answered)"),
+    (cli.EXIT_CLOSED_PIPE, "the reader of the output stopped reading (`chartcite patients --json | head`); what it "
+                           "read is whole lines, and nothing else went wrong"),
 )
 
 SYNOPSIS_WIDTH = 96

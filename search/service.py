@@ -249,6 +249,11 @@ class SearchService:
     def patients(self, tenant: str) -> list[dict]:
         return self.catalog.list_patients(tenant)
 
+    def has_patients(self, tenant: str) -> bool:
+        """Whether the index holds any of the tenant's patients (a Bulk round on an emptied index
+        starts from scratch, whatever its cursor says)."""
+        return self.catalog.has_patients(tenant)
+
     def patient(self, tenant: str, patient_id: str) -> dict | None:
         return self.catalog.get_patient(tenant, patient_id)
 

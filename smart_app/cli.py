@@ -75,7 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     from search.models.embed import ModelNotFound
 
     try:
-        return handler(args, settings) or 0
+        code = handler(args, settings) or 0
+        sys.stdout.flush()          # a closed pipe is met here, not after main returns
+        return code
+    except BrokenPipeError:
+        return reader_went_away()
     except (BackendError, ModelNotFound, SettingsError, FileNotFoundError) as exc:
         print(f"chartcite: {exc}", file=sys.stderr)
         return 2
@@ -83,6 +87,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"chartcite: Redis at {mask_url_password(settings.redis_url)} cannot be reached ({exc}); start it, or "
               f"correct CHARTCITE_REDIS_URL", file=sys.stderr)
         return EXIT_FAILED
+
+
+def reader_went_away() -> int:
+    """`chartcite patients --json | head`: the reader stopped reading, which is not an error of
+    chartcite's. What remains to be written goes nowhere (Python would otherwise report the closed
+    pipe again when it flushes at exit), and the exit code is the one a shell gives a process the
+    closed pipe stopped (128 + SIGPIPE)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return EXIT_CLOSED_PIPE
 
 
 def redis_unreachable_errors() -> tuple[type[Exception], ...]:
@@ -109,6 +123,7 @@ def cmd_config(args, settings: Settings) -> int:
 # Exit codes of `chartcite index` (and of `check`): their meanings are in docs/commands.md, which
 # scripts/command_reference.py writes from these constants.
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_SKIPPED = 0, 1, 2, 3
+EXIT_CLOSED_PIPE = 141
 
 
 @command("index", "index FHIR bundles / NDJSON files or folders",
@@ -414,15 +429,40 @@ def add_client_options(parser, defaults: bool) -> None:
                              "resource scopes follow from --scopes")
 
 
-def client_secret_from(args) -> str:
+def add_backend_options(parser, defaults: bool) -> None:
+    """The Backend Services side of a registration (background sync), for add and update."""
+    parser.add_argument("--backend-client-id", default=None,
+                        help="the client id of the EHR's separate Backend Services app (Epic's \"Backend Systems\" "
+                             "registration); by default background sync signs in as --client-id")
+    parser.add_argument("--backend-client-secret-env", metavar="VARIABLE",
+                        help="name of the environment variable holding that app's client secret, when it signs in "
+                             "with one (Oracle Health system accounts); without it, it signs with chartcite's key")
+    parser.add_argument("--backend-only", default=False if defaults else None,
+                        action="store_true" if defaults else argparse.BooleanOptionalAction,
+                        help="a registration for background sync only: no clinician launches from it, so its EHR "
+                             "needs no authorization endpoint")
+    parser.add_argument("--bulk-types", default=None,
+                        help="the resource types a Bulk round exports, comma separated (Patient is always added); "
+                             "'auto' (the default): every kind chartcite reads that the EHR's CapabilityStatement "
+                             "offers")
+
+
+def client_secret_from(args, option: str = "client_secret_env") -> str:
     from fhir_ingest.connection.registry import RegistryError
 
-    if not args.client_secret_env:
+    variable = getattr(args, option)
+    if not variable:
         return ""
-    secret = os.environ.get(args.client_secret_env, "")
+    secret = os.environ.get(variable, "")
     if not secret:
-        raise RegistryError(f"the variable {args.client_secret_env} named by --client-secret-env is empty or unset")
+        raise RegistryError(f"the variable {variable} named by --{option.replace('_', '-')} is empty or unset")
     return secret
+
+
+def backend_changes(args) -> dict:
+    return {"backend_client_id": args.backend_client_id, "backend_only": args.backend_only,
+            "backend_client_secret": client_secret_from(args, "backend_client_secret_env") or None,
+            "bulk_types": args.bulk_types}
 
 
 @command("ehr", "register EHRs (each one is a tenant)", subcommands(
@@ -436,15 +476,20 @@ def client_secret_from(args) -> str:
         arg("--group-id", default="", help="Bulk Data Group for background sync"),
         arg("--write-back", action="store_true", help="also ask for DocumentReference create, so saved drafts can "
             "be written back as preliminary notes"),
-        lambda parser: add_client_options(parser, defaults=True))),
-    ("update", "change a registration (client type, secret, scopes, frames, group); what is not given stays", (
-        arg("name", help="the registered EHR's name"), arg("--client-id", help="the client id the EHR gave chartcite"),
+        lambda parser: add_client_options(parser, defaults=True),
+        lambda parser: add_backend_options(parser, defaults=True))),
+    ("update", "change a registration (iss, client type, secret, scopes, frames, group, Backend Services client "
+               "and types); what is not given stays", (
+        arg("name", help="the registered EHR's name"),
+        arg("--iss", help="the EHR's FHIR base URL, when it moved (launches from the old one are refused)"),
+        arg("--client-id", help="the client id the EHR gave chartcite"),
         arg("--scopes", choices=("v1", "v2"), help="SMART scope syntax the EHR expects"),
         arg("--frame-origin", action="append", default=None, help="replaces the frame origins (repeatable)"),
         arg("--group-id", help="Bulk Data Group for background sync"),
         arg("--write-back", action=argparse.BooleanOptionalAction, default=None,
             help="ask (or stop asking) for DocumentReference create"),
-        lambda parser: add_client_options(parser, defaults=False))),
+        lambda parser: add_client_options(parser, defaults=False),
+        lambda parser: add_backend_options(parser, defaults=False))),
     ("list", "registered EHRs and their last sync", (JSON,)),
     ("remove", "unregister an EHR (its index is kept)", (arg("name", help="the registered EHR's name"),)),
     ("check", "is the registration ready? discovery, capabilities, JWKS, Backend Services token, one search; "
@@ -457,7 +502,7 @@ def cmd_ehr(args, settings: Settings) -> int:
         if args.ehr_command == "add":
             ehr = registry.add_ehr(args.name, args.iss, args.client_id, args.scopes, args.frame_origin, args.group_id,
                                    args.write_back, args.client_auth, client_secret_from(args), args.request_scopes,
-                                   args.secret_encoding)
+                                   args.secret_encoding, **backend_changes(args))
             print(f"registered {ehr.name}: launches from {ehr.iss} are accepted; tenant {ehr.name}; "
                   f"client {ehr.auth_method}; asks for {ehr.request_scopes}")
             if not registry.current_key():
@@ -465,36 +510,53 @@ def cmd_ehr(args, settings: Settings) -> int:
                       "sync need it)")
             return 0
         if args.ehr_command == "update":
-            ehr = registry.update_ehr(args.name, client_id=args.client_id, scopes=args.scopes,
+            ehr = registry.update_ehr(args.name, iss=args.iss, client_id=args.client_id, scopes=args.scopes,
                                       frame_origins=args.frame_origin, group_id=args.group_id,
                                       write_back=args.write_back, client_auth=args.client_auth,
                                       client_secret=client_secret_from(args) or None,
-                                      request_scopes=args.request_scopes, secret_encoding=args.secret_encoding)
+                                      request_scopes=args.request_scopes, secret_encoding=args.secret_encoding,
+                                      **backend_changes(args))
             print(f"updated {ehr.name}: client {ehr.auth_method}; asks for {ehr.request_scopes}")
             return 0
         if args.ehr_command == "check":
             return check_ehr(args, settings, registry)
         if args.ehr_command == "remove":
-            if not registry.remove_ehr(args.name):
-                print(f"chartcite: no EHR named {args.name}", file=sys.stderr)
-                return 1
-            print(f"removed {args.name}; launches from it are now refused")
-            return 0
+            return remove_ehr(settings, registry, args.name)
     except RegistryError as exc:
         print(f"chartcite: {exc}", file=sys.stderr)
         return 2
-    rows = [e.to_dict() | {"patient_syncs": registry.patient_sync_summary(e.name)} for e in registry.ehrs()]
+    return list_ehrs(args, settings, registry)
+
+
+def list_ehrs(args, settings: Settings, registry) -> int:
+    from workers.bulk_round import group_cursors
+
+    rows = [e.to_dict() | {"patient_syncs": registry.patient_sync_summary(e.name),
+                           "bulk_cursors": group_cursors(settings, registry, e.name)} for e in registry.ehrs()]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     for e in rows:
+        cursors = ", ".join(f"{group} from {c['since'] or '-'}" + (f" (round {c['open_round']})" if c["open_round"] else "")
+                            for group, c in e["bulk_cursors"].items()) or "-"
         print(f"{e['name']}  iss={e['iss']}  client={e['client_id']} ({e['client_auth']})  scopes={e['scopes']} "
               f"+ {' '.join(e['request_scopes']) or '-'}  "
               f"frames={' '.join(e['frame_origins']) or '-'}  group={e['group_id'] or '-'}  "
-              f"last bulk sync {when(e['last_sync_at'])}: {e['last_sync_status']}  "
+              f"last bulk sync {when(e['last_sync_at'])}: {e['last_sync_status']}  bulk cursors: {cursors}  "
               f"patients synced by launches: {e['patient_syncs']['patients']}, last {when(e['patient_syncs']['last'])}")
     if not rows:
         print("no EHR registered: chartcite ehr add --name ... --iss ... --client-id ...")
+    return 0
+
+
+def remove_ehr(settings: Settings, registry, name: str) -> int:
+    from workers.bulk_round import forget_registration
+
+    if not registry.remove_ehr(name):
+        print(f"chartcite: no EHR named {name}", file=sys.stderr)
+        return 1
+    forget_registration(settings, registry, name)
+    print(f"removed {name}; launches from it are now refused, and its Bulk rounds and cursors are gone")
     return 0
 
 
@@ -513,7 +575,7 @@ def check_ehr(args, settings: Settings, registry) -> int:
     if not settings.public_url:
         print("note: CHARTCITE_PUBLIC_URL is not set; checking the JWKS at http://127.0.0.1:5000", file=sys.stderr)
     checker = EhrChecker(registry, ehr, settings.public_url or "http://127.0.0.1:5000",
-                         lambda checked: ehr_client(settings, registry, checked))
+                         lambda checked, auth: ehr_client(settings, registry, checked, auth=auth))
     checks = checker.run()
     print(json.dumps([c.to_dict() for c in checks], indent=2) if args.json else format_checks(checks))
     return 1 if any(c.status == "fail" for c in checks) else 0
@@ -556,25 +618,26 @@ def cmd_registration_info(args, settings: Settings) -> int:
     return 0
 
 
-@command("sync", "Backend Services + Bulk Data sync of a registered EHR, now",
+@command("sync", "Backend Services + Bulk Data sync of a registered EHR's group, now",
          arg("--tenant", required=True, help="the registered EHR's name"),
-         arg("--group", default="", help="Group id to export (default: the registration's)"),
-         arg("--full", action="store_true", help="export everything, not just what changed since the last sync; each "
-             "patient's record is then replaced whole (what the EHR no longer holds leaves the index)"))
+         arg("--group", default="", help="Group id to export (default: the registration's); each group keeps its own "
+             "cursor, and a group's first round is a full one"),
+         arg("--full", action="store_true", help="export everything, not just what changed since the group's last "
+             "round; each patient's record is then replaced whole (what the EHR no longer holds leaves the index)"),
+         arg("--workers", action="store_true", help="index the round's patients on the Celery workers (several at "
+             "once) and follow them; the kick-off, status and downloads run here"))
 def cmd_sync(args, settings: Settings) -> int:
     from tqdm import tqdm
-
-    from fhir_ingest.connection.client import FhirError
-    from fhir_ingest.connection.smart_auth import LaunchError
-    from workers.progress import job_store
-
-    from workers.sync import run_bulk_sync
 
     registry = registry_for(settings)
     ehr = registry.ehr(args.tenant)
     if ehr is None:
         print(f"chartcite: no registered EHR named {args.tenant} (chartcite ehr list)", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
+    if args.workers and settings.tasks_eager:
+        print("chartcite: --workers needs Celery workers: set CHARTCITE_TASKS_EAGER=false and a broker "
+              "(CHARTCITE_REDIS_URL), and start `chartcite worker`", file=sys.stderr)
+        return EXIT_USAGE
     bar = tqdm(unit="patient", desc=f"sync {ehr.name}", file=sys.stderr)
 
     def progress(phase, done, total, note=""):
@@ -582,26 +645,77 @@ def cmd_sync(args, settings: Settings) -> int:
         bar.total, bar.n = total or None, done
         bar.refresh()
 
-    tally = job_store(settings)
     try:
-        summary = run_bulk_sync(settings, registry, ehr, service(settings), args.group, progress, args.full)
-    except (FhirError, LaunchError) as exc:   # the EHR (or its SMART configuration) could not be read
+        summary = sync_round(args, settings, registry, ehr, progress)
+    finally:
         bar.close()
-        registry.record_sync(ehr.name, f"failed: {type(exc).__name__}")
-        tally.add("bulk_syncs", "failed")
+    if isinstance(summary, int):
+        return summary
+    print_sync_summary(summary)
+    return EXIT_OK if summary["state"] == "done" else EXIT_FAILED
+
+
+def sync_round(args, settings: Settings, registry, ehr, progress):
+    """The round run here (or its parts on the workers), or the exit code and sentence of why not."""
+    from fhir_ingest.connection.client import FhirError
+    from fhir_ingest.connection.smart_auth import LaunchError
+    from workers.bulk_round import NoGroup, SyncRunning, follow_round, run_bulk_sync
+    from workers.progress import job_store
+
+    dispatch = None
+    if args.workers:
+        from workers.runner import TaskRunner
+
+        part = TaskRunner(settings).task("chartcite.index_bulk_part")
+        dispatch = lambda round_id, n: part.delay(round_id, n)   # noqa: E731
+    try:
+        summary = run_bulk_sync(settings, registry, ehr, service(settings), args.group, progress, args.full, dispatch)
+        if summary["state"] == "indexing":
+            summary = follow_round(settings, registry, summary["round"], progress)
+        return summary
+    except SyncRunning as exc:
+        print(f"chartcite: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except NoGroup as exc:
+        print(f"chartcite: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (FhirError, LaunchError) as exc:   # the EHR (or its SMART configuration) refused or could not be read
+        registry.record_sync(ehr.name, f"failed: {exc}")
+        job_store(settings).add("bulk_syncs", "failed")
         print(f"chartcite: sync failed: {exc}", file=sys.stderr)
-        return 1
-    bar.close()
-    tally.add("bulk_syncs", "done")
+        fix = getattr(exc, "fix", "")
+        if fix:
+            print(f"fix: {fix.replace('NAME', ehr.name)}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def print_sync_summary(summary: dict) -> None:
+    if summary["state"] == "abandoned":
+        print("the round was abandoned: " + "; ".join(n for n in summary["notes"] if n.startswith("abandoned")))
+        return
     print(f"synced {summary['patients']} patients ({summary['resources']} resources, {summary['embedded']} chunks "
           f"embedded of {summary['chunks']}); {summary['deleted']} deleted; {summary['skipped']} skipped; "
-          f"{summary['export_errors']} export errors; next sync from {summary['transaction_time']}")
-    if summary["since_ignored"]:
-        print(f"note: the EHR ignored _since and sent its full export; unchanged resources were not re-embedded, "
-              f"and {summary['removed_chunks']} chunks of resources it no longer holds were removed")
-    for note in summary["deletion_notes"]:
+          f"{summary['export_errors']} export errors; "
+          + (f"next sync from {summary['transaction_time']}" if summary["state"] == "done" else
+             f"the cursor stays at {summary['since'] or 'none (the next round is a full one)'}"))
+    for failed in summary.get("failed_parts", []):
+        print(f"failed: {failed}: the round stays open and its cursor where it was; the next sync indexes the "
+              "parts left")
+    for failed in summary["failed_files"]:
+        print(f"incomplete: {failed}: the next sync reads this file again from where it stopped, and the rest "
+              "of the round is kept")
+    for words in summary["export_error_words"]:
+        print(f"incomplete: the EHR could not export everything ({words}): the next sync asks again from the same "
+              "cursor")
+    seen = summary.get("since_seen") or {}
+    if seen.get("older"):
+        why = "the EHR ignored _since and sent its full export" if summary["since_ignored"] else \
+            "the EHR's clocks disagree, or it backdated them"
+        print(f"note: {seen['older']} of the {seen['dated']} resources exported are dated before _since ({why}): they "
+              "were merged into what is held and nothing was removed, and the next round asks from further back; "
+              "`chartcite sync --full` replaces each record whole, applying deletions the EHR does not list")
+    for note in summary["notes"] + summary["deletion_notes"]:
         print(f"note: {note}")
-    return 0
 
 
 @command("beat", "start Celery beat: periodic re-sync of the tenant's records")

@@ -2,9 +2,10 @@
 
 Each check says what it found and, when it fails, what to fix. The checks read the EHR's public
 discovery documents, probe the token endpoint with a made-up authorization code (which tells a
-wrong client id, secret or key apart from a right one), and, when Backend Services is configured,
-sign in as chartcite and run one search; they never read a patient's record beyond that one
-search's first page, and print no patient data.
+wrong client id, secret or key apart from a right one; skipped for a registration without
+launches), sign in as chartcite's Backend Services client asking for what a Bulk round asks for,
+and read the registered Group (it must exist and have members); they read no patient's record and
+print no patient data.
 """
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ from typing import Callable
 
 import requests
 
+from fhir_ingest.connection.bulk import bulk_types
 from fhir_ingest.connection.client_auth import ClientAuthError, ClientSecretBasic, client_auth_for
 from fhir_ingest.record.kinds import PATIENT_SEARCHES
 from fhir_ingest.connection.registry import Ehr, Registry
-from fhir_ingest.connection.smart_auth import BackendServicesToken, forget_discovery
+from fhir_ingest.connection.smart_auth import BackendServicesToken, BackendSignInRefused, forget_discovery
 
 TIMEOUT = 10
 
@@ -46,7 +48,9 @@ class EhrChecker:
         self.registry, self.ehr, self.public_url = registry, ehr, public_url.rstrip("/")
         self.fhir_client_for = fhir_client_for
         self.config: dict = {}
+        self.statement: dict = {}
         self.token: str = ""
+        self.auth = None
 
     def run(self) -> list[Check]:
         forget_discovery()          # what the EHR publishes now, not what this process cached
@@ -54,11 +58,13 @@ class EhrChecker:
         if checks[0].status == "ok":
             checks += [self.capabilities(), self.fhir_metadata()]
         checks.append(self.published_keys())
-        if checks[0].status == "ok":
+        if self.ehr.backend_only:
+            checks.append(Check("client", "skip", "a registration for background sync only: no clinician signs in "
+                                              "through it (the backend sign-in below proves its credentials)"))
+        elif checks[0].status == "ok":
             checks.append(self.client_credentials())
         checks.append(self.backend_token())
-        checks.append(self.one_search() if self.token else
-                      Check("search", "skip", "needs a Backend Services token (a launch reads with the clinician's)"))
+        checks.append(self.group())
         return checks
 
     def discovery(self) -> Check:
@@ -70,13 +76,20 @@ class EhrChecker:
         except (requests.RequestException, ValueError) as exc:
             return fail("discovery", f"{url} could not be read ({type(exc).__name__})",
                         "check --iss is the EHR's FHIR base URL and that this host can reach it (proxy, firewall)")
-        missing = [k for k in ("authorization_endpoint", "token_endpoint") if not self.config.get(k)]
+        # A server for Backend Services only (a Bulk Data server) has no authorization endpoint:
+        # a registration without launches does not need one.
+        needed = ("token_endpoint",) if self.ehr.backend_only else ("authorization_endpoint", "token_endpoint")
+        missing = [k for k in needed if not self.config.get(k)]
         if missing:
             return fail("discovery", f"the SMART configuration lacks {', '.join(missing)}",
-                        "the EHR's SMART configuration is incomplete: ask the EHR vendor")
+                        "the EHR's SMART configuration is incomplete: ask the EHR vendor" if self.ehr.backend_only else
+                        "the EHR offers no clinician sign-in here; a registration for background sync only needs "
+                        "none (`chartcite ehr update NAME --backend-only`), otherwise ask the EHR vendor")
         return ok("discovery", f"token endpoint {self.config['token_endpoint']}")
 
     def capabilities(self) -> Check:
+        if self.ehr.backend_only:
+            return self.backend_capabilities()
         declared = set(self.config.get("capabilities") or [])
         needed = {"launch-ehr", "context-ehr-patient", client_auth_for(self.registry, self.ehr).capability,
                   f"permission-{self.ehr.scopes}"}
@@ -103,7 +116,7 @@ class EhrChecker:
             response = requests.get(f"{self.ehr.iss}/metadata", headers={"Accept": "application/fhir+json"},
                                     timeout=TIMEOUT)
             response.raise_for_status()
-            statement = response.json()
+            statement = self.statement = response.json()
         except (requests.RequestException, ValueError) as exc:
             return fail("fhir", f"the CapabilityStatement could not be read ({type(exc).__name__})",
                         "check the iss is a FHIR R4 base URL")
@@ -180,30 +193,60 @@ class EhrChecker:
         return Probe(response.status_code, error,
                      f"HTTP {response.status_code} {error}" + (f": {description}" if description else ""))
 
+    def backend_capabilities(self) -> Check:
+        """A registration for background sync only needs its sign-in method, where the server lists them."""
+        auth = client_auth_for(self.registry, self.ehr, backend=True)
+        methods = self.config.get("token_endpoint_auth_methods_supported")
+        if methods and auth.method not in methods:
+            return fail("capabilities", f"not declared: token_endpoint_auth_methods_supported: {auth.method}",
+                        "register the client type the EHR offers (`chartcite ehr update NAME --client-auth`, or a "
+                        "--backend-client-secret-env for a system account that signs in with a secret)")
+        return ok("capabilities", f"Backend Services sign-in by {auth.method}" + (" declared" if methods else ""))
+
     def backend_token(self) -> Check:
-        if not self.ehr.group_id:
-            return Check("backend", "skip", "no Bulk Data group registered (--group-id): background sync is off")
+        """Chartcite's Backend Services sign-in, asking for exactly what a Bulk round will ask for."""
         if "token_endpoint" not in self.config:
             return fail("backend", "no token endpoint to ask", "fix discovery first")
+        types, _ = bulk_types(self.statement, self.ehr.bulk_types)
+        if self.ehr.group_id:
+            types = types + ["Group"]
+        self.auth = BackendServicesToken(self.registry, self.ehr, types)
         try:
-            self.token = BackendServicesToken(self.registry, self.ehr).refresh()
+            self.token = self.auth.refresh()
+        except BackendSignInRefused as exc:
+            return fail("backend", f"no Backend Services token: {exc}", exc.fix.replace("NAME", self.ehr.name))
         except Exception as exc:   # every refusal is a finding to print, not a crash
             return fail("backend", f"no Backend Services token: {exc}",
                         "register chartcite's JWKS URL and system scopes (`chartcite registration-info`) for this "
                         "client id in the EHR's console")
-        return ok("backend", "Backend Services token granted")
+        client = self.ehr.backend_client_id or self.ehr.client_id
+        return ok("backend", f"Backend Services token granted to {client} for {len(types)} types")
 
-    def one_search(self) -> Check:
+    def group(self) -> Check:
+        """The registered Bulk Data group exists and has members: a round of a Group that does not
+        exist is an error, and one of an empty Group indexes nobody."""
+        if not self.ehr.group_id:
+            return Check("group", "warn", "no Bulk Data group registered: background sync (`chartcite sync`, "
+                                          "`chartcite beat`) does not run for this registration",
+                         "register the group the EHR defines for chartcite: `chartcite ehr update NAME --group-id ID`")
+        if not self.token:
+            return Check("group", "skip", "needs a Backend Services token")
         try:
-            bundle = self.fhir_client_for(self.ehr).get_json("Group", {"_id": self.ehr.group_id})
+            bundle = self.fhir_client_for(self.ehr, self.auth).get_json("Group", {"_id": self.ehr.group_id})
         except Exception as exc:
-            return fail("search", f"searching for the registered Group failed: {exc}",
+            return fail("group", f"searching for the registered Group failed: {exc}",
                         "check the --group-id and that the system scopes let chartcite read Group")
-        found = [e for e in bundle.get("entry") or [] if (e.get("resource") or {}).get("resourceType") == "Group"]
+        found = [e["resource"] for e in bundle.get("entry") or []
+                 if isinstance(e, dict) and (e.get("resource") or {}).get("resourceType") == "Group"]
         if not found:
-            return fail("search", "the search answered but found no Group with the registered id",
+            return fail("group", f"the EHR has no Group {self.ehr.group_id}",
                         "check --group-id against the EHR's Bulk Data group (`chartcite ehr update NAME --group-id`)")
-        return ok("search", f"the registered Group was found ({len(found[0]['resource'].get('member') or [])} members)")
+        members = len(found[0].get("member") or []) or int(found[0].get("quantity") or 0)
+        if not members:
+            return fail("group", f"the Group {self.ehr.group_id} has no members: a round would index nobody",
+                        "ask the EHR's team to add the patients chartcite serves to the Group, or register the "
+                        "right one (`chartcite ehr update NAME --group-id`)")
+        return ok("group", f"the registered Group was found ({members} members)")
 
 
 @dataclass

@@ -45,6 +45,10 @@ def launch():
         return launch_error("This EHR is not registered with chartcite. Hospital IT registers it with "
                             "`chartcite ehr add`; until then chartcite cannot be launched from it.")
     g.frame_tenant = ehr.name
+    if ehr.backend_only:
+        log.warning("launch refused: the registration is for background sync only")
+        return launch_error("This EHR is registered with chartcite for background sync only, not for launches. "
+                            "Hospital IT can allow launches with `chartcite ehr update NAME --no-backend-only`.")
     try:
         auth = start_authorization(registry(), ehr, redirect_uri(), launch_id)
     except LaunchError as exc:

@@ -65,11 +65,26 @@ def one_line(formatter: logging.Formatter) -> OneLineFormatter:
     return OneLineFormatter(formatter._fmt, formatter.datefmt)
 
 
+# Libraries that log every request or task at INFO. Elasticsearch's transport writes a line per
+# request (thousands in a sync); Celery writes one per task received and one per task succeeded,
+# the latter with the task's return value, which is not chartcite's to decide the content of.
+# They keep their warnings; at DEBUG everything is written.
+NOISY_LOGGERS = ("elastic_transport", "elasticsearch", "urllib3", "celery.app.trace", "celery.worker.strategy",
+                 "kombu", "amqp")
+
+
 def configure_logging(level: str) -> None:
     """The command line's (and so `chartcite serve`'s, `worker`'s and `beat`'s) root logger."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(OneLineFormatter(LOG_FORMAT))
     logging.basicConfig(level=level.upper(), handlers=[handler])
+    quiet_libraries(level)
+
+
+def quiet_libraries(level: str) -> None:
+    if level.upper() != "DEBUG":
+        for name in NOISY_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def keep_chartcite_logging_in_celery() -> None:

@@ -17,7 +17,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 SECRET_FIELDS = {"secret_key", "es_api_key", "es_password", "llm_api_key", "token_key", "admin_token"}
 TOKEN_NAME = re.compile(r"[A-Za-z0-9._-]{1,40}")
 # Settings that hold URLs, which may carry credentials (user:secret@host, ?api_key=...).
-URL_FIELDS = {"redis_url", "broker_url", "es_url", "registry_url", "audit_url", "llm_url", "public_url"}
+URL_FIELDS = {"redis_url", "broker_url", "es_url", "registry_url", "audit_url", "llm_url", "public_url",
+              "bulk_staging_url"}
 
 
 class SettingsError(ValueError):
@@ -57,6 +58,10 @@ class Settings:
     es_replicas: int = 0
     redis_url: str = ""                   # Celery broker and job progress in production
     sync_interval_minutes: float = 60.0     # Celery beat: how often each tenant's record source is re-synced
+    sync_lease_seconds: float = 120.0       # a Bulk sync's hold on its (EHR, group), renewed while it runs: a dead one lets go after this
+    bulk_patients_per_part: int = 25        # patients indexed by one task of a Bulk round (and made searchable together)
+    bulk_staging_url: str = ""              # SQLAlchemy URL where a Bulk round's downloads wait for the workers; "" = SQLite in the data dir
+    task_visibility_seconds: float = 3600.0  # Redis broker: a task not acknowledged this long (its worker died) goes to another worker
     public_url: str = ""                  # how EHRs reach chartcite (https://chartcite.hospital.org); "" = the request's host
     token_key: str = ""                   # Fernet key encrypting tokens and private keys at rest; generated per data dir when empty
     admin_token: str = ""                 # bearer token for /admin and /metrics, named "default"; "" = loopback only
@@ -159,6 +164,10 @@ class Settings:
     @property
     def registry_db(self) -> str:
         return self.registry_url or f"sqlite:///{self.data_dir / 'registry.sqlite'}"
+
+    @property
+    def bulk_staging_db(self) -> str:
+        return self.bulk_staging_url or f"sqlite:///{self.data_dir / 'bulk-staging.sqlite'}"
 
     @property
     def index_path(self) -> Path:

@@ -78,6 +78,11 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
         state["faults"].append(request.get_json(force=True) | {"used": 0})
         return jsonify(ok=True)
 
+    @app.post("/_test/clear-faults")
+    def clear_faults():
+        state["faults"].clear()
+        return jsonify(ok=True)
+
     @app.post("/_test/expire-tokens")
     def expire_tokens():
         with lock:
@@ -101,11 +106,13 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
         ("private_key_jwt", "client_secret_basic" with its secret, or "any" as before), how a
         Basic secret is compared ("form": form-decoded first, as RFC 6749 2.3.1 says; "raw": as
         sent, as the SMART reference launcher and many servers do), and which scopes it may be
-        granted (None = all)."""
+        granted (None = all; `grantable_system` the same for Backend Services), and the client id
+        of a separate Backend Services app (`backend_client_id`)."""
         body = request.get_json(force=True)
         state["client"] = {"auth": body.get("auth", "any"), "secret": body.get("secret", ""),
                            "grantable": body.get("grantable"), "secret_encoding": body.get("secret_encoding", "form"),
-                           "jwks_url": body.get("jwks_url")}
+                           "jwks_url": body.get("jwks_url"), "grantable_system": body.get("grantable_system"),
+                           "backend_client_id": body.get("backend_client_id")}
         return jsonify(ok=True)
 
     @app.post("/_test/unsupported")
@@ -124,6 +131,27 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
     def set_latency():
         """Every FHIR request answers this much later: a slow EHR, or a long sync in a short test."""
         state["latency"] = float(request.get_json(force=True)["seconds"])
+        return jsonify(ok=True)
+
+    @app.post("/_test/bulk")
+    def configure_bulk():
+        """How this server's Bulk Data export behaves, as EHRs and the reference server do:
+        `delay` seconds of 202 answers after a kick-off (with `progress` as X-Progress and
+        `retry_after`), `split` output files of that many lines, `fail_types` (or every
+        `fail_every`-th file) listed under `error` as files that could not be generated, `backdate`
+        every exported resource's meta.lastUpdated to that instant (a clock that disagrees),
+        `cut` the first `times` downloads of a file whose URL holds `cut` in the middle,
+        `unknown_groups: "empty"` exporting nothing for a Group it does not have, and `no_range`
+        ignoring Range requests."""
+        state["bulk"] = request.get_json(force=True)
+        state["bulk_cut"] = 0
+        return jsonify(ok=True)
+
+    @app.post("/_test/smart-config")
+    def configure_smart_config():
+        """Leave these keys out of the SMART configuration (a Bulk Data server for Backend Services
+        only has no authorization endpoint and often no capabilities)."""
+        state["smart_omit"] = set(request.get_json(force=True).get("omit") or [])
         return jsonify(ok=True)
 
     @app.post("/_test/token-lifetime")
@@ -161,7 +189,12 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
     # --- discovery --------------------------------------------------------------------------------
     @app.get("/fhir/.well-known/smart-configuration")
     def smart_configuration():
-        return jsonify(
+        response = smart_configuration_body()
+        omitted = state.get("smart_omit") or set()
+        return jsonify({k: v for k, v in response.items() if k not in omitted})
+
+    def smart_configuration_body() -> dict:
+        return dict(
             issuer=base(), jwks_uri=root() + "/jwks",
             authorization_endpoint=root() + "/auth/authorize", token_endpoint=root() + "/auth/token",
             grant_types_supported=["authorization_code", "client_credentials", "refresh_token"],
@@ -233,7 +266,7 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
         presented = "basic" if request.headers.get("Authorization", "").startswith("Basic ") else \
             "assertion" if form.get("client_assertion") else "none"
         state["log"].append({"method": "POST", "path": request.path, "grant": grant, "client_auth": presented,
-                             "args": {}, "accept": "", "auth": presented != "none"})
+                             "args": {}, "accept": "", "auth": presented != "none", "scope": form.get("scope", "")})
         problem = authenticate_client(form)
         if problem:
             return fail("invalid_client", problem, 401)
@@ -246,8 +279,19 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
             # client must prove itself with a JWT (SMART Backend Services).
             if not form.get("client_assertion") and state["client"]["auth"] != "client_secret_basic":
                 return fail("invalid_client", "client_credentials needs a JWT client assertion", 401)
+            refused = refused_system_scopes(form.get("scope", "").split())
+            if refused:
+                # As the reference Bulk Data server answers scopes for types it does not hold.
+                return fail("invalid_scope", f"Scopes {' and '.join(refused)} could not be granted to this client")
             return issue({"kind": "system", "scope": form.get("scope", "")}, refresh=False)
         return fail("unsupported_grant_type", f"{grant!r}")
+
+    def refused_system_scopes(scopes: list[str]) -> list[str]:
+        """System scopes for a type this server does not have, or that the registration may not be
+        granted (`grantable_system`, when set)."""
+        gone, grantable = state.get("unsupported") or set(), state["client"].get("grantable_system")
+        return [scope for scope in scopes if scope.startswith("system/") and (
+            scope[7:].split(".")[0] in gone or (grantable is not None and scope not in grantable))]
 
     def authenticate_client(form) -> str:
         """RFC 6749 2.3 / SMART client authentication, as the registration says: a symmetric client
@@ -287,7 +331,10 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
         except (JoseError, ValueError, requests.RequestException) as exc:
             return f"assertion signature does not verify: {type(exc).__name__}"
         claims, now = decoded.claims, time.time()
-        if claims.get("iss") != client_id or claims.get("sub") != client_id:
+        # A Backend Services app may be registered apart, with a client id of its own (Epic).
+        allowed = {client_id} | ({state["client"]["backend_client_id"]} if state["client"].get("backend_client_id")
+                                 and form.get("grant_type") == "client_credentials" else set())
+        if claims.get("iss") not in allowed or claims.get("sub") != claims.get("iss"):
             return "assertion iss and sub must be the client_id"
         if claims.get("aud") != root() + "/auth/token":
             return "assertion aud must be the token endpoint"
@@ -367,6 +414,8 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
                                     content_type="application/fhir+json")
                 if fault["kind"] == "500":
                     return Response('{"resourceType":"OperationOutcome"}', 500, content_type="application/fhir+json")
+                if fault["kind"] == "status":
+                    return outcome(int(fault["status"]), "forbidden", "the test server refuses this request")
                 if fault["kind"] == "truncate":
                     body = forward().get_data()
                     return Response(body[: len(body) // 2], 200, content_type="application/fhir+json")
@@ -428,7 +477,8 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
     @app.route("/fhir/<path:path>", methods=["GET", "POST", "DELETE"])
     def fhir(path):
         state["log"].append({"method": request.method, "path": request.path, "args": request.args.to_dict(flat=False),
-                             "accept": request.headers.get("Accept", ""), "auth": bool(request.headers.get("Authorization"))})
+                             "accept": request.headers.get("Accept", ""), "auth": bool(request.headers.get("Authorization")),
+                             "range": request.headers.get("Range", ""), "at": time.time()})
         if path == "metadata":
             return without_unsupported(forward())
         if path.split("/")[0] in state.get("unsupported", ()):
@@ -443,12 +493,11 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
         if "$export" in path:
             if grant["kind"] != "system":
                 abort(403)
-            if state.get("ignore_since"):
-                request.args = request.args.copy()
-                request.args.poplist("_since")     # like an EHR whose export is never incremental
-            return forward()
+            return kickoff()
         if path.startswith("bulk-status/"):
             return bulk_status(path)
+        if path.startswith("bulk-files/"):
+            return bulk_file(path)
         if path.startswith("Binary/"):
             return binary(path)
         return forward()
@@ -464,22 +513,126 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
         resource = requests.get(f"{upstream}/{path}", headers={"Accept": "application/fhir+json"}, timeout=30)
         return Response(resource.content, resource.status_code, content_type="application/fhir+json")
 
+    def outcome(status: int, code: str, diagnostics: str) -> Response:
+        body = {"resourceType": "OperationOutcome", "issue": [{"severity": "error", "code": code,
+                                                               "diagnostics": diagnostics}]}
+        return Response(json.dumps(body), status, content_type="application/fhir+json")
+
+    def kickoff() -> Response:
+        """The export kick-off, forwarded to sekmet: a type this server does not have is refused as
+        the reference server refuses it; a Group it does not have exports nothing when told to
+        behave like the reference server; the kick-off's time starts the export's `delay`."""
+        if state.get("ignore_since"):
+            request.args = request.args.copy()
+            request.args.poplist("_since")     # like an EHR whose export is never incremental
+        asked = [t for value in request.args.getlist("_type") for t in value.split(",") if t]
+        gone = [t for t in asked if t in (state.get("unsupported") or set())]
+        if gone:
+            return outcome(400, "not-supported", f"Resource type(s) {', '.join(gone)} not supported by this server")
+        response = forward()
+        bulk = state.get("bulk") or {}
+        if response.status_code == 404 and bulk.get("unknown_groups") == "empty":
+            job = "empty-" + secrets.token_hex(6)
+            response = Response("", 202, {"Content-Location": f"{base()}/bulk-status/{job}"})
+        if response.status_code == 202:
+            state.setdefault("kickoffs", {})[response.headers["Content-Location"].rsplit("/", 1)[1]] = time.time()
+        return response
+
     def bulk_status(path: str) -> Response:
+        job, bulk = path.split("/")[1], state.get("bulk") or {}
+        started = state.get("kickoffs", {}).get(job, 0.0)
+        if request.method == "GET" and time.time() - started < float(bulk.get("delay", 0)):
+            return Response("", 202, {"X-Progress": bulk.get("progress", "in progress"),
+                                      "Retry-After": str(bulk.get("retry_after", 1))})
+        if job.startswith("empty-"):
+            return Response(json.dumps({"transactionTime": datetime.utcnow().isoformat() + "Z", "request": "",
+                                        "requiresAccessToken": True, "output": [], "error": []}), 200,
+                            content_type="application/json")
         response = forward()
         if request.method != "GET" or response.status_code != 200:
             return response
         manifest = json.loads(response.get_data())
         manifest["requiresAccessToken"] = True
+        manifest["output"] = split_outputs(manifest.get("output") or [], int(bulk.get("split", 0)))
+        fail_outputs(manifest, job, bulk)
         since = parse_qs(urlsplit(manifest.get("request", "")).query).get("_since", [""])[0]
         if not since:
             return Response(json.dumps(manifest), 200, content_type="application/json")
         since_ts = datetime.fromisoformat(since.replace("Z", "+00:00")).timestamp()
         gone = [ref for ref, when in state["deleted"] if when >= since_ts]
         if gone:
-            job = path.split("/")[1]
             app.config.setdefault("DELETED_FILES", {})[job] = gone
             manifest["deleted"] = [{"type": "Bundle", "url": f"{root()}/bulk-deleted/{job}.ndjson"}]
         return Response(json.dumps(manifest), 200, content_type="application/json")
+
+    def split_outputs(outputs: list[dict], lines: int) -> list[dict]:
+        """Each type's file as several of `lines` lines each, as large exports come."""
+        if not lines:
+            return outputs
+        split = []
+        for output in outputs:
+            for part in range(max(1, -(-int(output.get("count", 1)) // lines))):
+                split.append(output | {"url": f"{output['url']}?part={part}&lines={lines}",
+                                       "count": min(lines, int(output.get("count", 1)) - part * lines)})
+        return split
+
+    def fail_outputs(manifest: dict, job: str, bulk: dict) -> None:
+        """Files the export could not generate, listed under `error` instead of `output` (the
+        reference server's some_file_generation_failed)."""
+        kept, every, types = [], int(bulk.get("fail_every", 0)), set(bulk.get("fail_types") or [])
+        for n, output in enumerate(manifest["output"]):
+            if output.get("type") in types or (every and n % every == every - 1):
+                name = f"{n + 1}.{output.get('type')}.ndjson"
+                app.config.setdefault("ERROR_FILES", {})[f"{job}-{n}"] = f"Failed to export {name}"
+                manifest.setdefault("error", []).append({"type": "OperationOutcome",
+                                                         "url": f"{root()}/bulk-error/{job}-{n}.ndjson"})
+            else:
+                kept.append(output)
+        manifest["output"] = kept
+
+    @app.get("/bulk-error/<name>.ndjson")
+    def error_file(name):
+        bearer()
+        words = app.config.get("ERROR_FILES", {}).get(name, "Failed to export a file")
+        body = {"resourceType": "OperationOutcome", "issue": [{"severity": "error", "code": "exception",
+                                                               "diagnostics": words}]}
+        return Response(json.dumps(body) + "\n", 200, content_type="application/fhir+ndjson")
+
+    def bulk_file(path: str) -> Response:
+        """An output file: a part of it when split, its resources backdated when asked, resumed
+        from a Range, or cut off in the middle to test resuming."""
+        upstream_file = requests.get(f"{upstream}/{path}", headers={"Accept": "application/fhir+ndjson"}, timeout=300)
+        if upstream_file.status_code != 200:
+            return Response(upstream_file.content, upstream_file.status_code, content_type="application/fhir+json")
+        bulk, lines = state.get("bulk") or {}, upstream_file.content.splitlines(keepends=True)
+        if request.args.get("lines"):
+            size, part = int(request.args["lines"]), int(request.args.get("part", 0))
+            lines = lines[part * size:(part + 1) * size]
+        if bulk.get("backdate"):
+            lines = [backdated(line, bulk["backdate"]) for line in lines]
+        body = b"".join(lines)
+        wanted = request.headers.get("Range", "")
+        if wanted.startswith("bytes=") and not bulk.get("no_range"):
+            start = int(wanted[6:].split("-")[0])
+            return Response(body[start:], 206, {"Content-Range": f"bytes {start}-{len(body) - 1}/{len(body)}"},
+                            content_type="application/fhir+ndjson")
+        if bulk.get("cut") and bulk["cut"] in request.full_path and state.get("bulk_cut", 0) < bulk.get("times", 1):
+            state["bulk_cut"] = state.get("bulk_cut", 0) + 1
+            return cut_off(body)
+        return Response(body, 200, content_type="application/fhir+ndjson")
+
+    def backdated(line: bytes, when: str) -> bytes:
+        resource = json.loads(line)
+        resource.setdefault("meta", {})["lastUpdated"] = when
+        return json.dumps(resource).encode() + b"\n"
+
+    def cut_off(body: bytes) -> Response:
+        """Half the file, then the connection dropped: the declared length is never reached."""
+        def stream():
+            yield body[: len(body) // 2]
+            raise ConnectionAbortedError("the test server drops the connection mid-file")
+
+        return Response(stream(), 200, {"Content-Length": str(len(body))}, content_type="application/fhir+ndjson")
 
     @app.get("/bulk-deleted/<job>.ndjson")
     def deleted_file(job):

@@ -144,3 +144,27 @@ def start_ehr_server(folder: Path, upstream: str, client_id: str, chartcite_url:
     root = f"http://127.0.0.1:{port}"
     wait_for(f"{root}/fhir/.well-known/smart-configuration", process, log)
     return process, root
+
+
+def serve_folder(folder: Path):
+    """A plain web server for a folder on a free loopback port, on a thread (a JWKS file for the
+    test server to fetch when no `chartcite serve` runs). Stop it with .shutdown()."""
+    from functools import partial
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+    from threading import Thread
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(Quiet, directory=str(folder)))
+    Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def published_keys(env: dict) -> list[dict]:
+    """chartcite's published signing keys (its JWKS), read from the registry the environment names."""
+    code = ("from smart_app.settings import Settings; from workers.sync import open_registry; import json; "
+            "print(json.dumps(open_registry(Settings.load()).published_keys()))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    return json.loads(out.stdout)

@@ -105,7 +105,7 @@ def test_commands_that_need_redis_say_it_is_down_in_a_sentence(env, tmp_path):
     down = {**env, "CHARTCITE_DATA_DIR": str(tmp_path / "data"),
             "CHARTCITE_REDIS_URL": f"redis://:redis-pw@127.0.0.1:{free_port()}/0"}
     assert run(["ehr", "add", "--name", "gone", "--iss", f"http://127.0.0.1:{free_port()}/fhir", "--client-id", "c",
-                "--client-auth", "none"], down).returncode == 0
+                "--client-auth", "none", "--group-id", "g"], down).returncode == 0
     for command in (["status"], ["status", "--json"], ["sync", "--tenant", "gone"]):
         out = run(command, down)
         assert out.returncode == 1 and "Traceback" not in out.stderr, (command, out.stderr)
@@ -115,6 +115,31 @@ def test_commands_that_need_redis_say_it_is_down_in_a_sentence(env, tmp_path):
     no_redis = {k: v for k, v in down.items() if k != "CHARTCITE_REDIS_URL"}
     out = run(["sync", "--tenant", "gone"], no_redis)
     assert out.returncode == 1 and "sync failed" in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_a_closed_pipe_ends_a_command_quietly(indexed, env):
+    """`chartcite patients --json | head`: the reader goes away before chartcite writes; chartcite
+    stops with the exit code a shell gives a process a closed pipe stopped, and no traceback."""
+    process = subprocess.Popen([sys.executable, "-m", "smart_app.cli", "patients", "--json"], cwd=REPO, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.close()              # the reader is gone before the first line is written
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 141, stderr
+    assert b"Traceback" not in stderr and b"BrokenPipeError" not in stderr, stderr
+
+
+def test_third_party_loggers_keep_quiet_unless_asked(env, tmp_path):
+    """Elasticsearch's client wrote a line for every request at INFO; it now writes warnings only,
+    and everything at CHARTCITE_LOG_LEVEL=DEBUG."""
+    from .conftest import es_url
+
+    elastic = {**env, "CHARTCITE_BACKEND": "elasticsearch", "CHARTCITE_ES_URL": es_url(),
+               "CHARTCITE_DATA_DIR": str(tmp_path / "data")}
+    quiet = run(["check", "--tenant", "quiet-loggers"], elastic)
+    assert quiet.returncode == 0, quiet.stderr
+    assert "elastic_transport" not in quiet.stderr and "INFO" not in quiet.stderr, quiet.stderr
+    loud = run(["check", "--tenant", "quiet-loggers"], elastic | {"CHARTCITE_LOG_LEVEL": "DEBUG"})
+    assert "elastic_transport" in loud.stderr
 
 
 def test_unknown_patient_and_missing_paths_are_clear_errors(env):

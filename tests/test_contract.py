@@ -137,6 +137,46 @@ def test_a_deletion_removes_the_resource_of_that_patient_only_and_the_summary_co
 
 
 @pytest.mark.parametrize("kind", BACKENDS)
+def test_a_deleted_list_updates_the_summary_in_the_same_write_as_the_chunks(kind, tmp_path, embedder, monkeypatch):
+    """A Bulk `deleted` entry removes the resource, its chunks and their counts in the patient
+    summary together: on the embedded index in one transaction (a failure before the summary is
+    written leaves everything as it was), on Elasticsearch in one bulk request."""
+    from search.backends.base import Scope
+
+    svc = make_service(kind, tmp_path)
+    tenant = f"together{uuid.uuid4().hex[:8]}"
+    try:
+        for record in two_records_sharing_an_id():
+            svc.index_record(tenant, record)
+        backend, chunks = svc.backend, svc.backend.count(Scope(tenant, "p1"))
+        if kind == "embedded":
+            def fail(*args):
+                raise RuntimeError("the disk filled up before the summary was written")
+
+            monkeypatch.setattr(backend, "upsert_patient", fail)
+            with pytest.raises(RuntimeError):
+                svc.delete_resources(tenant, "p1", ["Observation/p1-own"])
+            monkeypatch.undo()
+            assert backend.count(Scope(tenant, "p1")) == chunks
+            assert svc.resource(tenant, "p1", "Observation/p1-own") is not None
+        else:
+            writes = []
+            original = backend._bulk
+            monkeypatch.setattr(backend, "_bulk", lambda actions: writes.append(list(actions)) or original(actions))
+        removed = svc.delete_resources(tenant, "p1", ["Observation/p1-own"])
+        assert removed >= 1 and backend.check(tenant).problems == []
+        assert sum(svc.patient(tenant, "p1")["chunk_counts"].values()) == backend.count(Scope(tenant, "p1")) \
+            == chunks - removed
+        if kind == "elasticsearch":
+            [write] = writes
+            assert {a["_op_type"] for a in write} == {"delete", "index"}
+            assert any(a["_id"] == "patient|p1" for a in write)
+    finally:
+        drop_tenants(svc, [tenant])
+        svc.close()
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
 def test_a_whole_record_without_a_resource_removes_its_stored_copy_too(kind, tmp_path, embedder, small_bundle):
     """Found when an EHR's full export no longer held a resource: its chunks went, its stored copy
     stayed, so its citation still opened and the next merge brought it back."""

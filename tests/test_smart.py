@@ -590,7 +590,7 @@ def test_bulk_sync_exports_the_group_indexes_it_and_applies_deletions(stack, tmp
 
 
 def test_a_deletion_applies_to_the_rounds_patients_holding_it_and_never_guesses():
-    from workers.sync import scoped_deletions
+    from workers.bulk_round import scoped_deletions
 
     holders = {"Observation/one": {"a"}, "Observation/outside": {"z"}, "Observation/two": {"a", "z"},
                "Observation/both": {"a", "b"}, "Observation/none": set()}
@@ -606,9 +606,11 @@ def test_a_deletion_applies_to_the_rounds_patients_holding_it_and_never_guesses(
     assert "removed for none of them" in unknown.notes[0]
 
 
-def test_an_export_that_ignores_since_is_detected_applies_deletions_and_re_embeds_nothing_unchanged(stack):
+def test_an_export_that_ignores_since_is_merged_and_only_a_full_round_replaces_a_record(stack):
     """Epic's export is not incremental: it answers a `_since` export with everything and names no
-    deletions. chartcite notices, keeps what did not change, and removes what the EHR no longer has."""
+    deletions. chartcite notices and says so, re-embeds nothing unchanged, and removes nothing on
+    that guess: a resource the EHR deleted stays until a full round, asked for, replaces the record
+    (before, the guess alone replaced each record, which emptied a record on a backdated change)."""
     assert stack.cli("sync", "--tenant", TENANT).returncode == 0          # a cursor to send as _since
     observations = requests.get(f"{stack.upstream}/Observation", params={"patient": OTHER, "_count": "5"},
                                 timeout=30).json()["entry"]
@@ -622,26 +624,36 @@ def test_an_export_that_ignores_since_is_detected_applies_deletions_and_re_embed
         stack.test_api("ignore-since", {"on": False})
     assert second.returncode == 0, second.stderr
     assert "_since" in [e for e in stack.ehr_log() if "$export" in e["path"]][-1]["args"]
+    assert held_resource(stack, OTHER, ref) is not None, second.stdout
     assert "the EHR ignored _since" in second.stdout and "0 deleted" in second.stdout
+    assert "nothing was removed" in second.stdout and "sync --full" in second.stdout
     embedded, chunks = map(int, re.search(r"(\d+) chunks embedded of (\d+)", second.stdout).groups())
     assert chunks > 50 and embedded <= 2, second.stdout         # at most a summary changes
+    stack.test_api("clear-log")
+    full = stack.cli("sync", "--tenant", TENANT, "--full")
+    assert full.returncode == 0, full.stderr
+    assert "_since" not in [e for e in stack.ehr_log() if "$export" in e["path"]][-1]["args"]
+    assert held_resource(stack, OTHER, ref) is None, full.stdout
+    assert "ignored _since" not in json.loads(stack.cli("ehr", "list", "--json").stdout)[0]["last_sync_status"]
+
+
+def held_resource(stack: Stack, patient: str, ref: str) -> dict | None:
+    """The resource as the index holds it for the patient (None when it does not)."""
     from search.service import SearchService
 
     svc = SearchService("embedded", Path(stack.env["CHARTCITE_DATA_DIR"]) / "index.sqlite")
     try:
-        assert svc.resource(TENANT, OTHER, ref) is None, second.stdout
-        assert svc.patient(TENANT, OTHER) and svc.patient(TENANT, PID)
+        return svc.resource(TENANT, patient, ref)
     finally:
         svc.close()
-    assert "ignored _since" in json.loads(stack.cli("ehr", "list", "--json").stdout)[0]["last_sync_status"]
 
 
 def test_ehr_check_passes_a_ready_registration_and_names_the_fix_otherwise(stack):
     good = stack.cli("ehr", "check", TENANT, "--json")
     assert good.returncode == 0, good.stdout + good.stderr
     checks = {c["name"]: c for c in json.loads(good.stdout)}
-    assert {n: checks[n]["status"] for n in ("discovery", "capabilities", "jwks", "backend", "search")} == \
-        dict.fromkeys(("discovery", "capabilities", "jwks", "backend", "search"), "ok")
+    assert {n: checks[n]["status"] for n in ("discovery", "capabilities", "jwks", "backend", "group")} == \
+        dict.fromkeys(("discovery", "capabilities", "jwks", "backend", "group"), "ok")
     assert checks["fhir"]["status"] in ("ok", "warn")
     added = stack.cli("ehr", "add", "--name", "nowhere", "--iss", f"http://127.0.0.1:{free_port()}/fhir",
                       "--client-id", "x", "--group-id", "g")
@@ -654,7 +666,7 @@ def test_ehr_check_passes_a_ready_registration_and_names_the_fix_otherwise(stack
     assert stack.cli("ehr", "update", TENANT, "--group-id", "no-such-group").returncode == 0
     try:
         wrong = stack.cli("ehr", "check", TENANT)
-        assert wrong.returncode == 1 and "[FAIL] search" in wrong.stdout and "--group-id" in wrong.stdout
+        assert wrong.returncode == 1 and "[FAIL] group" in wrong.stdout and "--group-id" in wrong.stdout
     finally:
         stack.cli("ehr", "update", TENANT, "--group-id", GROUP)
 

@@ -18,6 +18,14 @@ def make_celery(settings) -> Celery:
         broker_connection_retry_on_startup=True,
     )
     app.conf.chartcite_settings = settings
+    if settings.celery_broker.startswith(("redis://", "rediss://")):
+        # A task whose worker died unacknowledged goes to another worker after the visibility
+        # timeout (a Bulk part is idempotent and claimed, so one that merely ran long is not
+        # indexed twice); the broker is asked every few seconds which ones have waited that long.
+        visibility = float(settings.task_visibility_seconds)
+        app.conf.broker_transport_options = {"visibility_timeout": visibility,
+                                             "unacked_restore_interval": max(1.0, min(10.0, visibility / 10)),
+                                             "unacked_restore_throttle": 1}
     if settings.redis_url.startswith("rediss://"):
         app.conf.broker_use_ssl = {"ssl_cert_reqs": "required"}
     # Celery beat: every registered EHR and the demo tenant are re-synced on an interval.

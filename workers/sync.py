@@ -4,22 +4,20 @@
   Backend Services token) or from the demo bundle folder; problems, medications and allergies are
   indexed first on a first sync, progress is reported for the frame, the job's state says how it
   ended, and the EHR's clock becomes the cursor of the next incremental sync.
-- `bulk_sync`: a Backend Services + Bulk Data round for a registered EHR.
+- Bulk Data rounds are in workers/bulk_round.py.
 
-The Celery tasks (workers/tasks.py) are thin wrappers over these; `chartcite sync` calls
-`run_bulk_sync` directly. `settings` is the application's settings object (any object with its
+The Celery tasks (workers/tasks.py) are thin wrappers over these. `settings` is the application's settings object (any object with its
 attributes: this package does not import the web app).
 """
 from __future__ import annotations
 
 import logging
-from contextlib import closing
 from dataclasses import dataclass, field
 from functools import lru_cache
 from urllib.parse import urlsplit
 
 from fhir_ingest.connection.budget import budget_for
-from fhir_ingest.connection.client import AuthExpired, FhirClient, FhirError, FhirUnavailable
+from fhir_ingest.connection.client import AuthExpired, FhirClient, FhirUnavailable
 from fhir_ingest.record.contract import PatientNotFound
 from fhir_ingest.record.load import BundleDirectorySource, LoadReport
 from fhir_ingest.connection.registry import Ehr, Registry
@@ -29,9 +27,6 @@ from search.backends.base import BackendUnavailable
 from .progress import job_store
 
 log = logging.getLogger(__name__)
-
-# A Bulk Data round makes this many patients searchable at a time (one refresh of the index).
-PATIENTS_PER_REFRESH = 25
 
 # Faults that pass: the task is retried with backoff.
 TRANSIENT = (BackendUnavailable, FhirUnavailable, ConnectionError, TimeoutError)
@@ -60,12 +55,14 @@ def open_registry(settings) -> Registry:
 
 
 def ehr_client(settings, registry: Registry, ehr: Ehr, session_id: str | None = None,
-               interactive: bool = False) -> FhirClient:
-    """A FHIR client on the session's user token, or on a Backend Services token without one,
-    drawing on the deployment's request budget for that EHR and counting its answers by status.
-    `interactive`: a clinician is waiting, so an EHR that cannot be reached is said within seconds
-    (and the sync retried on a schedule) rather than after a long series of retries."""
-    auth = SessionTokens(registry, session_id, ehr) if session_id else BackendServicesToken(registry, ehr)
+               interactive: bool = False, auth=None) -> FhirClient:
+    """A FHIR client on the session's user token, or on a Backend Services token without one (or
+    on `auth`, a token provider of the caller's), drawing on the deployment's request budget for
+    that EHR and counting its answers by status. `interactive`: a clinician is waiting, so an EHR
+    that cannot be reached is said within seconds (and the sync retried on a schedule) rather than
+    after a long series of retries."""
+    if auth is None:
+        auth = SessionTokens(registry, session_id, ehr) if session_id else BackendServicesToken(registry, ehr)
     budget = budget_for(urlsplit(ehr.iss).netloc, settings.fhir_max_concurrency,
                         settings.fhir_max_requests_per_second, settings.redis_url)
     tally = job_store(settings)
@@ -201,184 +198,3 @@ def unreadable_notes(report, result) -> int:
     refs = {s.origin for s in report.skipped if "attachment could not be fetched" in s.reason}
     refs |= {p.ref for p in result.problems if "text could not be read" in p.reason}
     return len(refs)
-
-
-# --- Bulk Data ----------------------------------------------------------------------------------------
-
-@dataclass
-class ExportRound:
-    transaction_time: str = ""
-    deleted: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    since_ignored: bool = False
-    whole: bool = False            # each patient's part is their whole record
-
-
-def download_export(client: FhirClient, ehr: Ehr, group_id: str, cursor: str, assembler, say) -> ExportRound:
-    """Kick off, wait for and download one export into the assembler (parked on disk)."""
-    from fhir_ingest.connection.bulk import BulkExport, SinceCheck
-    from fhir_ingest.record.kinds import PATIENT_SEARCHES
-
-    def downloaded(items):
-        for count, item in enumerate(items, start=1):
-            if count % 1000 == 0:
-                say("downloading", count, 0, "resources")
-            yield item
-
-    export, since = BulkExport(client), SinceCheck(cursor)
-    with export.job(group_id or ehr.group_id, ("Patient", "Medication", *PATIENT_SEARCHES), cursor) as status_url:
-        manifest = export.wait(status_url, progress=say)
-        assembler.add(since.watch(downloaded(export.resources(manifest))))
-        deleted, errors = export.deleted_refs(manifest), export.error_messages(manifest)
-    if since.ignored:
-        log.warning("the EHR ignored _since and exported every resource again: unchanged ones are not "
-                    "re-embedded, and what the export no longer holds is removed")
-    # An incremental export holds only changes: merged into what is held, and only `deleted`
-    # removes anything. A full one (none asked for, or _since ignored) without errors is each
-    # patient's whole record, so deletions an EHR never lists are applied too.
-    whole = (not cursor or since.ignored) and not errors
-    return ExportRound(manifest.transaction_time, deleted, errors, since.ignored, whole)
-
-
-@dataclass
-class Deletions:
-    """What a round's `deleted` list removes, per patient, and what it could not place."""
-    by_patient: dict[str, list[str]] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-
-
-def scoped_deletions(refs: list[str], holders: dict[str, set[str]], round_patients: set[str] | None) -> Deletions:
-    """Where each resource a Bulk round lists as deleted is removed. The entry names only Type/id,
-    which is one patient's at the EHR; but another input may have put the same Type/id under
-    another patient of the tenant. So it is removed only for the patients of the round
-    (`round_patients`; None: not known, then only when a single patient holds it) whose held
-    record holds it, never guessed; the rest is kept and reported, as is any Type/id several
-    patients hold."""
-    deletions = Deletions()
-    for ref in dict.fromkeys(refs):
-        holding = holders.get(ref, set())
-        if round_patients is not None:
-            applies = holding & round_patients
-        else:
-            applies = holding if len(holding) == 1 else set()
-        for patient_id in sorted(applies):
-            deletions.by_patient.setdefault(patient_id, []).append(ref)
-        if len(holding) > 1 or holding - applies:
-            deletions.notes.append(deletion_note(ref, holding, applies, round_patients is not None))
-    return deletions
-
-
-def deletion_note(ref: str, holding: set[str], applies: set[str], members_known: bool) -> str:
-    removed = f"removed for {', '.join(sorted(applies))}" if applies else "removed for none of them"
-    kept = holding - applies
-    why = ("not patients of this export" if members_known else
-           "the export's patients are not known, and the entry does not say whose it was")
-    return (f"{ref}, deleted at the EHR, is held for {len(holding)} patient(s) of this tenant: {removed}"
-            + (f"; kept for {', '.join(sorted(kept))} ({why})" if kept else ""))
-
-
-def round_patients(client: FhirClient, group_id: str, exported: list[str]) -> tuple[set[str] | None, list[str]]:
-    """The patients a round is about (a Group export: the Group's members; a system-level export:
-    every patient of the EHR, None), and a note when the Group could not be read."""
-    from fhir_ingest.connection.bulk import group_members
-
-    if not group_id:
-        return None, []
-    try:
-        return group_members(client, group_id) | set(exported), []
-    except FhirUnavailable:
-        raise
-    except FhirError as exc:
-        return None, [f"the Group {group_id} could not be read ({exc}): a deleted resource was removed only where "
-                      f"a single patient held it"]
-
-
-def apply_deletions(service, client: FhirClient, tenant: str, group_id: str, deleted: list[str],
-                    exported: list[str]) -> tuple[int, list[str]]:
-    """The round's `deleted` list applied, each resource for the patient(s) of the round holding
-    it, the summaries counting without them. Returns the chunks removed and the report's notes."""
-    if not deleted:
-        return 0, []
-    members, notes = round_patients(client, group_id, exported)
-    deletions = scoped_deletions(deleted, service.holders(tenant, deleted), members)
-    removed = sum(service.delete_resources(tenant, pid, refs) for pid, refs in deletions.by_patient.items())
-    return removed, notes + deletions.notes
-
-
-def run_bulk_sync(settings, registry: Registry, ehr: Ehr, service, group_id: str = "", progress=None,
-                  full: bool = False) -> dict:
-    """One Backend Services + Bulk Data round for an EHR (`full`: everything, not just changes
-    since the last round's transactionTime). Nothing is lost on failure: the cursor moves only at
-    the end."""
-    from fhir_ingest.record.load import RecordAssembler
-
-    def say(phase, done=0, total=0, note=""):
-        if progress:
-            progress(phase, done, total, note)
-
-    client = ehr_client(settings, registry, ehr)
-    report = LoadReport()
-    assembler = RecordAssembler(report, settings.data_dir)
-    try:
-        round_ = download_export(client, ehr, group_id, "" if full else ehr.bulk_since, assembler, say)
-        chunks = embedded = 0
-        patients = assembler.patient_ids()
-        removed, deletion_notes = apply_deletions(service, client, ehr.name, group_id or ehr.group_id,
-                                                  round_.deleted, patients)
-        with closing(service.index_in_turn(ehr.name, (assembler.record(pid, whole=round_.whole)
-                                                      for pid in patients), report)) as indexed:
-            for start in range(0, len(patients), PATIENTS_PER_REFRESH):
-                group = patients[start:start + PATIENTS_PER_REFRESH]
-                results = []
-                with service.deferred_refresh():
-                    for _ in group:
-                        results.append(next(indexed))
-                        say("indexing", start + len(results), len(patients))
-                # Marked synced once searchable: a failure before the refresh leaves the group to the next round.
-                for pid, result in zip(group, results):
-                    chunks, embedded, removed = chunks + result.chunks, embedded + result.embedded, removed + result.removed
-                    registry.mark_patient_synced(ehr.name, pid, round_.transaction_time)
-    finally:
-        assembler.close()
-    summary = {"patients": len(patients), "resources": report.resources_read, "chunks": chunks,
-               "embedded": embedded, "deleted": len(round_.deleted), "removed_chunks": removed,
-               "skipped": len(report.skipped), "export_errors": len(round_.errors),
-               "transaction_time": round_.transaction_time, "since_ignored": round_.since_ignored,
-               "full_export": round_.whole, "deletion_notes": deletion_notes}
-    registry.record_sync(ehr.name, bulk_status(summary), bulk_since=round_.transaction_time)
-    return summary
-
-
-def bulk_status(summary: dict) -> str:
-    """The registration's last-sync line (`ehr list`, /admin)."""
-    status = f"ok: {summary['patients']} patients, {summary['resources']} resources, {summary['deleted']} deleted"
-    if summary["since_ignored"]:
-        status += (f" (the EHR ignored _since: full export, {summary['embedded']} of {summary['chunks']} "
-                   "chunks embedded)")
-    if summary["export_errors"] or summary["skipped"]:
-        status += f", {summary['export_errors']} export errors, {summary['skipped']} skipped"
-    return status
-
-
-def bulk_sync(settings, service, tenant: str, group_id: str = "") -> dict:
-    """A bulk round for the registered EHR `tenant`, its outcome recorded on the registration and
-    in the deployment's tallies."""
-    registry = open_registry(settings)
-    ehr = registry.ehr(tenant)
-    if ehr is None:
-        raise LookupError(f"no registered EHR named {tenant}")
-    tally = job_store(settings)
-    try:
-        summary = run_bulk_sync(settings, registry, ehr, service, group_id)
-    except TRANSIENT:
-        registry.record_sync(tenant, "retrying: the EHR or the index was unavailable")
-        tally.add("bulk_syncs", "retrying")
-        raise
-    except Exception as exc:
-        registry.record_sync(tenant, f"failed: {type(exc).__name__}")
-        tally.add("bulk_syncs", "failed")
-        raise
-    tally.add("bulk_syncs", "done")
-    log.info("bulk sync: %s patients, %s resources, %s deleted", summary["patients"], summary["resources"],
-             summary["deleted"])
-    return summary

@@ -11,7 +11,7 @@ import logging
 
 from celery import shared_task
 
-from . import sync
+from . import bulk_round, sync
 from .progress import job_store
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,12 @@ def sync_tenant(self, tenant: str) -> dict:
     from fhir_ingest.record.load import BundleDirectorySource
 
     settings = settings_of(self)
-    if sync.open_registry(settings).ehr(tenant) is not None:
+    ehr = sync.open_registry(settings).ehr(tenant)
+    if ehr is not None and not ehr.group_id:
+        # Background sync of a registration is its Bulk Data group; chartcite never exports every
+        # patient of an EHR on its own (`ehr check` says so).
+        return {"skipped": "no Bulk Data group registered"}
+    if ehr is not None:
         bulk_sync.delay(tenant)
         return {"queued": "bulk"}
     jobs = job_store(settings)
@@ -117,6 +122,27 @@ def sync_all(self) -> dict:
 
 
 @shared_task(bind=True, name="chartcite.bulk_sync", **RETRY)
-def bulk_sync(self, tenant: str, group_id: str = "") -> dict:
-    """Backend Services + Bulk Data export of the EHR's group, indexed patient by patient."""
-    return sync.bulk_sync(settings_of(self), service_of(self), tenant, group_id)
+def bulk_sync(self, tenant: str, group_id: str = "", full: bool = False) -> dict:
+    """A Bulk Data round of the EHR's group: kick-off, status and downloads on this worker, then
+    each part of the patients indexed as its own task on any worker (in-process when eager)."""
+    dispatch = None if self.request.is_eager else queue_part(self.app)
+    return bulk_round.bulk_sync(settings_of(self), service_of(self), tenant, group_id, full, dispatch)
+
+
+def queue_part(app):
+    """Queues one part of a round on the app's broker."""
+    task = app.tasks["chartcite.index_bulk_part"]
+    return lambda round_id, n: task.delay(round_id, n)
+
+
+@shared_task(bind=True, name="chartcite.index_bulk_part", **RETRY)
+def index_bulk_part(self, round_id: str, n: int) -> dict:
+    """One part of a Bulk round: the patients indexed, and the round finished if it was the last.
+    Run twice (a redelivered task), it finds the part done or claimed; claimed by a worker that may
+    have died, it looks again when that claim would have lapsed."""
+    settings = settings_of(self)
+    deps = bulk_round.round_deps(settings, sync.open_registry(settings), service_of(self))
+    result = bulk_round.index_part(deps, round_id, n)
+    if result.get("state") == "busy" and not self.request.is_eager:
+        raise self.retry(countdown=settings.sync_lease_seconds, max_retries=None)
+    return result

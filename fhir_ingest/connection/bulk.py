@@ -1,10 +1,16 @@
-"""FHIR Bulk Data Access ($export), client side: kick-off, polling, downloads, deletions, errors.
+"""FHIR Bulk Data Access ($export), client side: which types to ask for, kick-off, polite polling,
+downloads that resume where they broke, deletions and errors.
 
-The kick-off asks `Prefer: respond-async`; the status URL is polled with exponential backoff that
-honours Retry-After, reporting X-Progress; outputs are read as NDJSON (with the access token when
-the manifest says `requiresAccessToken`); `deleted` outputs name resources gone since `_since`;
-`error` outputs are OperationOutcomes to report. An export interrupted by shutdown is cancelled
-with DELETE so the EHR can drop its files.
+- The types are the kinds chartcite reads (its registry of kinds), narrowed to those the EHR's
+  CapabilityStatement offers and its granted scopes cover, or as hospital IT narrowed them.
+- The status URL is polled no faster than the EHR's Retry-After asks and ever slower (capped),
+  reporting X-Progress; a failed export is said in the EHR's own words.
+- An output file is read as its bytes arrive (it can be larger than memory); a transfer cut
+  mid-file is resumed from the last complete line with an HTTP Range request (or, from a server
+  that ignores Range, by skipping what was already read).
+- `deleted` outputs name resources gone since `_since`; `error` outputs are OperationOutcomes: an
+  issue of severity error or fatal means part of the export is missing.
+An export interrupted by shutdown is cancelled with DELETE so the EHR can drop its files.
 """
 from __future__ import annotations
 
@@ -17,13 +23,33 @@ from typing import Callable, Iterator
 
 import requests
 
-from .client import FhirClient, FhirError, retry_after_seconds
+from .client import FhirClient, FhirError, FhirUnavailable, issue_words, outcome_words, retry_after_seconds
+from .fetch import declared_resources, scope_covers
+from ..record.kinds import PATIENT_SEARCHES, REFERENCED_TYPES
 from ..record.normalize import ref_id
-from ..record.reader import RawResource, ReadItem, ReadProblem
 
 log = logging.getLogger(__name__)
 
 Progress = Callable[[str, int, int, str], None]     # phase, done, total, note
+
+# What a Bulk round asks for: every kind chartcite reads that names its patient, the Patient, and
+# the Medications orders point at. A note's Binary is not exported (a Group export of Binary is
+# every attachment of the EHR); notes carry their text or are read at a launch.
+BULK_TYPES = ("Patient", *PATIENT_SEARCHES, *(t for t in REFERENCED_TYPES if t not in ("Patient", "Binary")))
+# The status URL is polled no sooner than the EHR's Retry-After, and ever less often: first after
+# POLL_FIRST seconds, each wait half as long again as the one before, up to POLL_MAX; a Retry-After
+# longer than that is honoured up to POLL_LONGEST.
+POLL_FIRST, POLL_MAX, POLL_LONGEST = 2.0, 60.0, 600.0
+# OperationOutcome issue codes a server uses for "poll again later" (Bulk Data: "a transient code").
+TRANSIENT_CODES = {"transient", "lock-error", "no-store", "exception", "timeout", "incomplete", "throttled"}
+
+
+class BulkExportError(FhirError):
+    """The export cannot go on; the message says why in the EHR's own words."""
+
+
+class GroupNotFound(BulkExportError):
+    pass
 
 
 @dataclass
@@ -36,22 +62,68 @@ class Manifest:
 
     @classmethod
     def from_json(cls, body: dict) -> "Manifest":
-        return cls(body.get("transactionTime", ""), bool(body.get("requiresAccessToken")), body.get("output") or [],
-                   body.get("deleted") or [], body.get("error") or [])
+        listed = lambda key: [o for o in body.get(key) or [] if isinstance(o, dict) and o.get("url")]
+        return cls(str(body.get("transactionTime", "")), bool(body.get("requiresAccessToken")), listed("output"),
+                   listed("deleted"), listed("error"))
+
+    def to_json(self) -> dict:
+        return {"transactionTime": self.transaction_time, "requiresAccessToken": self.requires_token,
+                "output": self.outputs, "deleted": self.deleted, "error": self.errors}
 
 
-class BulkExportError(FhirError):
-    pass
+@dataclass
+class Poll:
+    """One answer of the status URL: the manifest when the export is done, else its progress and
+    how long the EHR asks to wait."""
+    manifest: Manifest | None = None
+    progress: str = ""
+    retry_after: float = 0.0
 
+
+# --- which types ------------------------------------------------------------------------------------
+
+def capability_statement(client: FhirClient) -> dict:
+    """The EHR's CapabilityStatement, read without a token (FHIR serves it to anyone), so the
+    token can be asked for exactly what the EHR offers; {} when it cannot be read."""
+    try:
+        response = client.request("GET", "metadata", authorized=False)
+        body = response.json() if response.status_code == 200 else {}
+    except (FhirError, ValueError):
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def bulk_types(statement: dict, override: str = "") -> tuple[list[str], list[str]]:
+    """The types to export and, one line each, the ones left out and why: every kind chartcite
+    reads that the CapabilityStatement declares (all of them when it declares none), or the
+    registration's own list (`ehr update --bulk-types`) as IT wrote it."""
+    if override:
+        return override.split(","), []
+    declared = declared_resources(statement)
+    types = [t for t in BULK_TYPES if not declared or t in declared]
+    left_out = [f"{t}: not offered by this EHR (its CapabilityStatement)" for t in BULK_TYPES if t not in types]
+    return types, left_out
+
+
+def granted_types(types: list[str], granted: str) -> tuple[list[str], list[str]]:
+    """The types the granted scopes cover (all, when the EHR did not say what it granted)."""
+    if not granted:
+        return types, []
+    kept = [t for t in types if scope_covers(granted, t)]
+    return kept, [f"{t}: not granted (scopes)" for t in types if t not in kept]
+
+
+# --- the export -------------------------------------------------------------------------------------
 
 class BulkExport:
-    def __init__(self, client: FhirClient, poll_first: float = 1.0, poll_max: float = 120.0, give_up_after: float = 6 * 3600):
+    def __init__(self, client: FhirClient, poll_first: float = POLL_FIRST, poll_max: float = POLL_MAX,
+                 give_up_after: float = 6 * 3600):
         self.client = client
         self.poll_first = poll_first
         self.poll_max = poll_max
         self.give_up_after = give_up_after
 
-    def kickoff(self, group_id: str = "", types: tuple[str, ...] = (), since: str = "") -> str:
+    def kickoff(self, group_id: str = "", types: tuple[str, ...] | list[str] = (), since: str = "") -> str:
         path = f"Group/{group_id}/$export" if group_id else "Patient/$export"
         params = {}
         if types:
@@ -59,24 +131,43 @@ class BulkExport:
         if since:
             params["_since"] = since
         response = self.client.request("GET", path, params=params, headers={"Prefer": "respond-async"})
-        if response.status_code != 202 or not response.headers.get("Content-Location"):
-            raise BulkExportError(f"bulk export kick-off answered {response.status_code}", response.status_code)
-        return response.headers["Content-Location"]
+        if response.status_code == 202 and response.headers.get("Content-Location"):
+            return response.headers["Content-Location"]
+        if group_id and response.status_code == 404:
+            raise GroupNotFound(f"the EHR has no Group {group_id} ({outcome_words(response)})", 404)
+        raise BulkExportError(f"the EHR refused the Bulk export ({response.status_code}: "
+                              f"{outcome_words(response)})", response.status_code)
 
-    def wait(self, status_url: str, progress: Progress | None = None) -> Manifest:
+    def poll(self, status_url: str) -> Poll:
+        """One look at the status URL. 429 and 503 are waited out inside the client (Retry-After);
+        a 4xx or 5xx whose OperationOutcome is transient is "not yet", any other means the export
+        failed, said in the EHR's words."""
+        response = self.client.request("GET", status_url, retry_statuses={429, 502, 503, 504})
+        if response.status_code == 200:
+            return Poll(Manifest.from_json(response.json()))
+        wait = retry_after_seconds(response.headers.get("Retry-After"), 0.0)
+        if response.status_code == 202:
+            return Poll(None, response.headers.get("X-Progress", "in progress")[:100], wait)
+        if response.status_code >= 500 and transient_outcome(response):
+            return Poll(None, "the EHR asked to poll again later", wait)
+        raise BulkExportError(f"the EHR's export failed ({response.status_code}: {outcome_words(response)})",
+                              response.status_code)
+
+    def wait(self, status_url: str, progress: Progress | None = None,
+             sleep: Callable[[float], None] = time.sleep) -> Manifest:
+        """Poll until the manifest: never sooner than the EHR's Retry-After, and each wait longer
+        than the last (up to `poll_max`), so a long export costs a few dozen polls, not thousands."""
         delay, started = self.poll_first, time.monotonic()
         while True:
-            response = self.client.request("GET", status_url)
-            if response.status_code == 200:
-                return Manifest.from_json(response.json())
-            if response.status_code != 202:
-                raise BulkExportError(f"bulk export failed on the EHR ({response.status_code})", response.status_code)
+            poll = self.poll(status_url)
+            if poll.manifest is not None:
+                return poll.manifest
             if progress:
-                progress("exporting", 0, 0, response.headers.get("X-Progress", "in progress")[:100])
+                progress("exporting", 0, 0, poll.progress)
             if time.monotonic() - started > self.give_up_after:
-                raise BulkExportError("bulk export did not finish in time")
-            time.sleep(min(self.poll_max, retry_after_seconds(response.headers.get("Retry-After"), delay)))
-            delay = min(self.poll_max, delay * 2)
+                raise BulkExportError(f"the EHR's export did not finish in {self.give_up_after / 3600:.0f} hours")
+            sleep(min(POLL_LONGEST, max(poll.retry_after, delay)))
+            delay = min(self.poll_max, delay * 1.5)
 
     def cancel(self, status_url: str) -> None:
         try:
@@ -96,53 +187,92 @@ class BulkExport:
             if not finished:
                 self.cancel(status_url)
 
-    def _lines(self, manifest: Manifest, url: str) -> Iterator[tuple[int, str]]:
-        """An output file's lines as they arrive: an export file can be larger than memory."""
-        response = self.client.request("GET", url, accept="application/fhir+ndjson", authorized=manifest.requires_token,
-                                       stream=True)
-        with response:
-            if response.status_code != 200:
-                raise BulkExportError(f"bulk output download answered {response.status_code}", response.status_code)
-            try:
-                for number, line in enumerate(response.iter_lines(decode_unicode=False), start=1):
-                    if line.strip():
-                        yield number, line.decode("utf-8", errors="replace")
-            except requests.RequestException as exc:
-                # The cursor has not moved: the next round exports the same changes again.
-                raise BulkExportError(f"bulk output download broke off: {type(exc).__name__}") from exc
+    def open_file(self, url: str, requires_token: bool, offset: int = 0) -> tuple[requests.Response, int]:
+        """An output file streaming from byte `offset` (a resumed download asks for the rest with
+        Range, unencoded so byte offsets mean the same); returns the response and how many bytes
+        of it the caller must skip (all of `offset` when the server sent the whole file)."""
+        headers = {"Range": f"bytes={offset}-", "Accept-Encoding": "identity"} if offset else None
+        response = self.client.request("GET", url, accept="application/fhir+ndjson", authorized=requires_token,
+                                       stream=True, headers=headers)
+        if response.status_code == 206 and offset:
+            return response, 0
+        if response.status_code != 200:
+            words = outcome_words(response)
+            response.close()
+            raise BulkExportError(f"a Bulk output file answered {response.status_code}: {words}", response.status_code)
+        return response, offset
 
-    def resources(self, manifest: Manifest) -> Iterator[ReadItem]:
-        for output in manifest.outputs:
-            name = f"{output.get('type', '?')}.ndjson"
-            for number, line in self._lines(manifest, output["url"]):
+    def small_file(self, url: str, requires_token: bool) -> Iterator[dict]:
+        """Each JSON line of a small file (a `deleted` or `error` output), read whole."""
+        response, _ = self.open_file(url, requires_token)
+        with response:
+            try:
+                body = response.content
+            except requests.RequestException as exc:
+                raise FhirUnavailable(f"a Bulk output file broke off: {type(exc).__name__}") from exc
+        for line in body.splitlines():
+            if line.strip():
                 try:
-                    resource = json.loads(line)
-                except ValueError as exc:
-                    yield ReadProblem(f"{name}:{number}", f"not JSON: {exc.msg}")
+                    value = json.loads(line)
+                except ValueError:
                     continue
-                if not isinstance(resource, dict) or "resourceType" not in resource:
-                    yield ReadProblem(f"{name}:{number}", "line is not a FHIR resource")
-                    continue
-                yield RawResource(resource, f"{name}:{number}")
+                if isinstance(value, dict):
+                    yield value
 
     def deleted_refs(self, manifest: Manifest) -> list[str]:
         refs = []
         for output in manifest.deleted:
-            for _, line in self._lines(manifest, output["url"]):
-                bundle = json.loads(line)
+            for bundle in self.small_file(output["url"], manifest.requires_token):
                 for entry in bundle.get("entry") or []:
-                    request = entry.get("request") or {}
-                    if request.get("method") == "DELETE" and request.get("url", "").count("/") == 1:
+                    request = entry.get("request") if isinstance(entry, dict) else None
+                    if not isinstance(request, dict):
+                        continue
+                    if request.get("method") == "DELETE" and str(request.get("url", "")).count("/") == 1:
                         refs.append(request["url"])
         return refs
 
-    def error_messages(self, manifest: Manifest) -> list[str]:
-        messages = []
+    def error_issues(self, manifest: Manifest) -> tuple[list[str], list[str]]:
+        """The `error` outputs' issues: (errors, warnings). An error or fatal issue means part of
+        the export is missing; a warning (an ignored parameter) loses nothing."""
+        errors, warnings = [], []
         for output in manifest.errors:
-            for _, line in self._lines(manifest, output["url"]):
-                outcome = json.loads(line)
-                messages += [str(i.get("diagnostics") or i.get("code")) for i in outcome.get("issue") or []]
-        return messages
+            for outcome in self.small_file(output["url"], manifest.requires_token):
+                for issue in outcome.get("issue") or []:
+                    if isinstance(issue, dict):
+                        severity = str(issue.get("severity") or "error")
+                        (warnings if severity in ("warning", "information") else errors).append(issue_words(issue))
+        return errors, warnings
+
+
+def transient_outcome(response: requests.Response) -> bool:
+    try:
+        body = response.json()
+    except ValueError:
+        return False
+    issues = body.get("issue") if isinstance(body, dict) else None
+    return bool(issues) and all(isinstance(i, dict) and i.get("code") in TRANSIENT_CODES for i in issues)
+
+
+def ndjson_lines(response: requests.Response, skip: int = 0, chunk_size: int = 1 << 14) -> Iterator[tuple[int, bytes]]:
+    """The complete lines of a streaming NDJSON body, each with the number of bytes it took
+    (newline included), after skipping the first `skip` bytes; a last line without its newline is
+    complete when the body ends. A transfer that breaks off raises FhirUnavailable: what was
+    yielded before stands, the rest is read again from there. (A read that meets the break loses
+    what it had read, so reads are small: a resume repeats little.)"""
+    pending = b""
+    try:
+        for chunk in response.iter_content(chunk_size):
+            if skip:
+                dropped = min(skip, len(chunk))
+                chunk, skip = chunk[dropped:], skip - dropped
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                yield len(line) + 1, line
+    except requests.RequestException as exc:
+        raise FhirUnavailable(f"a Bulk output file broke off: {type(exc).__name__}") from exc
+    if pending:
+        yield len(pending), pending
 
 
 def group_members(client: FhirClient, group_id: str) -> set[str]:
@@ -154,30 +284,40 @@ def group_members(client: FhirClient, group_id: str) -> set[str]:
 
 
 class SinceCheck:
-    """Did the EHR honour `_since`? Some do not (Epic's export is not incremental): they send the
-    whole record again. An incremental export holds resources changed after `_since`; when most of
-    the resources that carry meta.lastUpdated predate it, the export is a full one. (A few
-    stragglers are tolerated: an EHR may track changes by another clock.)"""
+    """Resources an export dated before `_since`. An incremental export holds resources changed
+    after `_since`; older ones mean the EHR ignores `_since` (most of them: Epic's export is not
+    incremental) or dates changes by another clock than its transactionTime. Either way this only
+    widens what later rounds ask for (`reach_back`); it never decides that the export is a whole
+    record, which would remove what it does not hold."""
 
     def __init__(self, since: str):
-        self.since = _instant(since) if since else None
+        self.since = instant(since) if since else None
         self.dated = self.older = 0
+        self.earliest = None             # the oldest lastUpdated among those before _since
 
-    def watch(self, items: Iterator[ReadItem]) -> Iterator[ReadItem]:
-        for item in items:
-            if self.since is not None and isinstance(item, RawResource):
-                updated = _instant(str((item.resource.get("meta") or {}).get("lastUpdated", "")))
-                if updated is not None:
-                    self.dated += 1
-                    self.older += updated < self.since
-            yield item
+    def see(self, resource: dict) -> None:
+        if self.since is None:
+            return
+        meta = resource.get("meta") if isinstance(resource.get("meta"), dict) else {}
+        updated = instant(str(meta.get("lastUpdated", "")))
+        if updated is None:
+            return
+        self.dated += 1
+        if updated < self.since:
+            self.older += 1
+            self.earliest = updated if self.earliest is None else min(self.earliest, updated)
 
-    @property
-    def ignored(self) -> bool:
-        return self.since is not None and self.dated > 0 and self.older * 2 > self.dated
+    def to_dict(self) -> dict:
+        return {"dated": self.dated, "older": self.older, "earliest": self.earliest}
+
+    @staticmethod
+    def summed(seen: list[dict]) -> dict:
+        earliest = [s["earliest"] for s in seen if s.get("earliest") is not None]
+        return {"dated": sum(s.get("dated", 0) for s in seen), "older": sum(s.get("older", 0) for s in seen),
+                "earliest": min(earliest) if earliest else None}
 
 
-def _instant(text: str) -> float | None:
+def instant(text: str) -> float | None:
     from datetime import datetime, timezone
 
     try:
@@ -185,3 +325,9 @@ def _instant(text: str) -> float | None:
     except ValueError:
         return None
     return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
+
+
+def iso_instant(seconds: float) -> str:
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -100,7 +100,9 @@ class FhirClient:
 
     def request(self, method: str, path_or_url: str, params: dict | None = None, accept: str = "application/fhir+json",
                 headers: dict | None = None, authorized: bool = True, json_body: dict | None = None,
-                stream: bool = False) -> requests.Response:
+                stream: bool = False, retry_statuses: set[int] = RETRY_STATUSES) -> requests.Response:
+        """One request, retried while the EHR answers one of `retry_statuses` (waiting as its
+        Retry-After says) or cannot be reached; a 401 renews the token once."""
         url = self.url(path_or_url)
         # The token goes only to the EHR's own origin: an attachment or a next link pointing
         # elsewhere must not receive it.
@@ -131,7 +133,7 @@ class FhirClient:
                 continue
             if response.status_code == 401:
                 raise AuthExpired(f"{method} {_path(url)} refused the refreshed token", 401)
-            if response.status_code in RETRY_STATUSES:
+            if response.status_code in retry_statuses:
                 if attempt == self.retries:
                     raise FhirUnavailable(f"{method} {_path(url)} still answers {response.status_code} after "
                                           f"{self.retries} retries", response.status_code)
@@ -151,7 +153,7 @@ class FhirClient:
         for attempt in range(self.retries + 1):
             response = self.request("GET", path_or_url, params)
             if response.status_code >= 400:
-                raise FhirError(f"GET {_path(response.url)} answered {response.status_code}: {_outcome(response)}",
+                raise FhirError(f"GET {_path(response.url)} answered {response.status_code}: {outcome_words(response)}",
                                 response.status_code)
             try:
                 return response.json()
@@ -185,7 +187,8 @@ class FhirClient:
         if response.status_code == 406:
             response = self.request("GET", url, accept="application/fhir+json")
         if response.status_code >= 400:
-            raise FhirError(f"GET {_path(response.url)} answered {response.status_code}", response.status_code)
+            raise FhirError(f"GET {_path(response.url)} answered {response.status_code}: {outcome_words(response)}",
+                            response.status_code)
         if response.headers.get("Content-Type", "").startswith("application/fhir+json"):
             # A server that ignores Accept sends the Binary resource with base64 data.
             import base64
@@ -210,10 +213,23 @@ def _path(url: str) -> str:
     return urlsplit(url).path
 
 
-def _outcome(response: requests.Response) -> str:
+def outcome_words(response: requests.Response) -> str:
+    """What the EHR said about a refusal, in its own words: the OperationOutcome's diagnostics (or
+    codes), an OAuth error and its description, else the start of the body. They carry no patient
+    data, and a person needs them to fix anything."""
     try:
         body = response.json()
     except ValueError:
         return response.text[:200]
-    issues = body.get("issue") or []
-    return "; ".join(str(i.get("diagnostics") or i.get("code")) for i in issues)[:300] or json.dumps(body)[:200]
+    if not isinstance(body, dict):
+        return json.dumps(body)[:200]
+    if body.get("error"):
+        description = str(body.get("error_description") or "")[:300]
+        return f"{body['error']}: {description}" if description else str(body["error"])
+    issues = [i for i in body.get("issue") or [] if isinstance(i, dict)] if isinstance(body.get("issue"), list) else []
+    return "; ".join(issue_words(i) for i in issues)[:300] or json.dumps(body)[:200]
+
+
+def issue_words(issue: dict) -> str:
+    details = issue.get("details") if isinstance(issue.get("details"), dict) else {}
+    return str(issue.get("diagnostics") or details.get("text") or issue.get("code") or "an unnamed issue")

@@ -119,9 +119,16 @@ class PublicClient(ClientAuth):
                 "as a public client (else register the client type it has: --client-auth)")
 
 
-def client_auth_for(registry: Registry, ehr: Ehr, encoding: str | None = None) -> ClientAuth:
+def client_auth_for(registry: Registry, ehr: Ehr, encoding: str | None = None, backend: bool = False) -> ClientAuth:
     """The registration's strategy. A registration made before client types existed ("") signs
-    with chartcite's key when it has one and is public otherwise."""
+    with chartcite's key when it has one and is public otherwise. `backend`: as its Backend
+    Services client, which, when registered apart (Epic's "Backend Systems" app), has its own id
+    and signs with chartcite's key unless it was given a secret of its own."""
+    if backend and ehr.backend_client_id:
+        secret = registry.backend_client_secret(ehr)
+        if secret:
+            return ClientSecretBasic(ehr.backend_client_id, secret, encoding or ehr.secret_encoding or "form")
+        return PrivateKeyJwt(ehr.backend_client_id, registry)
     method = ehr.client_auth or ("private_key_jwt" if registry.current_key() else "none")
     if method == "client_secret_basic":
         return ClientSecretBasic(ehr.client_id, registry.client_secret(ehr),

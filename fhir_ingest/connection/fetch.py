@@ -49,8 +49,7 @@ def offered_searches(statement: dict, granted: str = "") -> Offer:
     parameter the server's CapabilityStatement declares for it (its own when the statement lists
     no parameters). A kind the statement declares without any patient search is skipped; one it
     does not declare is tried."""
-    offered = {r.get("type"): r for rest in statement.get("rest") or [] if isinstance(rest, dict)
-               and rest.get("mode", "server") == "server" for r in rest.get("resource") or [] if isinstance(r, dict)}
+    offered = declared_resources(statement)
     offer = Offer({})
     for rtype, param in PATIENT_SEARCHES.items():
         if granted and not scope_covers(granted, rtype):
@@ -66,6 +65,13 @@ def offered_searches(statement: dict, granted: str = "") -> Offer:
         if entry is None:
             offer.undeclared.add(rtype)
     return offer
+
+
+def declared_resources(statement: dict) -> dict[str, dict]:
+    """The resource types a CapabilityStatement declares for its server side, each with its entry."""
+    rests = statement.get("rest") if isinstance(statement.get("rest"), list) else []
+    return {r.get("type"): r for rest in rests if isinstance(rest, dict) and rest.get("mode", "server") == "server"
+            for r in rest.get("resource") or [] if isinstance(r, dict)}
 
 
 def scope_covers(granted: str, resource_type: str) -> bool:

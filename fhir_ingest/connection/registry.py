@@ -51,11 +51,24 @@ class Ehr(Base):
     created_at: Mapped[float] = mapped_column(Float, default=time.time)
     last_sync_at: Mapped[float] = mapped_column(Float, default=0.0)
     last_sync_status: Mapped[str] = mapped_column(Text, default="never")
-    bulk_since: Mapped[str] = mapped_column(String(40), default="")      # transactionTime of the last export
+    # Before Bulk rounds kept a cursor per (registration, group) in bulk_cursors: kept so that old
+    # registries open, neither read nor written (a group's first round after the upgrade is full).
+    bulk_since: Mapped[str] = mapped_column(String(40), default="")
     client_auth: Mapped[str] = mapped_column(String(30), default="")     # one of CLIENT_AUTH_METHODS ("" = legacy)
     client_secret: Mapped[str] = mapped_column(Text, default="")         # encrypted; client_secret_basic only
     request_scopes: Mapped[str] = mapped_column(Text, default=DEFAULT_REQUEST_SCOPES)
     secret_encoding: Mapped[str] = mapped_column(String(10), default="form")   # form (RFC 6749) | raw: HTTP Basic
+    # Epic sites register background sync as a separate "Backend Systems" app with its own client
+    # id; "" = the launch client's id. Its secret, when that app signs in with one (else it signs
+    # with chartcite's key, as SMART Backend Services asks).
+    backend_client_id: Mapped[str] = mapped_column(String(200), default="")
+    backend_client_secret: Mapped[str] = mapped_column(Text, default="")      # encrypted
+    # A registration used for background sync only: no clinician launches from it, so its EHR
+    # need not offer an authorization endpoint (a Bulk Data server often does not).
+    backend_only: Mapped[bool] = mapped_column(default=False)
+    # The Bulk export's types, comma separated, when hospital IT narrows them; "" = every kind
+    # chartcite reads that the EHR's CapabilityStatement offers.
+    bulk_types: Mapped[str] = mapped_column(Text, default="")
 
     @property
     def auth_method(self) -> str:
@@ -65,8 +78,10 @@ class Ehr(Base):
         return {"name": self.name, "iss": self.iss, "client_id": self.client_id, "scopes": self.scopes,
                 "frame_origins": self.frame_origins.split(), "group_id": self.group_id, "write_back": self.write_back,
                 "last_sync_at": self.last_sync_at, "last_sync_status": self.last_sync_status,
-                "bulk_since": self.bulk_since, "client_auth": self.auth_method,
-                "secret_encoding": self.secret_encoding or "form", "request_scopes": self.request_scopes.split()}
+                "client_auth": self.auth_method,
+                "secret_encoding": self.secret_encoding or "form", "request_scopes": self.request_scopes.split(),
+                "backend_client_id": self.backend_client_id or self.client_id, "backend_only": bool(self.backend_only),
+                "bulk_types": self.bulk_types.split(",") if self.bulk_types else "derived from the EHR's offer"}
 
 
 class SigningKey(Base):
@@ -119,6 +134,28 @@ def stored_origins(text: str) -> list[str]:
     """A registration's frame origins as the CSP may use them: one stored before origins were
     checked ("https://x *", "https://x; script-src ...") loses whatever is not an origin."""
     return [o for o in text.split() if is_origin(o)]
+
+
+def checked_iss(iss: str) -> str:
+    parts = urlsplit(iss.strip())
+    if parts.scheme not in ("https", "http") or not parts.netloc:
+        raise RegistryError(f"--iss must be the EHR's FHIR base URL, not {iss!r}")
+    return normalise_iss(iss)
+
+
+def checked_bulk_types(text: str) -> str:
+    """IT's list of Bulk export types ("" or "auto": derived from the EHR's offer), each a kind of
+    record chartcite reads; the Patient is always exported (each record hangs on it)."""
+    from ..record.kinds import KINDS
+
+    asked = [t.strip() for t in text.replace(" ", ",").split(",") if t.strip()]
+    if asked in ([], ["auto"]):
+        return ""
+    unknown = [t for t in asked if t not in KINDS]
+    if unknown:
+        raise RegistryError(f"--bulk-types: chartcite does not read {', '.join(unknown)}; it reads "
+                            f"{', '.join(sorted(KINDS))} (or 'auto': every one the EHR offers)")
+    return ",".join(dict.fromkeys(["Patient", *asked]))
 
 
 def check_request_scopes(text: str) -> str:
@@ -174,9 +211,29 @@ def add_missing_columns(engine, metadata) -> list[str]:
     return added
 
 
+def shared_engine(url: str):
+    """An engine several processes write through at once (web workers, Celery workers, `chartcite
+    sync`, a Bulk round's parts): on SQLite, in WAL mode so readers never wait for the writer, and
+    a writer waits its turn for up to a minute rather than failing with "database is locked"."""
+    from sqlalchemy import event
+
+    if not url.startswith("sqlite"):
+        return create_engine(url, future=True, pool_pre_ping=True)
+    engine = create_engine(url, future=True, connect_args={"timeout": 60})
+
+    @event.listens_for(engine, "connect")
+    def _wal(connection, _record):
+        cursor = connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    return engine
+
+
 class Registry:
     def __init__(self, url: str, token_key: str):
-        self.engine = create_engine(url, future=True)
+        self.engine = shared_engine(url)
         create_tables(self.engine, Base.metadata)
         add_missing_columns(self.engine, Base.metadata)
         self.fernet = Fernet(token_key.encode())
@@ -186,19 +243,19 @@ class Registry:
     def add_ehr(self, name: str, iss: str, client_id: str, scopes: str = "v2", frame_origins: list[str] = (),
                 group_id: str = "", write_back: bool = False, client_auth: str = "private_key_jwt",
                 client_secret: str = "", request_scopes: str = DEFAULT_REQUEST_SCOPES,
-                secret_encoding: str = "form") -> Ehr:
+                secret_encoding: str = "form", **backend) -> Ehr:
+        """`backend`: the Backend Services options of `_apply` (backend_client_id,
+        backend_client_secret, backend_only, bulk_types)."""
         if not NAME_PATTERN.match(name):
             raise RegistryError("EHR name: lower-case letters, digits and dashes, up to 40 (it names the tenant)")
-        parts = urlsplit(iss)
-        if parts.scheme not in ("https", "http") or not parts.netloc:
-            raise RegistryError(f"--iss must be the EHR's FHIR base URL, not {iss!r}")
         if not client_id.strip():
             raise RegistryError("--client-id is required")
-        ehr = Ehr(name=name, iss=normalise_iss(iss), client_id=client_id.strip(), group_id=group_id,
+        ehr = Ehr(name=name, iss=checked_iss(iss), client_id=client_id.strip(), group_id=group_id,
                   write_back=write_back, created_at=time.time(), last_sync_at=0.0, last_sync_status="never",
                   bulk_since="")
         self._apply(ehr, scopes=scopes, frame_origins=frame_origins, client_auth=client_auth,
-                    client_secret=client_secret, request_scopes=request_scopes, secret_encoding=secret_encoding)
+                    client_secret=client_secret, request_scopes=request_scopes, secret_encoding=secret_encoding,
+                    **backend)
         with Session(self.engine) as s:
             if s.get(Ehr, name) or s.scalar(select(Ehr).where(Ehr.iss == normalise_iss(iss))):
                 raise RegistryError(f"an EHR named {name!r} or with that iss is already registered")
@@ -210,12 +267,15 @@ class Registry:
         return ehr
 
     def update_ehr(self, name: str, **changes) -> Ehr:
-        """Change a registration in place (client type, secret, scopes, frames, group, write-back):
-        the EHR's console changes, the tenant and its index stay."""
+        """Change a registration in place (its iss, client type, secret, scopes, frames, group,
+        write-back, Backend Services client and types): the EHR's console changes, the tenant and
+        its index stay."""
         with Session(self.engine, expire_on_commit=False) as s:
             ehr = s.get(Ehr, name)
             if ehr is None:
                 raise RegistryError(f"no EHR named {name!r} (chartcite ehr list)")
+            if changes.get("iss") is not None:
+                ehr.iss = self._unused_iss(s, name, changes.pop("iss"))
             for plain in ("client_id", "group_id", "write_back"):
                 if changes.get(plain) is not None:
                     setattr(ehr, plain, changes.pop(plain))
@@ -226,8 +286,11 @@ class Registry:
 
     def _apply(self, ehr: Ehr, scopes: str | None = None, frame_origins: list[str] | None = None,
                client_auth: str | None = None, client_secret: str | None = None,
-               request_scopes: str | None = None, secret_encoding: str | None = None) -> None:
+               request_scopes: str | None = None, secret_encoding: str | None = None,
+               backend_client_id: str | None = None, backend_client_secret: str | None = None,
+               backend_only: bool | None = None, bulk_types: str | None = None) -> None:
         """The checked settings of a registration, shared by add and update."""
+        self._apply_backend(ehr, backend_client_id, backend_client_secret, backend_only, bulk_types)
         if secret_encoding is not None:
             if secret_encoding not in ("form", "raw"):
                 raise RegistryError("--secret-encoding must be form (RFC 6749) or raw")
@@ -252,8 +315,34 @@ class Registry:
             raise RegistryError("client_secret_basic needs the client secret the EHR issued "
                                 "(--client-secret-env NAME_OF_A_VARIABLE_HOLDING_IT)")
 
+    def _apply_backend(self, ehr: Ehr, client_id: str | None, secret: str | None, backend_only: bool | None,
+                       bulk_types: str | None) -> None:
+        """The Backend Services side of a registration: its own client (id, and secret when it signs
+        in with one), whether it serves launches at all, and the Bulk types IT narrowed it to."""
+        if client_id is not None:
+            ehr.backend_client_id = client_id.strip()
+            if not ehr.backend_client_id or ehr.backend_client_id == ehr.client_id:
+                ehr.backend_client_id, ehr.backend_client_secret = "", ""
+        if secret:
+            ehr.backend_client_secret = self.encrypt({"secret": secret})
+        if backend_only is not None:
+            ehr.backend_only = backend_only
+        if bulk_types is not None:
+            ehr.bulk_types = checked_bulk_types(bulk_types)
+
     def client_secret(self, ehr: Ehr) -> str:
         return self.decrypt(ehr.client_secret)["secret"] if ehr.client_secret else ""
+
+    def backend_client_secret(self, ehr: Ehr) -> str:
+        return self.decrypt(ehr.backend_client_secret)["secret"] if ehr.backend_client_secret else ""
+
+    @staticmethod
+    def _unused_iss(s: Session, name: str, iss: str) -> str:
+        checked = checked_iss(iss)
+        other = s.scalar(select(Ehr).where(Ehr.iss == checked, Ehr.name != name))
+        if other is not None:
+            raise RegistryError(f"{checked} is already registered as {other.name!r}")
+        return checked
 
     def remove_ehr(self, name: str) -> bool:
         with Session(self.engine) as s:
@@ -294,14 +383,12 @@ class Registry:
             return list(by_ehr.get(name, []))
         return sorted({o for origins in by_ehr.values() for o in origins})
 
-    def record_sync(self, name: str, status: str, bulk_since: str | None = None) -> None:
+    def record_sync(self, name: str, status: str) -> None:
         with Session(self.engine) as s:
             ehr = s.get(Ehr, name)
             if ehr is None:
                 return
             ehr.last_sync_at, ehr.last_sync_status = time.time(), status
-            if bulk_since is not None:
-                ehr.bulk_since = bulk_since
             s.commit()
 
     # --- per-patient sync cursors ------------------------------------------------------------------

@@ -99,8 +99,11 @@ def can_write_documents(granted: str) -> bool:
     return False
 
 
-def system_scopes(syntax: str) -> str:
-    return " ".join(resource_scopes("system", syntax))
+def system_scopes(syntax: str, types: list[str] | tuple[str, ...] | None = None) -> str:
+    """Backend Services scopes: for `types` (a Bulk round asks for what it exports), else for every
+    type chartcite reads."""
+    suffix = "read" if syntax == "v1" else "rs"
+    return " ".join(f"system/{t}.{suffix}" for t in (types or SCOPED_TYPES))
 
 
 # --- the authorization code flow ------------------------------------------------------------------
@@ -185,15 +188,41 @@ class SessionTokens:
             return kept["access_token"]
 
 
+class BackendSignInRefused(AuthExpired):
+    """The EHR's token endpoint refused chartcite's Backend Services sign-in: its error and
+    description as it gave them, and what to change for that error."""
+
+    def __init__(self, status: int, error: str, description: str, hint: str):
+        words = f"{error}: {description}" if error and description else error or description or "no reason given"
+        super().__init__(f"the EHR refused chartcite's Backend Services sign-in ({status}: {words})", status)
+        self.error, self.description, self.hint = error, description, hint
+
+    @property
+    def fix(self) -> str:
+        if self.error == "invalid_scope":
+            return ("ask for fewer types (`chartcite ehr update NAME --bulk-types Patient,Condition,...`) or grant "
+                    "chartcite these system scopes in the EHR's console (`chartcite registration-info` lists them)")
+        if self.error in ("invalid_client", "unauthorized_client") or self.status == 401:
+            return self.hint
+        return "`chartcite ehr check NAME` checks the registration step by step"
+
+
 class BackendServicesToken:
     """SMART Backend Services: client_credentials with a private_key_jwt assertion (or, for a
-    registration with a client secret, HTTP Basic), system scopes.
-    Tokens are short-lived; a new one is requested when the old is about to expire or is refused."""
+    registration with a client secret, HTTP Basic), as the registration's Backend Services client,
+    asking for the system scopes of `types` (every type chartcite reads by default).
+    Tokens are short-lived; a new one is requested when the old is about to expire or is refused.
+    `granted` holds the scopes the EHR granted (what was asked, when it did not say)."""
 
-    def __init__(self, registry: Registry, ehr: Ehr):
-        self.registry, self.ehr = registry, ehr
+    def __init__(self, registry: Registry, ehr: Ehr, types: list[str] | None = None):
+        self.registry, self.ehr, self.types = registry, ehr, types
         self.cached: tuple[str, float] | None = None      # (token, when to ask for the next one)
+        self.granted = ""
         self.lock = threading.Lock()
+
+    @property
+    def scope(self) -> str:
+        return system_scopes(self.ehr.scopes, self.types)
 
     def token(self) -> str:
         if self.cached and self.cached[1] > time.time():
@@ -203,32 +232,32 @@ class BackendServicesToken:
     def refresh(self) -> str:
         with self.lock:
             config = discover(self.ehr.iss)
-            form = {"grant_type": "client_credentials", "scope": system_scopes(self.ehr.scopes)}
             try:
                 # Oracle Health's system accounts authenticate with their secret (RFC 6749 4.4);
                 # Epic's with a signed assertion (SMART Backend Services).
-                fields, headers = client_auth_for(self.registry, self.ehr).credentials(config["token_endpoint"])
+                auth = client_auth_for(self.registry, self.ehr, backend=True)
+                fields, headers = auth.credentials(config["token_endpoint"])
             except ClientAuthError as exc:
                 raise AuthExpired(f"{exc}; register the JWKS URL with the EHR") from exc
-            response = requests.post(config["token_endpoint"], timeout=DISCOVERY_TIMEOUT * 4, data=form | fields,
+            response = requests.post(config["token_endpoint"], timeout=DISCOVERY_TIMEOUT * 4,
+                                     data={"grant_type": "client_credentials", "scope": self.scope} | fields,
                                      headers=headers)
             if response.status_code != 200:
-                raise AuthExpired(f"the EHR refused chartcite's backend sign-in ({response.status_code}: "
-                                  f"{_error_of(response)})", response.status_code)
+                error, description = _error_parts(response)
+                raise BackendSignInRefused(response.status_code, error, description, auth.refusal_hint())
             body = response.json()
             expires_in = float(body.get("expires_in") or 300)
+            self.granted = str(body.get("scope") or self.scope)
             self.cached = (body["access_token"], time.time() + expires_in - min(REFRESH_MARGIN, expires_in / 5))
             return self.cached[0]
 
 
-def _error_of(response: requests.Response) -> str:
+def _error_parts(response: requests.Response) -> tuple[str, str]:
     """The token endpoint's error and its description, in the EHR's own words."""
     try:
         body = response.json()
     except ValueError:
-        return response.text[:200]
+        return "", response.text[:200]
     if not isinstance(body, dict):
-        return ""
-    error, description = str(body.get("error") or ""), str(body.get("error_description") or "")[:300]
-    return f"{error}: {description}" if error and description else error or description
-
+        return "", ""
+    return str(body.get("error") or ""), str(body.get("error_description") or "")[:300]

@@ -50,6 +50,31 @@ class LoadReport:
     warnings: list[Skipped] = field(default_factory=list)   # indexed, with something a person should know
     added_to: list[str] = field(default_factory=list)       # patients whose input was not their whole record
 
+    # A report travels between processes (a Bulk round's files and parts are read on any worker):
+    # its lists are kept to this many entries each, with how many there were.
+    KEPT = 200
+
+    def to_dict(self) -> dict:
+        listed = lambda items: [[i.origin, i.reason] for i in items[:self.KEPT]]
+        return {"resources_read": self.resources_read, "by_type": dict(self.by_type), "ignored": dict(self.ignored),
+                "not_indexed": dict(self.not_indexed), "skipped_types": dict(self.skipped_types),
+                "skipped": listed(self.skipped), "skipped_count": len(self.skipped),
+                "warnings": listed(self.warnings), "warnings_count": len(self.warnings),
+                "added_to": self.added_to[:self.KEPT], "added_to_count": len(self.added_to)}
+
+    def merge_dict(self, data: dict) -> None:
+        """Another report's dict added to this one (what was left out of its lists is counted)."""
+        self.resources_read += data.get("resources_read", 0)
+        for name in ("by_type", "ignored", "not_indexed", "skipped_types"):
+            getattr(self, name).update(data.get(name) or {})
+        for name in ("skipped", "warnings"):
+            items = [Skipped(origin, reason) for origin, reason in data.get(name) or []]
+            left_out = data.get(f"{name}_count", len(items)) - len(items)
+            if left_out > 0:
+                items.append(Skipped("…", f"and {left_out} more"))
+            getattr(self, name).extend(items)
+        self.added_to.extend(data.get("added_to") or [])
+
     def type_rows(self) -> list[tuple[str, int, int, int, str]]:
         """(type, read, skipped, ignored, what became of it) for every type the input held."""
         rows = []
@@ -317,9 +342,11 @@ def shared_refs(resources: Iterable[dict]) -> set[str]:
 class RecordAssembler:
     """Checked resources → one record per patient, with duplicates settled and authority decided."""
 
-    def __init__(self, report: LoadReport, directory: str | Path | None = None):
+    def __init__(self, report: LoadReport, directory: str | Path | None = None, staging=None):
+        """`staging`: resources already parked elsewhere (a Bulk round's, checked on reading),
+        offering PatientStaging's reading methods; by default they are parked in `directory`."""
         self.report = report
-        self.staging = PatientStaging(directory or tempfile.gettempdir())
+        self.staging = staging if staging is not None else PatientStaging(directory or tempfile.gettempdir())
 
     def add(self, items: Iterable[ReadItem]) -> None:
         for raw in checked(items, self.report):

@@ -9,10 +9,13 @@ run only, written and read back several times faster than JSON.
 """
 from __future__ import annotations
 
+import fcntl
 import marshal
 import os
+import shutil
 import sqlite3
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,12 +29,43 @@ class StagedResource:
     document: str          # the key of the document it was read in ("" = a source with its own authority rule)
 
 
+PREFIX = "chartcite-staging-"
+# A staging folder without a lock file is one being made this instant, or one left by a chartcite
+# from before the lock: the latter is removed once this old.
+UNLOCKED_GRACE = 3600.0
+
+
+def sweep_abandoned(directory: str | Path) -> int:
+    """Remove the staging folders of processes that died without cleaning up (SIGKILL, a lost
+    host): they hold patient data. A live process holds the lock of its folder's `in-use` file."""
+    removed = 0
+    for folder in Path(directory).glob(PREFIX + "*"):
+        lock = folder / "in-use"
+        if not lock.exists():
+            if folder.is_dir() and time.time() - folder.stat().st_mtime > UNLOCKED_GRACE:
+                shutil.rmtree(folder, ignore_errors=True)
+                removed += 1
+            continue
+        try:
+            with open(lock, "a") as fh:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except (BlockingIOError, FileNotFoundError):
+            continue                      # in use, or its owner removed it meanwhile
+        shutil.rmtree(folder, ignore_errors=True)
+        removed += 1
+    return removed
+
+
 class PatientStaging:
     def __init__(self, directory: str | Path | None = None):
         if directory is not None:
             Path(directory).mkdir(parents=True, exist_ok=True)
-        self._dir = tempfile.TemporaryDirectory(prefix="chartcite-staging-", dir=directory)
+            sweep_abandoned(directory)
+        self._dir = tempfile.TemporaryDirectory(prefix=PREFIX, dir=directory)
         os.chmod(self._dir.name, 0o700)
+        # Held until close: a sweep by another process knows this folder is in use.
+        self._lock = open(Path(self._dir.name) / "in-use", "w")
+        fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         # Records may be handed out on another thread than the one that parked them (indexing
         # reads the next patients while the model embeds), one thread at a time.
         self.db = sqlite3.connect(Path(self._dir.name) / "staging.sqlite", check_same_thread=False)
@@ -104,4 +138,35 @@ class PatientStaging:
 
     def close(self) -> None:
         self.db.close()
+        self._lock.close()
         self._dir.cleanup()
+
+
+class HeldInMemory:
+    """A few patients' resources already read and checked elsewhere (a Bulk round's part, from its
+    shared staging), offered to RecordAssembler as PatientStaging offers its own. They come from
+    an export, not from documents: no document defines a patient or makes a record whole."""
+
+    def __init__(self, owned: dict[str, list[tuple[dict, str]]], shared: dict[str, dict]):
+        self._owned, self._shared = owned, shared
+
+    def patient_ids(self) -> list[str]:
+        return sorted(pid for pid, items in self._owned.items() if items)
+
+    def owned(self, patient_id: str) -> list[StagedResource]:
+        return [StagedResource(resource, origin, "") for resource, origin in self._owned.get(patient_id, [])]
+
+    def shared(self, ref: str) -> dict | None:
+        return self._shared.get(ref)
+
+    def patients_defined(self, document: str) -> set[str]:
+        return set()
+
+    def foreign_documents(self, patient_id: str) -> set[str]:
+        return set()
+
+    def document(self, key: str) -> Document:
+        return NO_DOCUMENT
+
+    def close(self) -> None:
+        self._owned, self._shared = {}, {}

@@ -196,6 +196,10 @@ class Backend(ABC):
     @abstractmethod
     def list_patients(self, tenant: str) -> list[dict]: ...
 
+    def has_patients(self, tenant: str) -> bool:
+        """Whether the index holds any patient of the tenant (an emptied or new index does not)."""
+        return bool(self.list_patients(tenant))
+
     @abstractmethod
     def check(self, tenant: str) -> IndexCheck:
         """Chunks, lexical rows, vectors and patient summaries agree; nothing is orphaned."""

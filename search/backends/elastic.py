@@ -598,6 +598,12 @@ class ElasticsearchBackend(Backend):
         doc = self._get_record(tenant, f"patient|{patient_id}")
         return doc["data"] if doc else None
 
+    def has_patients(self, tenant: str) -> bool:
+        index = self.records_index(tenant)
+        if not self._call(lambda: self.es.indices.exists(index=index)):
+            return False
+        return self._call(lambda: self.es.count(index=index, query={"term": {"kind": "patient"}}))["count"] > 0
+
     def list_patients(self, tenant: str) -> list[dict]:
         index = self.records_index(tenant)
         if not self._call(lambda: self.es.indices.exists(index=index)):

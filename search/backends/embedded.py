@@ -340,53 +340,65 @@ class EmbeddedBackend(Backend):
                                  (tenant, patient_id)).fetchone()
         return json.loads(row[0]) if row else None
 
+    def has_patients(self, tenant: str) -> bool:
+        return self._db().execute("SELECT 1 FROM patients WHERE tenant=? LIMIT 1", (tenant,)).fetchone() is not None
+
     def list_patients(self, tenant: str) -> list[dict]:
         rows = self._db().execute("SELECT data FROM patients WHERE tenant=? ORDER BY patient_id", (tenant,)).fetchall()
         return [json.loads(r[0]) for r in rows]
 
     def check(self, tenant: str) -> IndexCheck:
+        """Set-based: each table is read once and joined on its keys. The full-text table cannot be
+        looked up by chunk id (FTS5 indexes words, not its UNINDEXED columns), so its chunk ids are
+        read once into a temporary table first; asking it once per chunk made this quadratic."""
         db = self._db()
-
-        def one(sql: str, *args) -> int:
-            return db.execute(sql, (tenant, *args)).fetchone()[0]
-
         row = db.execute("SELECT value FROM meta WHERE key='dimension'").fetchone()
         vector_bytes = 4 * int(row[0]) if row else 0
-        counts = {
-            "chunks": one("SELECT count(*) FROM chunks WHERE tenant=?"),
-            "lexical rows": one("SELECT count(*) FROM chunks_fts WHERE tenant=?"),
-            "vectors": one("SELECT count(*) FROM chunks WHERE tenant=? AND length(vector)=?", vector_bytes),
-            "vectors pending": one("SELECT count(*) FROM chunks WHERE tenant=? AND length(vector)=0"),
-            "patients": one("SELECT count(*) FROM patients WHERE tenant=?"),
-            "source records": one("SELECT count(*) FROM resources WHERE tenant=?"),
-        }
-        checks = {
-            "lexical rows without a chunk": "SELECT count(*) FROM chunks_fts f WHERE f.tenant=? AND NOT EXISTS "
-                                            "(SELECT 1 FROM chunks c WHERE c.chunk_id = f.chunk_id)",
-            "chunks without a lexical row": "SELECT count(*) FROM chunks c WHERE c.tenant=? AND NOT EXISTS "
-                                            "(SELECT 1 FROM chunks_fts f WHERE f.chunk_id = c.chunk_id)",
-            "chunks with several lexical rows": "SELECT count(*) FROM (SELECT chunk_id FROM chunks_fts WHERE tenant=? "
-                                                "GROUP BY chunk_id HAVING count(*) > 1)",
-            "chunks without a vector of the index's dimension": "SELECT count(*) FROM chunks WHERE tenant=? AND "
-                                                                f"length(vector) NOT IN (0, {vector_bytes})",
-            PENDING_PROBLEM: "SELECT count(*) FROM chunks WHERE tenant=? AND length(vector) = 0",
-            "reference rows without a chunk": "SELECT count(*) FROM chunk_refs r WHERE r.tenant=? AND NOT EXISTS "
-                                              "(SELECT 1 FROM chunks c WHERE c.chunk_id = r.chunk_id)",
-            "concept rows without a chunk": "SELECT count(*) FROM chunk_concepts k WHERE k.tenant=? AND NOT EXISTS "
-                                            "(SELECT 1 FROM chunks c WHERE c.chunk_id = k.chunk_id)",
-            "chunks of a patient with no summary": "SELECT count(*) FROM chunks c WHERE c.tenant=? AND NOT EXISTS "
-                                                   "(SELECT 1 FROM patients p WHERE p.tenant = c.tenant AND "
-                                                   "p.patient_id = c.patient_id)",
-        }
-        problems = []
-        for what, sql in checks.items():
-            found = one(sql)
-            if found:
-                problems.append(f"{found} {what}")
+        db.execute("DROP TABLE IF EXISTS temp.check_lexical")
+        db.execute("CREATE TEMP TABLE check_lexical AS SELECT chunk_id, count(*) AS n FROM chunks_fts WHERE tenant = ? "
+                   "GROUP BY chunk_id", (tenant,))
+        db.execute("CREATE INDEX temp.check_lexical_chunk ON check_lexical (chunk_id)")
+        try:
+            counts, problems = self._check_counts(db, tenant, vector_bytes)
+        finally:
+            db.execute("DROP TABLE IF EXISTS temp.check_lexical")
         actual = dict(db.execute("SELECT patient_id, count(*) FROM chunks WHERE tenant=? GROUP BY patient_id", (tenant,)))
         for patient_id, data in db.execute("SELECT patient_id, data FROM patients WHERE tenant=?", (tenant,)):
             problems += summary_disagreement(patient_id, json.loads(data), actual.get(patient_id, 0))
         return IndexCheck(counts, problems)
+
+    @staticmethod
+    def _check_counts(db, tenant: str, vector_bytes: int) -> tuple[dict, list[str]]:
+        """The counts and the disagreements, each one pass over a table or one join."""
+        one = lambda sql, *args: db.execute(sql, (*args, tenant)).fetchone()
+        chunks, with_vector, pending, wrong_size = one(
+            "SELECT count(*), coalesce(sum(length(vector) = ?), 0), coalesce(sum(length(vector) = 0), 0), "
+            "coalesce(sum(length(vector) NOT IN (0, ?)), 0) FROM chunks WHERE tenant = ?", vector_bytes, vector_bytes)
+        lexical, several = db.execute("SELECT coalesce(sum(n), 0), coalesce(sum(n > 1), 0) FROM check_lexical").fetchone()
+        counts = {"chunks": chunks, "lexical rows": lexical, "vectors": with_vector, "vectors pending": pending,
+                  "patients": one("SELECT count(*) FROM patients WHERE tenant=?")[0],
+                  "source records": one("SELECT count(*) FROM resources WHERE tenant=?")[0]}
+        found = {
+            "lexical rows without a chunk": db.execute(
+                "SELECT coalesce(sum(l.n), 0) FROM check_lexical l LEFT JOIN chunks c ON c.chunk_id = l.chunk_id "
+                "WHERE c.chunk_id IS NULL").fetchone()[0],
+            "chunks without a lexical row": one(
+                "SELECT count(*) FROM chunks c LEFT JOIN check_lexical l ON l.chunk_id = c.chunk_id "
+                "WHERE l.chunk_id IS NULL AND c.tenant = ?")[0],
+            "chunks with several lexical rows": several,
+            "chunks without a vector of the index's dimension": wrong_size,
+            PENDING_PROBLEM: pending,
+            "reference rows without a chunk": one(
+                "SELECT count(*) FROM chunk_refs r LEFT JOIN chunks c ON c.chunk_id = r.chunk_id "
+                "WHERE c.chunk_id IS NULL AND r.tenant = ?")[0],
+            "concept rows without a chunk": one(
+                "SELECT count(*) FROM chunk_concepts k LEFT JOIN chunks c ON c.chunk_id = k.chunk_id "
+                "WHERE c.chunk_id IS NULL AND k.tenant = ?")[0],
+            "chunks of a patient with no summary": one(
+                "SELECT count(*) FROM chunks c LEFT JOIN patients p ON p.tenant = c.tenant AND "
+                "p.patient_id = c.patient_id WHERE p.patient_id IS NULL AND c.tenant = ?")[0],
+        }
+        return counts, [f"{n} {what}" for what, n in found.items() if n]
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)

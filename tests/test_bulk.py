@@ -1,0 +1,390 @@
+"""Bulk Data rounds you can trust, in real processes on loopback (the stack of tests/test_smart.py:
+sekmet-fhir loaded with Synthea behind the SMART test server, `chartcite` registered with Backend
+Services). Each test is one way a round used to lose a record, skip a change, or fail a person:
+
+- a backdated change in an incremental round replaced the patient's whole record with itself;
+- files the EHR could not generate, or that broke off in transfer, advanced the cursor or
+  restarted the whole export; one cursor served every group; an emptied index synced nothing;
+- two syncs of one group at once crashed one of them, and a killed one left its data behind;
+- fixed types and scopes were refused by an EHR that holds less, and its words were dropped;
+- `ehr check` failed a server for Backend Services only and passed a Group of no one;
+- status polling ignored the EHR's pacing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+from .fhir_servers import REPO, free_port
+from .test_smart import CLIENT_ID, GROUP, OTHER, PID, TENANT, Stack, held_resource, same_site, stack  # noqa: F401
+
+CONDITION = "bulk-test-condition"
+
+
+def kickoffs(stack: Stack) -> list[dict]:
+    return [e for e in stack.ehr_log() if "$export" in e["path"]]
+
+
+def put(stack: Stack, resource: dict) -> None:
+    requests.put(f"{stack.upstream}/{resource['resourceType']}/{resource['id']}", json=resource, timeout=30,
+                 headers={"Content-Type": "application/fhir+json"}).raise_for_status()
+
+
+def condition(cid: str, patient: str, text: str) -> dict:
+    return {"resourceType": "Condition", "id": cid, "subject": {"reference": f"Patient/{patient}"},
+            "clinicalStatus": {"coding": [{"system": "http://terminology.hl7.org/CodeSystem/condition-clinical",
+                                           "code": "active"}]},
+            "code": {"text": text}, "recordedDate": "2024-05-01"}
+
+
+def cursor_of(stack: Stack, group: str = GROUP) -> str:
+    """The group's cursor as `ehr list` shows it."""
+    listed = json.loads(stack.cli("ehr", "list", "--json").stdout)
+    row = next(e for e in listed if e["name"] == TENANT)
+    return row["bulk_cursors"].get(group, {}).get("since", "")
+
+
+def held_count(stack: Stack, patient: str) -> int:
+    from search.service import SearchService
+
+    svc = SearchService("embedded", Path(stack.env["CHARTCITE_DATA_DIR"]) / "index.sqlite")
+    try:
+        return len(svc.catalog.patient_resources(TENANT, patient))
+    finally:
+        svc.close()
+
+
+def consistent(stack: Stack) -> None:
+    checked = stack.cli("check", "--tenant", TENANT)
+    assert checked.returncode == 0 and "consistent" in checked.stdout, checked.stdout
+
+
+# --- whole-record replacement only on proof -------------------------------------------------------------
+
+def test_a_backdated_change_is_merged_and_only_makes_the_next_round_reach_back(stack):
+    """A changed resource whose lastUpdated predates `_since` (clocks that disagree) made the
+    export look like the EHR's whole record, and the patient's record was replaced by that one
+    resource. Now the round merges it, the record keeps everything else, and the next round asks
+    from further back instead."""
+    assert stack.cli("sync", "--tenant", TENANT, "--full").returncode == 0
+    before = held_count(stack, PID)
+    put(stack, condition(CONDITION, PID, "Backdated tinnitus"))
+    stack.test_api("bulk", {"backdate": "2001-01-01T00:00:00Z"})
+    try:
+        stack.test_api("clear-log")
+        round_ = stack.cli("sync", "--tenant", TENANT)
+    finally:
+        stack.test_api("bulk", {})
+    assert round_.returncode == 0, round_.stderr
+    assert held_count(stack, PID) == before + 1, round_.stdout
+    assert held_resource(stack, PID, f"Condition/{CONDITION}")["code"]["text"] == "Backdated tinnitus"
+    consistent(stack)
+    reached = kickoffs(stack)[-1]["args"]["_since"][0]
+    stack.test_api("clear-log")
+    assert stack.cli("sync", "--tenant", TENANT).returncode == 0
+    assert kickoffs(stack)[-1]["args"]["_since"][0] < cursor_of(stack) and reached
+
+
+# --- cursors that cannot skip ---------------------------------------------------------------------------
+
+def test_files_the_ehr_could_not_generate_keep_the_cursor_and_the_next_round_asks_again(stack):
+    assert stack.cli("sync", "--tenant", TENANT).returncode == 0
+    cursor = cursor_of(stack)
+    put(stack, condition("bulk-new-condition", PID, "Newly found gout"))
+    stack.test_api("bulk", {"fail_types": ["Condition"]})
+    try:
+        failed = stack.cli("sync", "--tenant", TENANT)
+    finally:
+        stack.test_api("bulk", {})
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert "Failed to export" in failed.stdout and "the cursor stays at" in failed.stdout
+    assert cursor_of(stack) == cursor
+    status = json.loads(stack.cli("ehr", "list", "--json").stdout)[0]["last_sync_status"]
+    assert status.startswith("incomplete") and "Failed to export" in status
+    assert held_resource(stack, PID, "Condition/bulk-new-condition") is None
+    again = stack.cli("sync", "--tenant", TENANT)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert held_resource(stack, PID, "Condition/bulk-new-condition")["code"]["text"] == "Newly found gout"
+    assert cursor_of(stack) > cursor
+
+
+def test_a_file_that_will_not_download_is_read_again_by_itself(stack):
+    """A file whose download keeps failing leaves the round open with the rest of it kept; the
+    next sync downloads that file alone, with no new export, and finishes the round."""
+    assert stack.cli("sync", "--tenant", TENANT).returncode == 0
+    cursor = cursor_of(stack)
+    put(stack, condition("bulk-retried-condition", OTHER, "Retried migraine"))
+    stack.test_api("faults", {"kind": "status", "status": 403, "path": "Condition.ndjson", "times": 1000})
+    try:
+        failed = stack.cli("sync", "--tenant", TENANT)
+        assert failed.returncode == 1, failed.stdout + failed.stderr
+        assert "incomplete: Condition" in failed.stdout and "reads this file again" in failed.stdout
+        assert cursor_of(stack) == cursor
+        stack.test_api("clear-faults")
+        stack.test_api("clear-log")
+        again = stack.cli("sync", "--tenant", TENANT)
+    finally:
+        stack.test_api("clear-faults")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert not kickoffs(stack), "the open round was taken up, not exported again"
+    files = {e["path"].rsplit("/", 1)[1] for e in stack.ehr_log() if "/bulk-files/" in e["path"]}
+    assert files == {"Condition.ndjson"}, files
+    assert held_resource(stack, OTHER, "Condition/bulk-retried-condition") is not None
+    assert cursor_of(stack) > cursor
+
+
+def test_a_transfer_cut_mid_file_resumes_where_it_broke(stack):
+    stack.test_api("bulk", {"cut": "Observation.ndjson", "times": 1})
+    try:
+        stack.test_api("clear-log")
+        synced = stack.cli("sync", "--tenant", TENANT, "--full")
+    finally:
+        stack.test_api("bulk", {})
+    assert synced.returncode == 0, synced.stdout + synced.stderr
+    assert len(kickoffs(stack)) == 1
+    reads = [e for e in stack.ehr_log() if e["path"].endswith("/Observation.ndjson")]
+    assert len(reads) == 2 and not reads[0]["range"], reads
+    assert reads[1]["range"].startswith("bytes=") and int(reads[1]["range"][6:].rstrip("-")) > 0
+    consistent(stack)
+
+
+def test_each_group_keeps_its_own_cursor_and_a_new_group_gets_its_history(stack):
+    put(stack, {"resourceType": "Group", "id": "other-group", "type": "person", "actual": True,
+                "member": [{"entity": {"reference": f"Patient/{OTHER}"}}]})
+    assert stack.cli("sync", "--tenant", TENANT).returncode == 0
+    cursor = cursor_of(stack)
+    put(stack, condition("bulk-group-condition", PID, "Seen only by the registered group"))
+    stack.test_api("clear-log")
+    other = stack.cli("sync", "--tenant", TENANT, "--group", "other-group")
+    assert other.returncode == 0, other.stdout + other.stderr
+    assert "_since" not in kickoffs(stack)[-1]["args"]                   # its whole history, not changes
+    assert "no round of group other-group has completed before: a full round" in other.stdout
+    assert cursor_of(stack) == cursor and cursor_of(stack, "other-group")
+    stack.test_api("clear-log")
+    assert stack.cli("sync", "--tenant", TENANT).returncode == 0
+    assert kickoffs(stack)[-1]["args"]["_since"] == [cursor]
+    assert held_resource(stack, PID, "Condition/bulk-group-condition") is not None
+
+
+def test_an_emptied_index_starts_with_a_full_round_and_says_so(stack, tmp_path):
+    assert stack.cli("sync", "--tenant", TENANT).returncode == 0
+    registry = f"sqlite:///{Path(stack.env['CHARTCITE_DATA_DIR']) / 'registry.sqlite'}"
+    empty = {"CHARTCITE_DATA_DIR": str(tmp_path / "empty"), "CHARTCITE_REGISTRY_URL": registry}
+    stack.test_api("clear-log")
+    synced = stack.cli("sync", "--tenant", TENANT, env=empty)
+    assert synced.returncode == 0, synced.stdout + synced.stderr
+    assert "_since" not in kickoffs(stack)[-1]["args"]
+    assert f"the index holds none of {TENANT}'s patients: a full round" in synced.stdout
+    assert "synced 2 patients" in synced.stdout
+
+
+def test_a_group_the_ehr_does_not_have_is_an_error_with_a_sentence(stack):
+    stack.test_api("bulk", {"unknown_groups": "empty"})        # as the reference server answers
+    try:
+        missing = stack.cli("sync", "--tenant", TENANT, "--group", "no-such-group")
+    finally:
+        stack.test_api("bulk", {})
+    assert missing.returncode == 1 and "Traceback" not in missing.stderr
+    assert "the EHR has no Group no-such-group" in missing.stderr and "--group-id" in missing.stderr
+
+
+# --- one sync at a time ---------------------------------------------------------------------------------
+
+def round_state(stack: Stack) -> str:
+    with sqlite3.connect(Path(stack.env["CHARTCITE_DATA_DIR"]) / "registry.sqlite", timeout=30) as db:
+        row = db.execute("SELECT state FROM bulk_round ORDER BY started_at DESC LIMIT 1").fetchone()
+    return row[0] if row else ""
+
+
+def staged_rows(stack: Stack) -> int:
+    path = Path(stack.env["CHARTCITE_DATA_DIR"]) / "bulk-staging.sqlite"
+    with sqlite3.connect(path, timeout=30) as db:
+        return db.execute("SELECT count(*) FROM bulk_staged").fetchone()[0]
+
+
+def test_two_syncs_of_a_group_never_run_at_once_and_a_killed_one_is_taken_up(stack):
+    """The second sync says who holds the group instead of dying on a locked database; a sync
+    killed while indexing lets go of the group when its lease lapses, and the next one finishes
+    its round from where it stopped (no second export) and removes what it staged."""
+    lease = {"CHARTCITE_SYNC_LEASE_SECONDS": "4"}
+    stack.test_api("bulk", {"delay": 4, "retry_after": 1})
+    stack.test_api("clear-log")
+    first = subprocess.Popen([sys.executable, "-m", "smart_app.cli", "sync", "--tenant", TENANT, "--full"], cwd=REPO,
+                             env=stack.env | lease, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    try:
+        wait_until(lambda: kickoffs(stack), 120)
+        second = stack.cli("sync", "--tenant", TENANT, env=lease)
+        assert second.returncode == 1, second.stdout + second.stderr
+        assert "is already running" in second.stderr and "Traceback" not in second.stderr
+        assert "database is locked" not in second.stderr
+        wait_until(lambda: round_state(stack) == "indexing", 120, every=0.05)
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(30)
+    finally:
+        stack.test_api("bulk", {})
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+    assert staged_rows(stack) > 0                                  # kept for the round's next taker
+    time.sleep(5)                                                  # the killed sync's lease lapses
+    taken_up = stack.cli("sync", "--tenant", TENANT, env=lease)
+    assert taken_up.returncode == 0, taken_up.stdout + taken_up.stderr
+    assert "taken up again" in taken_up.stdout and len(kickoffs(stack)) == 1
+    assert staged_rows(stack) == 0
+    assert not list(Path(stack.env["CHARTCITE_DATA_DIR"]).glob("chartcite-staging-*"))
+    consistent(stack)
+
+
+def wait_until(condition, seconds: float, every: float = 0.2):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"not reached in {seconds} s")
+
+
+# --- types, scopes and the EHR's words ------------------------------------------------------------------
+
+def test_types_and_scopes_follow_what_the_ehr_offers_and_its_refusals_are_said_in_its_words(stack):
+    stack.test_api("unsupported", {"types": ["Medication"]})
+    try:
+        stack.test_api("clear-log")
+        synced = stack.cli("sync", "--tenant", TENANT)
+        assert synced.returncode == 0, synced.stdout + synced.stderr
+        token = [e for e in stack.ehr_log() if e.get("grant") == "client_credentials"][-1]
+        assert "system/Condition.rs" in token["scope"] and "system/Medication.rs" not in token["scope"]
+        assert "Medication" not in kickoffs(stack)[-1]["args"]["_type"][0].split(",")
+        assert "not exported: Medication: not offered by this EHR" in synced.stdout
+    finally:
+        stack.test_api("unsupported", {"types": []})
+    from fhir_ingest.connection.bulk import BULK_TYPES
+
+    grantable = [f"system/{t}.rs" for t in [*BULK_TYPES, "Group"] if t != "Observation"]
+    stack.test_api("client", {"grantable_system": grantable})
+    try:
+        refused = stack.cli("sync", "--tenant", TENANT)
+        assert refused.returncode == 1
+        assert "invalid_scope: Scopes system/Observation.rs could not be granted" in refused.stderr
+        assert "fix:" in refused.stderr and f"ehr update {TENANT} --bulk-types" in refused.stderr
+        status = json.loads(stack.cli("ehr", "list", "--json").stdout)[0]["last_sync_status"]
+        assert "could not be granted" in status and "AuthExpired" not in status
+        narrowed = stack.cli("ehr", "update", TENANT, "--bulk-types", "Condition,Encounter")
+        assert narrowed.returncode == 0, narrowed.stderr
+        stack.test_api("clear-log")
+        assert stack.cli("sync", "--tenant", TENANT).returncode == 0
+        assert kickoffs(stack)[-1]["args"]["_type"] == ["Patient,Condition,Encounter"]
+    finally:
+        stack.test_api("client", {})
+        assert stack.cli("ehr", "update", TENANT, "--bulk-types", "auto").returncode == 0
+
+
+# --- ehr check for Backend Services ---------------------------------------------------------------------
+
+def test_ehr_check_passes_a_backend_only_server_and_fails_a_group_of_no_one(stack):
+    bulk_iss = same_site(stack.fhir)                     # the same server by another name: its own registration
+    stack.test_api("client", {"backend_client_id": "chartcite-backend"})
+    stack.test_api("smart-config", {"omit": ["authorization_endpoint", "capabilities"]})
+    added = stack.cli("ehr", "add", "--name", "bulkonly", "--iss", bulk_iss, "--client-id", "launch-client-unused",
+                      "--backend-client-id", "chartcite-backend", "--backend-only", "--group-id", GROUP)
+    assert added.returncode == 0, added.stderr
+    try:
+        checked = stack.cli("ehr", "check", "bulkonly", "--json")
+        checks = {c["name"]: c for c in json.loads(checked.stdout)}
+        assert checked.returncode == 0, checked.stdout
+        assert checks["discovery"]["status"] == "ok" and checks["client"]["status"] == "skip"
+        assert checks["backend"]["status"] == "ok" and "chartcite-backend" in checks["backend"]["detail"]
+        assert checks["group"]["detail"] == "the registered Group was found (2 members)"
+        refused = requests.get(f"{stack.app}/launch", params={"iss": bulk_iss}, allow_redirects=False, timeout=30)
+        assert refused.status_code == 400 and "background sync only" in refused.text
+        put(stack, {"resourceType": "Group", "id": "empty-group", "type": "person", "actual": True})
+        assert stack.cli("ehr", "update", "bulkonly", "--group-id", "empty-group").returncode == 0
+        empty = stack.cli("ehr", "check", "bulkonly")
+        assert empty.returncode == 1 and "[FAIL] group" in empty.stdout and "has no members" in empty.stdout
+        assert stack.cli("ehr", "update", "bulkonly", "--group-id", "").returncode == 0
+        none = stack.cli("ehr", "check", "bulkonly")
+        assert "[warn] group" in none.stdout and "does not run" in none.stdout
+        assert stack.cli("sync", "--tenant", "bulkonly").returncode == 2
+        taken = stack.cli("ehr", "update", "bulkonly", "--iss", stack.fhir)
+        assert taken.returncode == 2 and f"already registered as '{TENANT}'" in taken.stderr
+        moved = stack.cli("ehr", "update", "bulkonly", "--iss", f"http://localhost:{free_port()}/fhir/")
+        assert moved.returncode == 0, moved.stderr
+    finally:
+        stack.cli("ehr", "remove", "bulkonly")
+        stack.test_api("smart-config", {"omit": []})
+        stack.test_api("client", {})
+
+
+# --- polite polling -------------------------------------------------------------------------------------
+
+def test_status_polling_honours_retry_after_backs_off_and_shows_x_progress(stack):
+    """An export that takes 12 s and asks for a poll every second: polled a handful of times (each
+    wait half as long again as the last), not twelve; its X-Progress is in the progress bar."""
+    stack.test_api("bulk", {"delay": 12, "retry_after": 1, "progress": "42% (test)"})
+    try:
+        stack.test_api("clear-log")
+        synced = stack.cli("sync", "--tenant", TENANT)
+    finally:
+        stack.test_api("bulk", {})
+    assert synced.returncode == 0, synced.stderr
+    polls = [e for e in stack.ehr_log() if "/bulk-status/" in e["path"] and e["method"] == "GET"]
+    gaps = [b["at"] - a["at"] for a, b in zip(polls, polls[1:])]
+    assert len(polls) <= 7 and all(later >= earlier * 1.2 for earlier, later in zip(gaps, gaps[1:])), gaps
+    assert "42% (test)" in synced.stderr
+
+
+def test_a_part_that_failed_for_good_ends_the_wait_and_a_retried_one_does_not(tmp_path):
+    """`sync --workers` follows the round's parts; a part whose task gave up must end the wait with
+    the error (the round left open for the next sync), where a part waiting for its retry keeps it."""
+    import threading
+
+    from smart_app.settings import Settings
+    from workers.bulk_round import follow_round, round_deps
+    from workers.sync import open_registry
+
+    settings = Settings.load({"CHARTCITE_DATA_DIR": str(tmp_path)})
+    registry = open_registry(settings)
+    rounds = round_deps(settings, registry, None).rounds
+    round_ = rounds.new_round(TENANT, GROUP, "", [], "sync-1")
+    rounds.update_round(round_.id, state="indexing")
+    rounds.add_parts(round_.id, [["p1"], ["p2"]])
+    for n, retrying in ((0, True), (1, False)):
+        assert rounds.claim_part(round_.id, n, "worker-1", 60) == "claimed"
+        rounds.fail_part(round_.id, n, "worker-1", "IndexError: boom", retrying=retrying)
+    ended: list[dict] = []
+    follower = threading.Thread(target=lambda: ended.append(follow_round(settings, registry, round_.id, every=0.05)),
+                                daemon=True)
+    follower.start()
+    follower.join(0.5)
+    assert not ended, "a part waiting for its retry must keep the wait"
+    assert rounds.claim_part(round_.id, 0, "worker-2", 60) == "claimed"
+    rounds.fail_part(round_.id, 0, "worker-2", "ValueError: for good")
+    follower.join(5)
+    assert ended and ended[0]["state"] == "failed"
+    assert ended[0]["failed_parts"] == ["part 0: ValueError: for good", "part 1: IndexError: boom"]
+
+
+def test_staged_resources_of_rounds_that_ended_are_swept(tmp_path):
+    """A process killed between a round's end and its clean-up leaves patient data staged: the next
+    sync of any group removes it, and keeps what an open round still needs."""
+    from smart_app.settings import Settings
+    from workers.bulk_round import round_deps, sweep_ended_rounds
+    from workers.sync import open_registry
+
+    settings = Settings.load({"CHARTCITE_DATA_DIR": str(tmp_path)})
+    deps = round_deps(settings, open_registry(settings), None)
+    ended, open_ = deps.rounds.new_round(TENANT, GROUP, "", [], "a"), deps.rounds.new_round(TENANT, OTHER, "", [], "b")
+    deps.rounds.update_round(ended.id, state="done")
+    row = {"file_n": 0, "line": 1, "patient_id": PID, "ref": f"Condition/{CONDITION}", "origin": "x", "body": b""}
+    deps.staging.add([row | {"round_id": rid} for rid in (ended.id, open_.id, "gone-round")])
+    assert sweep_ended_rounds(deps) == 2
+    assert deps.staging.round_ids() == {open_.id}
