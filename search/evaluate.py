@@ -78,12 +78,18 @@ def clauses(text: str) -> list[str]:
     return out
 
 
+# A part of a question the record cannot answer says so ("I don't have evidence for that in this
+# patient's record for “…”"): it claims nothing and cites nothing, as a whole abstention does.
+ABSTAINED_PART = re.compile(r"^I don't have evidence for that\b")
+
+
 def uncited_clauses(result: dict) -> int:
     """Clauses of an answer that carry no [n]: a statement the clinician cannot open. An
-    abstention cites nothing by design and counts none."""
+    abstention, whole or of one part, cites nothing by design and counts none."""
     if result["abstained"]:
         return 0
-    return sum(1 for clause in clauses(result["answer"]) if not MARK.search(clause) and WORD.search(clause))
+    return sum(1 for clause in clauses(result["answer"])
+               if not MARK.search(clause) and WORD.search(clause) and not ABSTAINED_PART.match(clause))
 
 
 def first_sentence_facts(result: dict, facts: list[str]) -> float:

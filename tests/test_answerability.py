@@ -8,7 +8,7 @@ import json
 import pytest
 
 from search.answering.answer import NO_EVIDENCE
-from search.evaluate import class_present_no_evidence
+from search.evaluate import class_present_no_evidence, uncited_clauses
 from search.retrieval.pipeline import analyse, target_offset
 from search.service import SearchService
 
@@ -222,6 +222,9 @@ def test_a_drugs_orders_are_folded_and_the_newest_says_if_it_is_current(svc):
     assert still["evidence"][0]["ref"] == "MedicationRequest/levo-3"
     first = svc.ask("t", PID, "levothyroxine - first rx on file?")
     assert "first ordered on 2021-01-05" in first["answer"] and first["citations"][0]["ref"] == "MedicationRequest/levo-1"
+    # The first order and the newest are two clauses, each citing its own record.
+    assert "first ordered on 2021-01-05 [1]; the latest of 3 orders: " in first["answer"], first["answer"]
+    assert uncited_clauses(first) == 0
     stopped = svc.ask("t", PID, "is she still taking metformin?")
     assert not stopped["answer"].startswith("Yes") and "stopped" in stopped["answer"]
     assert stopped["citations"][0]["ref"] == "MedicationRequest/met-2"
@@ -400,10 +403,8 @@ def test_a_word_only_another_patient_uses_shows_what_a_word_no_record_uses_shows
 
 def test_a_note_section_asked_is_answered_by_the_notes_that_have_it(tmp_path, embedder):
     """"What does the social history say?" names a section, not a clinical thing: the notes holding
-    that section answer it, the newest first, and a second part never leaves a clause uncited."""
+    that section answer it, the newest first, also as the second part of a question."""
     import base64
-
-    from search.evaluate import uncited_clauses
 
     def note(nid, day, social):
         text = f"# Chief Complaint\\n- Checkup\\n\\n# Social History\\n{social}\\n\\n# Assessment and Plan\\nNone.\\n"
@@ -426,4 +427,4 @@ def test_a_note_section_asked_is_answered_by_the_notes_that_have_it(tmp_path, em
     assert section["diagnostics"]["support"]["coverage"] == 1.0
     assert section["citations"][0]["ref"] == "DocumentReference/new"
     assert not both["abstained"] and uncited_clauses(both) == 0, both["answer"]
-    assert "Observation/smoke" in cited(both)
+    assert "Observation/smoke" in cited(both) and {"DocumentReference/new", "DocumentReference/old"} & cited(both)

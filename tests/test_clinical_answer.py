@@ -159,6 +159,9 @@ def test_the_reading_metrics_count_words_first_sentence_facts_and_uncited_clause
     assert first_sentence_facts(answer, ["6.31", "prediabetic"]) == 0.5
     assert answer_words("HbA1c 6.31% on 2023-02-01 [1] [2].") == 4
     assert uncited_clauses({"abstained": True, "answer": "I don't have evidence for that."}) == 0
+    # One part of a question unanswered says so and claims nothing: not an uncited statement.
+    assert uncited_clauses({"abstained": False, "answer": "PHQ-9 25 on 2024-10-29 [1]. I don't have evidence for "
+                                                          "that in this patient's record for “any SSRI”."}) == 0
 
 
 def test_a_resource_the_sentence_writer_cannot_read_falls_back_to_the_records_words(caplog):

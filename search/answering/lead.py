@@ -236,22 +236,23 @@ def medication_sentence(analysis: Analysis, facts: list[Fact], history: list[Fac
         return Draft([(f.words + (f", for {f.reason}" if f.reason else ""), [f.ev])], lead=True)
     current = [name for name in drugs if newest[name].current]
     shown = (current if current and not (analysis.wants_ever or analysis.wants_first) else drugs)[:MAX_CLAUSES]
-    clauses = [folded_orders(orders[name], analysis) for name in shown]
+    clauses = [clause for name in shown for clause in folded_orders(orders[name], analysis)]
     last = [newest[name] for name in shown]
     prefix = prefix_for(analysis, last) if current or any(f.negative for f in last) else ""
     return Draft(clauses, prefix, lead=True)
 
 
-def folded_orders(orders: list[Fact], analysis: Analysis) -> tuple[str, list[Evidence]]:
-    """A drug's orders as one clause: the newest (its status), how many, and the first."""
+def folded_orders(orders: list[Fact], analysis: Analysis) -> list[tuple[str, list[Evidence]]]:
+    """A drug's orders as one clause: the newest (its status), how many, and the first; asked for
+    the first, the first order and the newest are two clauses, each citing its own record."""
     first, newest = orders[0], orders[-1]
     if first.date == newest.date:
-        return newest.words, [newest.ev]
+        return [(newest.words, [newest.ev])]
     count = f"{len(orders)} orders, the first on {first.date}"
     if analysis.wants_first:
-        return f"{first.name} first ordered on {first.date}; the latest of {len(orders)} orders: {newest.words}", \
-            [first.ev, newest.ev]
-    return f"{newest.words} (the latest of {count})", [newest.ev, first.ev]
+        return [(f"{first.name} first ordered on {first.date}", [first.ev]),
+                (f"the latest of {len(orders)} orders: {newest.words}", [newest.ev])]
+    return [(f"{newest.words} (the latest of {count})", [newest.ev, first.ev])]
 
 
 def encounter_sentence(analysis: Analysis, facts: list[Fact]) -> Draft:
