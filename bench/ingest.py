@@ -5,7 +5,8 @@ into a fresh embedded index, what everything but embedding costs (against the sa
 embedded alone in the calls indexing makes, before and after, in wall and CPU time), then the
 raw encode rate of the same model on the same texts under PyTorch fp32 (the ceiling), and a
 last line a script can read:
-`ingest: texts_per_s=… raw_fp32_texts_per_s=… ratio=… rss_mb=…`.
+`ingest: texts_per_s=… raw_fp32_texts_per_s=… ratio=… rss_mb=… … cpu="…" cores=… isa=…`; the first line
+names the processor.
 Usage: python bench/ingest.py [SYNTHEA_DIR] [--patients N] [--precision fp32|int8]
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.machine import fields, header  # noqa: E402
 from fhir_ingest.record.chunk import PatientChunker  # noqa: E402
 from fhir_ingest.record.load import load_resources  # noqa: E402
 from search.collector import collect_less_often  # noqa: E402
@@ -96,6 +98,7 @@ def measured(fn) -> tuple[float, float]:
 
 
 def main() -> None:
+    print(header(), flush=True)
     collect_less_often()          # as the command line and the server do
     parser = argparse.ArgumentParser()
     parser.add_argument("synthea", nargs="?", default=str(REPO.parent / "shared" / "data" / "synthea"))
@@ -139,7 +142,7 @@ def main() -> None:
 
     alone_s, alone_cpu = (before_s + after_s) / 2, (before_cpu + after_cpu) / 2
     rate, raw = result.embedded / index_s, len(texts) / encode_s
-    print(f"machine: {os.cpu_count()} cores; model {embedder.name} and the NLP pipeline loaded in {load_s:.1f}s")
+    print(f"model {embedder.name} and the NLP pipeline loaded in {load_s:.1f}s")
     print(f"patients {result.patients}  resources {report.resources_read}  chunks {result.chunks}  skipped {len(report.skipped)}")
     print(f"index (all)   {index_s:7.1f}s  {report.resources_read / index_s:8.1f} resources/s  "
           f"{result.chunks / index_s:7.1f} chunks/s  {rate:7.1f} embedded texts/s")
@@ -153,7 +156,8 @@ def main() -> None:
     print(f"re-index      {reindex_s:7.1f}s  embedded {again.result.embedded} of {again.result.chunks} (unchanged chunks are skipped)")
     print(f"peak RSS      {index_rss:7.0f} MB while indexing; {peak_rss_mb():.0f} MB with the fp32 model loaded too")
     print(f"ingest: texts_per_s={rate:.1f} raw_fp32_texts_per_s={raw:.1f} ratio={rate / raw:.2f} "
-          f"rss_mb={index_rss:.0f} precision={args.precision} other_share={(index_s - alone_s) / index_s:.2f}")
+          f"rss_mb={index_rss:.0f} precision={args.precision} other_share={(index_s - alone_s) / index_s:.2f} "
+          f"model={embedder.name} {fields()}")
 
 
 if __name__ == "__main__":
