@@ -8,6 +8,7 @@ last line a script can read:
 `ingest: texts_per_s=… raw_fp32_texts_per_s=… ratio=… rss_mb=… … cpu="…" cores=… isa=…`; the first line
 names the processor.
 Usage: python bench/ingest.py [SYNTHEA_DIR] [--patients N] [--precision fp32|int8]
+                              [--int8 dynamic|static|openvino|auto]
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from fhir_ingest.record.load import load_resources  # noqa: E402
 from search.collector import collect_less_often  # noqa: E402
 from search.indexer import FIRST_GROUP, PATIENTS_PER_ENCODE  # noqa: E402
 from search.models.embedders import load_embedder  # noqa: E402
+from search.models.onnx_embed import INT8_SETTINGS  # noqa: E402
 from search.nlp.annotate import default_annotator  # noqa: E402
 from search.service import SearchService  # noqa: E402
 
@@ -104,13 +106,14 @@ def main() -> None:
     parser.add_argument("synthea", nargs="?", default=str(REPO.parent / "shared" / "data" / "synthea"))
     parser.add_argument("--patients", type=int, default=0, help="only the first N shared patients (default: all)")
     parser.add_argument("--precision", choices=("int8", "fp32"), default="int8", help="the embedding backend indexing uses")
+    parser.add_argument("--int8", choices=INT8_SETTINGS, default="dynamic", help="the int8 variant (CHARTCITE_INT8)")
     args = parser.parse_args()
     files = sorted(Path(args.synthea).glob("*.json.gz"))
     if args.patients:
         files = files[: args.patients]
     # The int8 model is built once per machine and cached (~/.cache/chartcite/models), as deployed.
     with tempfile.TemporaryDirectory() as tmp:
-        svc = SearchService("embedded", Path(tmp) / "index.sqlite", precision=args.precision)
+        svc = SearchService("embedded", Path(tmp) / "index.sqlite", precision=args.precision, int8=args.int8)
         t = time.perf_counter()
         embedder = svc.embedder
         default_annotator()           # as a server does at start: the NLP pipeline is not ingest's cost
