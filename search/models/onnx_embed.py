@@ -59,6 +59,7 @@ CALIBRATION = Path(__file__).resolve().parent / "data" / "calibration.txt"
 STATIC_TEXTS = 101
 AUTO_TEXTS = 64
 TIMING_ROUNDS = 3
+WORTH_A_CHANGE = 1.10   # auto leaves dynamic only for a variant at least 10% faster
 MIN_COSINE = 0.97
 
 
@@ -426,6 +427,10 @@ def chosen_variant(model_path: Path, cache_dir: Path) -> str:
     choice = kept().get(key)
     if choice and choice.get("variant") in VARIANTS:
         return choice["variant"]
+    if not os.access(cache_dir, os.W_OK):
+        log.warning("CHARTCITE_INT8=auto cannot keep its choice in %s (not writable): measuring now, "
+                    "and again at every start", cache_dir)
+        return calibrate(model_path, cache_dir)["variant"]
     with open(cache_dir / ".choice.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)          # processes starting together measure once
         choices = kept()
@@ -477,6 +482,14 @@ def calibrate(model_path: Path, cache_dir: Path) -> dict:
 
 
 def fastest_close(rates: dict[str, float], cosines: dict[str, float]) -> str:
-    """The fastest variant whose cosine to fp32 is at least MIN_COSINE; dynamic if none is."""
+    """The fastest variant whose cosine to fp32 is at least MIN_COSINE, if it beats dynamic (the
+    default, whose index name existing indexes carry) by WORTH_A_CHANGE; dynamic otherwise.
+    Static and dynamic run at about the same speed under ONNX Runtime: without the margin, noise
+    would pick between them (and between index names) when a choice cannot be kept."""
     passing = [variant for variant in rates if cosines.get(variant, 0.0) >= MIN_COSINE]
-    return max(passing, key=rates.__getitem__) if passing else "dynamic"
+    if not passing:
+        return "dynamic"
+    fastest = max(passing, key=rates.__getitem__)
+    if "dynamic" in passing and rates[fastest] < WORTH_A_CHANGE * rates["dynamic"]:
+        return "dynamic"
+    return fastest
