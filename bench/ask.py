@@ -1,7 +1,8 @@
 """Latency of `ask` over the dev questions with the model warm: p50/p95 per pipeline.
 
 Indexes the dev questions' patients into a temporary embedded index first (not timed). The last
-line is for scripts: `ask: p50_ms=… p95_ms=… backend=embedded` (the full pipeline).
+line is for scripts: `ask: p50_ms=… p95_ms=… backend=embedded cpu="…" cores=… isa=…` (the full
+pipeline); the first names the processor.
 Usage: python bench/ask.py [QUESTIONS.jsonl] [--repeat N] [--patients N] [--es-url http://127.0.0.1:9250]
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.machine import fields, header  # noqa: E402
 from search.evaluate import percentile  # noqa: E402
 from search.backends.elastic import ElasticOptions  # noqa: E402
 from search.collector import collect_less_often  # noqa: E402
@@ -25,6 +27,7 @@ from search.service import SearchService  # noqa: E402
 
 
 def main() -> None:
+    print(header(), flush=True)
     collect_less_often()          # as the command line and the server do
     shared = REPO.parent / "shared" / "data"
     parser = argparse.ArgumentParser()
@@ -56,7 +59,7 @@ def main() -> None:
             print(f"{pipeline:8} {percentile(latencies, .5):8.1f} {percentile(latencies, .95):8.1f} "
                   f"{max(latencies):8.1f} {1000 * len(latencies) / sum(latencies):7.1f}")
         svc.close()
-    print(f"ask: p50_ms={percentile(latencies, .5):.1f} p95_ms={percentile(latencies, .95):.1f} backend={backend}")
+    print(f"ask: p50_ms={percentile(latencies, .5):.1f} p95_ms={percentile(latencies, .95):.1f} backend={backend} {fields()}")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ Each mode syncs the whole group into a fresh data directory (a first round: full
 Printed per mode: resources/s end to end (kick-off to the round's end) and while indexing (first
 part claimed to last part done), the share of the indexing time the model alone would need
 (chunks embedded ÷ the model's own rate on these chunks' texts, measured here), the peak RSS of
-each process, and the staging database's size. The processor is the first and the last line.
+each process, and the staging database's size. The processor is the first line; the last is for
+scripts: `bulk: patients=… embedded_resources_per_s=… embedded_indexing_resources_per_s=… … cpu="…" cores=… isa=…`.
 
 Usage: python bench/bulk.py --patients 100 [--modes embedded,elastic,workers-1,workers-2]
 (Elasticsearch and Redis from CHARTCITE_ES_URL / CHARTCITE_REDIS_URL, as `make test` sets them.)
@@ -44,7 +45,7 @@ import psutil  # noqa: E402
 import requests  # noqa: E402
 from cryptography.fernet import Fernet  # noqa: E402
 
-from bench.machine import processor  # noqa: E402
+from bench.machine import fields, header  # noqa: E402
 from tests.conftest import SYNTHEA, clean_env  # noqa: E402
 from tests.fhir_servers import (as_put_transaction, load_bundle, published_keys, serve_folder,  # noqa: E402
                                 start_ehr_server, start_sekmet, stop, support_bundles)
@@ -250,13 +251,22 @@ def report(result: dict) -> str:
             f"staging {result['staging_mb']:.0f} MB | check {result['check_seconds']:.1f} s")
 
 
+def machine_figures(result: dict) -> str:
+    """One mode's figures for the last line: `workers_1_resources_per_s=… workers_1_indexing_resources_per_s=…`."""
+    t, summary = result["times"], result["times"]["summary"]
+    key = result["mode"].replace("-", "_")
+    return (f"{key}_resources_per_s={summary['resources'] / result['elapsed']:.0f} "
+            f"{key}_indexing_resources_per_s={summary['resources'] / (t['last_part'] - t['first_part']):.0f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--patients", type=int, default=100)
     parser.add_argument("--modes", default="embedded,workers-1,workers-2")
     parser.add_argument("--synthea", default=str(SYNTHEA), help="the shared Synthea records (CHARTCITE_SHARED)")
     args = parser.parse_args()
-    print(f"processor: {processor()}", flush=True)
+    print(header(), flush=True)
+    figures = []
     with tempfile.TemporaryDirectory(prefix="chartcite-bench-bulk-") as tmp:
         folder = Path(tmp)
         sekmet, base = start_sekmet(folder)
@@ -269,12 +279,14 @@ def main() -> None:
             print(f"loaded {len(patients)} patients ({resources} resources) into sekmet-fhir in "
                   f"{time.perf_counter() - started:.0f} s", flush=True)
             for mode in args.modes.split(","):
-                print(report(run_mode(mode, folder, ehr_root)), flush=True)
+                result = run_mode(mode, folder, ehr_root)
+                print(report(result), flush=True)
+                figures.append(machine_figures(result))
         finally:
             stop(ehr)
             stop(sekmet)
             server.shutdown()
-    print(f"processor: {processor()}")
+    print(f"bulk: patients={len(patients)} {' '.join(figures)} {fields()}")
 
 
 if __name__ == "__main__":

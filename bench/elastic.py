@@ -3,7 +3,8 @@ the same run over the dev questions, and indexing throughput through a Celery wo
 
 Needs the test services: `eval $(scripts/services.sh up)` (or `make bench`, which starts them).
 Usage: python bench/elastic.py [--patients N]. The last line is for scripts:
-`elastic: bulk_chunks_per_s=… bulk_grouped_chunks_per_s=… ask_p50_ms=… ask_p95_ms=…`.
+`elastic: bulk_chunks_per_s=… bulk_grouped_chunks_per_s=… ask_p50_ms=… ask_p95_ms=… cpu="…" cores=… isa=…`;
+the first names the processor.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.machine import fields, header  # noqa: E402
 from fhir_ingest.record.chunk import PatientChunker  # noqa: E402
 from fhir_ingest.record.load import load_resources  # noqa: E402
 from search.nlp.annotate import default_annotator, record_terms_from_chunks  # noqa: E402
@@ -143,6 +145,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--patients", type=int, default=0, help="only the first N dev patients (default: all 14)")
     args = parser.parse_args()
+    print(header(), flush=True)
     questions = [json.loads(line) for line in open(SHARED / "questions" / "dev.jsonl") if line.strip()]
     ids = sorted({q["patient_id"] for q in questions})[: args.patients or None]
     questions = [q for q in questions if q["patient_id"] in ids]
@@ -161,7 +164,7 @@ def main() -> None:
         es.backend.es.indices.delete(index=f"chartcite-{tenant}-*", allow_no_indices=True)
         print("\n".join(celery_vs_inprocess(files[:6], tmp)))
     print(f"elastic: bulk_chunks_per_s={rates[(False, False)]:.0f} bulk_grouped_chunks_per_s={rates[(False, True)]:.0f} "
-          f"ask_p50_ms={latency['elasticsearch'][0]:.1f} ask_p95_ms={latency['elasticsearch'][1]:.1f}")
+          f"ask_p50_ms={latency['elasticsearch'][0]:.1f} ask_p95_ms={latency['elasticsearch'][1]:.1f} {fields()}")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ their practitioner references resolve), then measures
   requests, resources/s, p50/p95 seconds per patient;
 - incremental sync of an unchanged patient (`_lastUpdated`): requests and seconds;
 - Bulk Data: kick-off to manifest, download, check and staging of every NDJSON line: resources/s.
-No embedding here (bench/ingest.py measures that). Usage: python bench/fhir_sync.py [--patients N]
+No embedding here (bench/ingest.py measures that). The first line names the processor; the last is
+for scripts: `fhir_sync: sync_resources_per_s=… sync_p50_s=… bulk_resources_per_s=… rss_mb=… cpu="…" cores=… isa=…`.
+Usage: python bench/fhir_sync.py [--patients N]
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.machine import fields, header  # noqa: E402
 from fhir_ingest.connection.bulk import BulkExport, SinceCheck  # noqa: E402
 from fhir_ingest.connection.bulk_staging import FileProgress, StagedExport, download_file  # noqa: E402
 from fhir_ingest.connection.client import FhirClient  # noqa: E402
@@ -43,6 +46,7 @@ def main() -> None:
     parser.add_argument("--patients", type=int, default=10)
     parser.add_argument("--synthea", default=str(REPO.parent / "shared" / "data" / "synthea"))
     args = parser.parse_args()
+    print(header(), flush=True)
     synthea = Path(args.synthea)
     ids = one_run_patients(synthea, args.patients)
     with tempfile.TemporaryDirectory() as tmp:
@@ -87,9 +91,12 @@ def main() -> None:
             print(f"bulk export: {report.resources_read} resources for {patients} patients in {elapsed:.1f}s "
                   f"(manifest after {kicked:.1f}s) = {report.resources_read / elapsed:.0f} resources/s, "
                   f"{len(report.skipped)} skipped")
-            print(f"peak RSS of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            print(f"peak RSS of this process: {rss:.0f} MB")
         finally:
             stop(process)
+    print(f"fhir_sync: sync_resources_per_s={resources / total:.0f} sync_p50_s={statistics.median(times):.2f} "
+          f"bulk_resources_per_s={report.resources_read / elapsed:.0f} rss_mb={rss:.0f} {fields()}")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ model still loading) and warm (the launch arrives once /readyz says ready). The 
 "What are the active problems?" and "What was the most recent blood pressure?" (a result: its
 vector comes after the essentials') every half second until each answer cites the record, and
 notes whether it said the record was still being read. Also reports when the whole record is
-indexed. Last line, for scripts: `first_answer: cold_s=… warm_s=…` (the median record, problems).
+indexed. Last line, for scripts: `first_answer: cold_s=… warm_s=… cpu="…" cores=… isa=…` (the
+median record, problems); the first names the processor.
 
 Usage: python bench/first_answer.py [--synthea DIR]
 """
@@ -28,6 +29,10 @@ import requests
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench.machine import fields, header  # noqa: E402
+
 QUESTIONS = ("What are the active problems?", "What was the most recent blood pressure?")
 
 
@@ -94,6 +99,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--synthea", default=str(REPO.parent / "shared" / "data" / "synthea"))
     args = parser.parse_args()
+    print(header(), flush=True)
     synthea = Path(args.synthea)
     figures = {}
     for name, patient, resources in median_and_largest(synthea):
@@ -103,7 +109,7 @@ def main() -> None:
             said = "  ".join(f"{q!r} {t:5.1f} s{' (still reading)' if reading else ''}" for q, (t, reading) in first.items())
             print(f"{name:8} record ({resources} resources), {mode}: first cited answer: {said}; "
                   f"whole record indexed {whole:6.1f} s")
-    print(f"first_answer: cold_s={figures[('median', 'cold')]:.1f} warm_s={figures[('median', 'warm')]:.1f}")
+    print(f"first_answer: cold_s={figures[('median', 'cold')]:.1f} warm_s={figures[('median', 'warm')]:.1f} {fields()}")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 
 Each case runs `chartcite index` as a real process into a fresh data directory and prints wall
 time, the process's peak RSS and its exit code (3 = indexed, with something reported as not
-indexed: the note's cap). Usage: python bench/hostile_size.py [--observations N] [--note-mb M]
+indexed: the note's cap), the processor first and, last, a line for scripts:
+`hostile_size: note_s=… note_rss_mb=… observations_s=… observations_rss_mb=… cpu="…" cores=… isa=…`.
+Usage: python bench/hostile_size.py [--observations N] [--note-mb M]
 """
 from __future__ import annotations
 
@@ -18,6 +20,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench.machine import fields, header  # noqa: E402
+
 PATIENT = {"resourceType": "Patient", "id": "bench-p", "gender": "female", "birthDate": "1960-01-01"}
 
 
@@ -40,7 +46,7 @@ def big_note(megabytes: int) -> dict:
             "content": [{"attachment": {"contentType": "text/plain", "data": base64.b64encode(text.encode()).decode()}}]}
 
 
-def run_case(name: str, resources: list[dict], folder: Path) -> str:
+def run_case(name: str, resources: list[dict], folder: Path) -> tuple[str, float, float]:
     bundle = folder / f"{name}.json"
     bundle.write_text(json.dumps({"resourceType": "Bundle", "type": "collection",
                                   "entry": [{"resource": r} for r in [PATIENT, *resources]]}))
@@ -53,7 +59,7 @@ def run_case(name: str, resources: list[dict], folder: Path) -> str:
     rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     chunks = next((line for line in out.stdout.splitlines() if line.startswith("patients:")), out.stderr[-300:])
     return (f"{name:24} {bundle.stat().st_size / 1e6:7.1f} MB input  {seconds:7.1f} s  peak RSS {rss:6.0f} MB  "
-            f"exit {out.returncode}  | {chunks}")
+            f"exit {out.returncode}  | {chunks}"), seconds, rss
 
 
 def main() -> None:
@@ -61,11 +67,17 @@ def main() -> None:
     parser.add_argument("--observations", type=int, default=20_000)
     parser.add_argument("--note-mb", type=int, default=10)
     args = parser.parse_args()
+    print(header(), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         # RUSAGE_CHILDREN is the largest child so far: the smaller case runs first.
-        print(run_case(f"{args.note_mb}MB-note", [big_note(args.note_mb)], folder))
-        print(run_case(f"{args.observations}-observations", [observation(i) for i in range(args.observations)], folder))
+        line, note_s, note_rss = run_case(f"{args.note_mb}MB-note", [big_note(args.note_mb)], folder)
+        print(line, flush=True)
+        line, obs_s, obs_rss = run_case(f"{args.observations}-observations",
+                                        [observation(i) for i in range(args.observations)], folder)
+        print(line)
+    print(f"hostile_size: note_s={note_s:.1f} note_rss_mb={note_rss:.0f} observations_s={obs_s:.1f} "
+          f"observations_rss_mb={obs_rss:.0f} {fields()}")
 
 
 if __name__ == "__main__":

@@ -5,8 +5,10 @@ into a fresh embedded index, what everything but embedding costs (against the sa
 embedded alone in the calls indexing makes, before and after, in wall and CPU time), then the
 raw encode rate of the same model on the same texts under PyTorch fp32 (the ceiling), and a
 last line a script can read:
-`ingest: texts_per_s=… raw_fp32_texts_per_s=… ratio=… rss_mb=…`.
+`ingest: texts_per_s=… raw_fp32_texts_per_s=… ratio=… rss_mb=… … cpu="…" cores=… isa=…`; the first line
+names the processor.
 Usage: python bench/ingest.py [SYNTHEA_DIR] [--patients N] [--precision fp32|int8]
+                              [--int8 dynamic|static|openvino|auto]
 """
 from __future__ import annotations
 
@@ -22,11 +24,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.machine import fields, header  # noqa: E402
 from fhir_ingest.record.chunk import PatientChunker  # noqa: E402
 from fhir_ingest.record.load import load_resources  # noqa: E402
 from search.collector import collect_less_often  # noqa: E402
 from search.indexer import FIRST_GROUP, PATIENTS_PER_ENCODE  # noqa: E402
 from search.models.embedders import load_embedder  # noqa: E402
+from search.models.onnx_embed import INT8_SETTINGS  # noqa: E402
 from search.nlp.annotate import default_annotator  # noqa: E402
 from search.service import SearchService  # noqa: E402
 
@@ -96,18 +100,20 @@ def measured(fn) -> tuple[float, float]:
 
 
 def main() -> None:
+    print(header(), flush=True)
     collect_less_often()          # as the command line and the server do
     parser = argparse.ArgumentParser()
     parser.add_argument("synthea", nargs="?", default=str(REPO.parent / "shared" / "data" / "synthea"))
     parser.add_argument("--patients", type=int, default=0, help="only the first N shared patients (default: all)")
     parser.add_argument("--precision", choices=("int8", "fp32"), default="int8", help="the embedding backend indexing uses")
+    parser.add_argument("--int8", choices=INT8_SETTINGS, default="dynamic", help="the int8 variant (CHARTCITE_INT8)")
     args = parser.parse_args()
     files = sorted(Path(args.synthea).glob("*.json.gz"))
     if args.patients:
         files = files[: args.patients]
     # The int8 model is built once per machine and cached (~/.cache/chartcite/models), as deployed.
     with tempfile.TemporaryDirectory() as tmp:
-        svc = SearchService("embedded", Path(tmp) / "index.sqlite", precision=args.precision)
+        svc = SearchService("embedded", Path(tmp) / "index.sqlite", precision=args.precision, int8=args.int8)
         t = time.perf_counter()
         embedder = svc.embedder
         default_annotator()           # as a server does at start: the NLP pipeline is not ingest's cost
@@ -139,7 +145,7 @@ def main() -> None:
 
     alone_s, alone_cpu = (before_s + after_s) / 2, (before_cpu + after_cpu) / 2
     rate, raw = result.embedded / index_s, len(texts) / encode_s
-    print(f"machine: {os.cpu_count()} cores; model {embedder.name} and the NLP pipeline loaded in {load_s:.1f}s")
+    print(f"model {embedder.name} and the NLP pipeline loaded in {load_s:.1f}s")
     print(f"patients {result.patients}  resources {report.resources_read}  chunks {result.chunks}  skipped {len(report.skipped)}")
     print(f"index (all)   {index_s:7.1f}s  {report.resources_read / index_s:8.1f} resources/s  "
           f"{result.chunks / index_s:7.1f} chunks/s  {rate:7.1f} embedded texts/s")
@@ -153,7 +159,8 @@ def main() -> None:
     print(f"re-index      {reindex_s:7.1f}s  embedded {again.result.embedded} of {again.result.chunks} (unchanged chunks are skipped)")
     print(f"peak RSS      {index_rss:7.0f} MB while indexing; {peak_rss_mb():.0f} MB with the fp32 model loaded too")
     print(f"ingest: texts_per_s={rate:.1f} raw_fp32_texts_per_s={raw:.1f} ratio={rate / raw:.2f} "
-          f"rss_mb={index_rss:.0f} precision={args.precision} other_share={(index_s - alone_s) / index_s:.2f}")
+          f"rss_mb={index_rss:.0f} precision={args.precision} other_share={(index_s - alone_s) / index_s:.2f} "
+          f"model={embedder.name} {fields()}")
 
 
 if __name__ == "__main__":

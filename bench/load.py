@@ -7,7 +7,8 @@ The per-clinician question limit is lifted for the run (every demo session is on
 
 Bounded: at most --questions per session and at most --seconds in all. Prints requests, error
 rate, throughput, p50/p95/max latency and the server's peak RSS (all its processes), then one
-machine-readable line starting `RESULT `.
+machine-readable line starting `RESULT ` (JSON, with the processor as "cpu", "cores" and "isa"); the
+first line names the processor.
 
 Usage: python bench/load.py [--sessions 8] [--questions 10] [--seconds 120] [--patients 4]
                             [--backend embedded|elasticsearch] [--workers 1] [--threads 8]
@@ -35,6 +36,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.machine import header, processor_dict  # noqa: E402
 from search.evaluate import percentile  # noqa: E402
 
 QUESTIONS = ["What is the patient allergic to?", "What medications is the patient taking?",
@@ -118,6 +120,7 @@ def main() -> None:
     parser.add_argument("--synthea", default=str(shared))
     parser.add_argument("--log", default="", help="keep the server's log in this file")
     args = parser.parse_args()
+    print(header(), flush=True)
     bundles = sorted(Path(args.synthea).glob("*.json.gz"), key=lambda p: p.stat().st_size)[: args.patients]
     patients = [b.name.split(".")[0] for b in bundles]
     with tempfile.TemporaryDirectory() as tmp:
@@ -171,7 +174,8 @@ def main() -> None:
               "error_rate": round(errors / len(samples), 4) if samples else None, "error_statuses": dict(statuses),
               "throughput_rps": round(len(samples) / elapsed, 2), "p50_ms": round(percentile(latencies, .5), 1),
               "p95_ms": round(percentile(latencies, .95), 1), "max_ms": round(max(latencies), 1),
-              "first_question_p50_ms": round(percentile(first, .5), 1), "peak_rss_mb": round(peak[0] / 2**20)}
+              "first_question_p50_ms": round(percentile(first, .5), 1), "peak_rss_mb": round(peak[0] / 2**20),
+              **processor_dict()}
     print(f"{args.sessions} sessions x {args.questions} questions on {len(patients)} patients, {args.backend} backend, "
           f"gunicorn {args.workers} worker(s) x {args.threads} threads")
     print(f"requests {result['requests']}  errors {errors} ({100 * (result['error_rate'] or 0):.1f}%)  "

@@ -40,10 +40,11 @@ class IndexSummary:
 class SearchService:
     def __init__(self, backend_kind: str, index_path: Path, model_path: str = "", es: ElasticOptions | None = None,
                  reranker_path: str = "", llm: LlmSettings | None = None, precision: str = "int8",
-                 model_cache: str | Path = "", read_limits: ReadLimits = DEFAULT_LIMITS):
+                 model_cache: str | Path = "", read_limits: ReadLimits = DEFAULT_LIMITS, int8: str = "dynamic"):
         self.backend_kind = backend_kind
         self.read_limits = read_limits
         self.precision = precision
+        self.int8 = int8
         self.model_cache = str(model_cache) if model_cache else None
         self.llm = ChatClient(llm) if llm and llm.url else None
         self.reranker_path = reranker_path
@@ -60,7 +61,7 @@ class SearchService:
     def embedder(self) -> Embedder:
         with self._loading:      # the warm-up thread and a first question must not load it twice
             if self._embedder is None:
-                self._embedder = load_embedder(self.model_path, self.precision, self.model_cache)
+                self._embedder = load_embedder(self.model_path, self.precision, self.model_cache, self.int8)
         return self._embedder
 
     @property

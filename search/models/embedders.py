@@ -1,21 +1,26 @@
-"""Which embedder a process uses: int8 under ONNX Runtime (the default) or fp32 under PyTorch."""
+"""Which embedder a process uses: int8 (the default) or fp32 under PyTorch."""
 from __future__ import annotations
 
 from functools import lru_cache
 
 from search.models.embed import Embedder, ModelNotFound, default_model_cache
-from search.models.onnx_embed import OnnxInt8Embedder
+from search.models.onnx_embed import INT8_SETTINGS, OnnxInt8Embedder
 
 PRECISIONS = ("int8", "fp32")
+DEFAULT_INT8 = "dynamic"
 
 
 @lru_cache(maxsize=4)
-def load_embedder(model_path: str | None, precision: str = "int8", cache_dir: str | None = None) -> Embedder:
+def load_embedder(model_path: str | None, precision: str = "int8", cache_dir: str | None = None,
+                  int8: str = DEFAULT_INT8) -> Embedder:
     """One model per process: loading costs seconds and hundreds of MB. `int8` (the default): the
-    model exported to ONNX and dynamically quantised, built once from the local files and cached;
+    model exported to ONNX and quantised, built once from the local files and cached, run as the
+    `int8` variant says (CHARTCITE_INT8: dynamic, static, openvino or auto, see onnx_embed);
     `fp32`: the sentence-transformers model under PyTorch."""
     if precision not in PRECISIONS:
         raise ModelNotFound(f"embedding precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
+    if int8 not in INT8_SETTINGS:
+        raise ModelNotFound(f"CHARTCITE_INT8 must be one of {', '.join(INT8_SETTINGS)}, not {int8!r}")
     if precision == "int8":
-        return OnnxInt8Embedder(model_path, cache_dir or default_model_cache())
+        return OnnxInt8Embedder(model_path, cache_dir or default_model_cache(), variant=int8)
     return Embedder(model_path)

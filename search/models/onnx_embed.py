@@ -1,11 +1,26 @@
-"""The embedding model at int8 under ONNX Runtime: about three times PyTorch fp32 on CPU.
+"""The embedding model at int8: ONNX Runtime or OpenVINO instead of PyTorch fp32 on CPU.
 
 Built once from the local sentence-transformers files (never downloaded): the transformer is
-exported to ONNX and its weights dynamically quantised to int8 per output channel (per-tensor
-scales lose too much: cosine to fp32 as low as 0.84 on chart texts; per-channel ≥ 0.97). The file
-is cached under the data directory by the model's fingerprint; processes starting together build
-it once under a file lock. At run time only ONNX Runtime and the `tokenizers` library load, not
-PyTorch. Pooling and normalisation follow the model's own sentence-transformers configuration.
+exported to ONNX (that fp32 file is kept: `auto` checks the int8 files against it), then
+quantised to int8 with weights per output channel (per-tensor scales lose too much: cosine to
+fp32 as low as 0.84 on chart texts; per-channel ≥ 0.97). Three variants (CHARTCITE_INT8):
+
+- `dynamic`: activations quantised with scales computed per batch at run time (ONNX Runtime's
+  dynamic quantisation). A text's vector then depends slightly on the other texts of its batch.
+- `static`: the weight matrices' inputs quantised with scales fixed once, calibrated on the chart
+  texts shipped in data/calibration.txt (QDQ format), run by ONNX Runtime. A text's vector is the
+  same whatever batch it is in.
+- `openvino`: the same static file run by OpenVINO, whose CPU kernels use VNNI and AMX where the
+  processor has them (the `openvino` package must be importable).
+- `auto`: at first start on a processor, each variant available is timed on chart texts and
+  checked against the fp32 file (cosine ≥ 0.97); the fastest that passes is kept, per processor,
+  in a JSON file beside the model files.
+
+Files are cached under the model cache by the model's fingerprint; processes starting together
+build them once under a file lock. At run time only ONNX Runtime (or OpenVINO) and the
+`tokenizers` library load, not PyTorch. Pooling and normalisation follow the model's own
+sentence-transformers configuration. The embedder's name carries the variant, so an index built
+with one is never searched with another.
 """
 from __future__ import annotations
 
@@ -14,20 +29,38 @@ import json
 import logging
 import os
 import threading
+import time
 import warnings
 import weakref
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Iterable, Iterator
 
 import numpy as np
 
 from search.models.embed import Embedder, ModelNotFound, _fingerprint, default_model_cache, default_model_path
+from search.models.processor import instruction_sets, processor_name
 
 log = logging.getLogger(__name__)
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-BATCH_CHARS = 8000      # padded characters per batch: about eight full windows
+BATCH_TOKENS = 2048     # padded word pieces per batch: eight full windows
 MAX_BATCH = 64
+
+VARIANTS = ("dynamic", "static", "openvino")
+INT8_SETTINGS = (*VARIANTS, "auto")
+# The file each variant runs ("fp32" is the reference `auto` checks against, never chosen).
+FILE_SUFFIX = {"dynamic": "int8", "static": "int8s", "openvino": "int8s", "fp32": "fp32"}
+NAME_SUFFIX = {"dynamic": "+onnx-int8", "static": "+onnx-int8s", "openvino": "+openvino-int8s", "fp32": "+onnx-fp32"}
+CALIBRATION = Path(__file__).resolve().parent / "data" / "calibration.txt"
+# The static scales come from the first texts of the calibration file; `auto` times and checks the
+# variants on its last AUTO_TEXTS, which the scales never saw.
+STATIC_TEXTS = 101
+AUTO_TEXTS = 64
+TIMING_ROUNDS = 3
+WORTH_A_CHANGE = 1.10   # auto leaves dynamic only for a variant at least 10% faster
+MIN_COSINE = 0.97
 
 
 def sentence_config(path: Path) -> tuple[str, bool, int]:
@@ -44,26 +77,42 @@ def sentence_config(path: Path) -> tuple[str, bool, int]:
     return mode, normalised, int(max_tokens)
 
 
-def int8_model(model_path: Path, cache_dir: Path) -> Path:
-    """The cached int8 ONNX file for this model, built first if missing."""
-    cache_dir.mkdir(parents=True, exist_ok=True)
+def calibration_texts() -> list[str]:
+    return [line for line in CALIBRATION.read_text().splitlines() if line.strip()]
+
+
+def model_stem(model_path: Path) -> str:
     folder = model_path.name if model_path.name != "model" else model_path.parent.name
-    target = cache_dir / f"{folder}-{_fingerprint(str(model_path))}-int8.onnx"
+    return f"{folder}-{_fingerprint(str(model_path))}"
+
+
+def int8_model(model_path: Path, cache_dir: Path, variant: str = "dynamic") -> Path:
+    """The cached ONNX file a variant runs (`fp32`: the un-quantised export), built first if missing."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    target = cache_dir / f"{model_stem(model_path)}-{FILE_SUFFIX[variant]}.onnx"
     if target.exists():
         return target
+    fp32 = target if variant == "fp32" else int8_model(model_path, cache_dir, "fp32")
     with open(cache_dir / ".build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)          # another process may be building it right now
         if not target.exists():
-            build(model_path, target)
+            partial = target.with_suffix(".tmp")
+            if variant == "fp32":
+                export(model_path, partial)
+            elif variant == "dynamic":
+                quantise_dynamic(fp32, partial)
+            else:
+                quantise_static(model_path, fp32, partial)
+            os.replace(partial, target)           # whole or not at all, for readers in other processes
     return target
 
 
-def build(model_path: Path, target: Path) -> None:
+def export(model_path: Path, target: Path) -> None:
+    """The transformer to ONNX at fp32, its last hidden state as output (pooling is done here)."""
     import torch
-    from onnxruntime.quantization import QuantType, quantize_dynamic
     from transformers import AutoModel, AutoTokenizer
 
-    log.info("building the int8 embedding model once (ONNX export and dynamic quantisation)")
+    log.info("building the embedding model's ONNX files once (export, then int8 quantisation)")
     tokenizer = AutoTokenizer.from_pretrained(str(model_path), local_files_only=True)
     model = AutoModel.from_pretrained(str(model_path), local_files_only=True).eval()
     sample = tokenizer(["a sample", "another sample text"], return_tensors="pt", padding=True)
@@ -77,21 +126,72 @@ def build(model_path: Path, target: Path) -> None:
         def forward(self, *inputs):
             return self.model(**dict(zip(names, inputs))).last_hidden_state
 
-    fp32 = target.with_suffix(".fp32.tmp")
-    int8 = target.with_suffix(".int8.tmp")
     axes = {n: {0: "batch", 1: "tokens"} for n in names + ["last_hidden_state"]}
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")           # the exporter's notes on opsets, not ours to act on
-        torch.onnx.export(LastHiddenState(), tuple(sample[n] for n in names), str(fp32), input_names=names,
+        torch.onnx.export(LastHiddenState(), tuple(sample[n] for n in names), str(target), input_names=names,
                           output_names=["last_hidden_state"], dynamic_axes=axes, opset_version=17, dynamo=False)
-    root = logging.getLogger()
-    level, root.level = root.level, logging.ERROR     # the quantiser's advice goes to the root logger
-    try:
-        quantize_dynamic(str(fp32), str(int8), per_channel=True, weight_type=QuantType.QInt8)
-    finally:
-        root.setLevel(level)
-    os.replace(int8, target)                      # whole or not at all, for readers in other processes
-    fp32.unlink()
+
+
+class _QuietQuantiser:
+    """The quantiser's advice goes to the root logger: not ours to act on."""
+
+    def __enter__(self):
+        root = logging.getLogger()
+        self.level, root.level = root.level, logging.ERROR
+
+    def __exit__(self, *exc):
+        logging.getLogger().setLevel(self.level)
+
+
+def quantise_dynamic(fp32: Path, target: Path) -> None:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with _QuietQuantiser():
+        quantize_dynamic(str(fp32), str(target), per_channel=True, weight_type=QuantType.QInt8)
+
+
+def quantise_static(model_path: Path, fp32: Path, target: Path) -> None:
+    """Static int8 in QDQ format: the inputs of the weight matrices (never attention's own
+    products, whose ranges vary by text) quantised with scales from the calibration texts, each
+    run alone so padding never widens a range; weights per channel; outputs left fp32, so ONNX
+    Runtime and OpenVINO fuse each into one integer matrix product."""
+    import onnx
+    from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType,
+                                          quantize_static)
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(model_path / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(sentence_config(model_path)[2])
+    texts = calibration_texts()[:STATIC_TEXTS]
+    graph = onnx.load(str(fp32), load_external_data=False).graph
+    weights = {init.name for init in graph.initializer}
+    matmuls = [node.name for node in graph.node if node.op_type in ("MatMul", "Gemm") and node.input[1] in weights]
+    names = [i.name for i in graph.input]
+
+    class Texts(CalibrationDataReader):
+        def __init__(self):
+            self.left = iter(texts)
+
+        def get_next(self):
+            text = next(self.left, None)
+            if text is None:
+                return None
+            e = tokenizer.encode(text)
+            arrays = {"input_ids": e.ids, "attention_mask": e.attention_mask, "token_type_ids": e.type_ids}
+            return {name: np.array([arrays[name]], dtype=np.int64) for name in names}
+
+    # Ranges are gathered every few texts to bound memory; ONNX Runtime refuses a last group that
+    # is empty, so the group size must not divide the number of texts.
+    group = next(size for size in range(16, 1, -1) if len(texts) % size)
+    with _QuietQuantiser():
+        quantize_static(str(fp32), str(target), Texts(), quant_format=QuantFormat.QDQ, per_channel=True,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                        op_types_to_quantize=["MatMul", "Gemm"], nodes_to_quantize=matmuls,
+                        calibrate_method=CalibrationMethod.MinMax,
+                        extra_options={"MatMulConstBOnly": True, "OpTypesToExcludeOutputQuantization": ["MatMul", "Gemm"],
+                                       "DedicatedQDQPair": True, "CalibMaxIntermediateOutputs": group})
 
 
 def usable_cores() -> int:
@@ -124,6 +224,58 @@ def new_session(onnx_file: Path, threads: int):
     return onnxruntime.InferenceSession(str(onnx_file), options, providers=["CPUExecutionProvider"])
 
 
+class OpenVinoModel:
+    """ONNX Runtime's session interface (run, get_inputs, get_outputs) over one OpenVINO model
+    compiled for the CPU with a stream per session. OpenVINO's infer requests are not to be
+    shared between threads, so each call takes an idle one (made when none is)."""
+
+    def __init__(self, onnx_file: Path, streams: int, threads: int):
+        core = require_openvino().Core()
+        # Threads not pinned to cores: indexing prepares the next patients on another thread.
+        # What is not int8 stays fp32: on a processor with bf16 OpenVINO would run it in bf16,
+        # which lowered the cosine to fp32 from 0.981 to 0.975 on chart texts (for 13% more
+        # speed) and would make the same index name mean other vectors on another processor.
+        self.compiled = core.compile_model(str(onnx_file), "CPU", {"NUM_STREAMS": streams, "INFERENCE_NUM_THREADS": threads,
+                                                                    "ENABLE_CPU_PINNING": False,
+                                                                    "INFERENCE_PRECISION_HINT": "f32"})
+        self._idle: list = []
+        self._lock = threading.Lock()
+
+    def get_inputs(self) -> list:
+        return [SimpleNamespace(name=port.any_name) for port in self.compiled.inputs]
+
+    def get_outputs(self) -> list:
+        return [SimpleNamespace(shape=[d.get_length() if d.is_static else None for d in port.get_partial_shape()])
+                for port in self.compiled.outputs]
+
+    def run(self, _outputs, feeds: dict) -> list[np.ndarray]:
+        with self._lock:
+            request = self._idle.pop() if self._idle else self.compiled.create_infer_request()
+        try:
+            return [np.asarray(request.infer(feeds)[0])]       # a copy, not the request's memory
+        finally:
+            with self._lock:
+                self._idle.append(request)
+
+
+def require_openvino():
+    """The openvino module, or ModelNotFound saying why it cannot be used."""
+    try:
+        import openvino
+    except ImportError as exc:
+        raise ModelNotFound(f"CHARTCITE_INT8=openvino needs the openvino package, which is not importable "
+                            f"({exc}); install it (pip install openvino) or choose dynamic, static or auto") from exc
+    return openvino
+
+
+def openvino_available() -> bool:
+    try:
+        require_openvino()
+    except ModelNotFound:
+        return False
+    return True
+
+
 _embedders: "weakref.WeakSet[OnnxInt8Embedder]" = weakref.WeakSet()
 
 
@@ -139,20 +291,35 @@ if hasattr(os, "register_at_fork"):
 
 
 class OnnxInt8Embedder(Embedder):
-    """The Embedder interface over ONNX Runtime; `name` records backend and precision, so an
-    index built at fp32 is never searched with int8 vectors (or the other way round)."""
+    """The Embedder interface over an int8 variant (VARIANTS, or `auto` to pick one); `name`
+    records backend, precision and variant, so an index built at fp32 or with another variant is
+    never searched with these vectors (or the other way round)."""
 
-    def __init__(self, model_path: str | None = None, cache_dir: str | Path | None = None, batch_size: int = 32):
+    def __init__(self, model_path: str | None = None, cache_dir: str | Path | None = None, batch_size: int = 32,
+                 variant: str = "dynamic", cores: int | None = None):
         from tokenizers import Tokenizer
 
         path = Path(model_path or default_model_path())
         if not path.exists():
             raise ModelNotFound(f"embedding model folder {path} does not exist (CHARTCITE_MODEL)")
+        if variant not in (*INT8_SETTINGS, "fp32"):
+            raise ModelNotFound(f"CHARTCITE_INT8 must be one of {', '.join(INT8_SETTINGS)}, not {variant!r}")
+        cache = Path(cache_dir or default_model_cache())
+        if variant == "auto":
+            variant = chosen_variant(path, cache)
+        self.variant = variant
         self.path, self.batch_size = str(path), batch_size
         self.pooling, self.normalised, window = sentence_config(path)
         self.max_tokens = window - 2
-        onnx_file = int8_model(path, Path(cache_dir or default_model_cache()))
-        self.sessions = [new_session(onnx_file, threads) for threads in session_threads(usable_cores())]
+        if variant == "openvino":
+            require_openvino()                  # says why it cannot, before anything is built
+        onnx_file = int8_model(path, cache, variant)
+        threads = session_threads(cores or usable_cores())
+        if variant == "openvino":
+            model = OpenVinoModel(onnx_file, len(threads), sum(threads))
+            self.sessions = [model] * len(threads)      # one thread per stream, each its own request
+        else:
+            self.sessions = [new_session(onnx_file, n) for n in threads]
         self._local = threading.local()
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
@@ -166,19 +333,25 @@ class OnnxInt8Embedder(Embedder):
         self.batcher.enable_padding()
         self.dimension = int(self.sessions[0].get_outputs()[0].shape[-1] or self.encode_batch(["x"]).shape[1])
         folder = path.name if path.name != "model" else path.parent.name
-        self.name = f"{folder}@{self.dimension}-{_fingerprint(self.path)}+onnx-int8"
+        self.name = f"{folder}@{self.dimension}-{_fingerprint(self.path)}{NAME_SUFFIX[variant]}"
         self.tokenizer = None
 
     def count_tokens(self, text: str) -> int:
         return len(self.counter.encode(text, add_special_tokens=False).ids)
 
+    def batch_length(self, text: str) -> int:
+        """Word pieces as the model runs them ([CLS] and [SEP] included, cut at the window), which
+        is what a batch is padded to: sorted by characters, 23% of the padded word pieces of 500
+        chart texts were padding, by word pieces 7% (one session: 2.7 s against 3.4 s)."""
+        return min(self._count_tokens_remembered(text), self.max_tokens) + 2
+
     def batches(self, ordered: list[str]):
-        """Batches bounded by padded size rather than count: many short lab lines at once, few
-        long note pieces (a batch of 32 full windows held ~1 GB of activations, and ran slower
+        """Batches bounded by padded word pieces rather than count: many short lab lines at once,
+        few long note pieces (a batch of 32 full windows held ~1 GB of activations, and ran slower
         than batches of 8)."""
         batch: list[str] = []
         for text in ordered:              # shortest first: the newest text is the longest
-            if batch and (len(batch) + 1) * len(text) > BATCH_CHARS or len(batch) == MAX_BATCH:
+            if batch and (len(batch) + 1) * self.batch_length(text) > BATCH_TOKENS or len(batch) == MAX_BATCH:
                 yield batch
                 batch = []
             batch.append(text)
@@ -187,12 +360,21 @@ class OnnxInt8Embedder(Embedder):
 
     def encode_batches(self, batches: Iterable[list[str]]) -> Iterator[np.ndarray]:
         """Each batch's vectors, in order, the batches spread over the sessions (one thread each).
-        The batches are the same as on one session, and so are the vectors: the int8 model scales
-        its activations per batch, so regrouping texts would change them."""
+        The batches are the same as on one session, and so are the vectors: the dynamic int8
+        model scales its activations per batch, so regrouping texts would change them."""
         batches = list(batches)
         if len(batches) < 2 or len(self.sessions) < 2:
             return map(self.encode_batch, batches)
         return self._session_pool().map(self.encode_batch, batches)
+
+    def close(self) -> None:
+        """Stops the sessions' threads and lets the sessions go (the pool's threads would keep an
+        embedder used for a while, as `auto`'s candidates are, alive for the process's life)."""
+        with self._pool_lock:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+        self.sessions = []
 
     def _session_pool(self) -> ThreadPoolExecutor:
         with self._pool_lock:
@@ -217,3 +399,97 @@ class OnnxInt8Embedder(Embedder):
         if self.normalised:
             vectors = vectors / np.clip(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12, None)
         return vectors.astype(np.float32)
+
+
+# --- auto: the fastest variant that stays close to fp32, chosen once per processor ----------------
+
+def processor_key() -> str:
+    """What the choice is kept under: the processor's model name and the instruction sets the
+    kernels are picked by, so a move to another processor (another VM host) chooses again."""
+    return f"{processor_name()} | {','.join(instruction_sets()) or 'none'}"
+
+
+def choice_file(model_path: Path, cache_dir: Path) -> Path:
+    return cache_dir / f"{model_stem(model_path)}-int8-choice.json"
+
+
+def chosen_variant(model_path: Path, cache_dir: Path) -> str:
+    """The variant `auto` kept for this processor, measured now if it has none."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    path, key = choice_file(model_path, cache_dir), processor_key()
+
+    def kept() -> dict:
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    choice = kept().get(key)
+    if choice and choice.get("variant") in VARIANTS:
+        return choice["variant"]
+    if not os.access(cache_dir, os.W_OK):
+        log.warning("CHARTCITE_INT8=auto cannot keep its choice in %s (not writable): measuring now, "
+                    "and again at every start", cache_dir)
+        return calibrate(model_path, cache_dir)["variant"]
+    with open(cache_dir / ".choice.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)          # processes starting together measure once
+        choices = kept()
+        if choices.get(key, {}).get("variant") not in VARIANTS:
+            choices[key] = calibrate(model_path, cache_dir)
+            partial = path.with_suffix(".tmp")
+            partial.write_text(json.dumps(choices, indent=1, sort_keys=True) + "\n")
+            os.replace(partial, path)
+        return choices[key]["variant"]
+
+
+def calibrate(model_path: Path, cache_dir: Path) -> dict:
+    """Each variant available timed on AUTO_TEXTS chart texts and its vectors' cosine to the fp32
+    ONNX model's; the fastest with every cosine ≥ MIN_COSINE wins (dynamic, today's default, if
+    none does). The variants take turns, TIMING_ROUNDS times, and each keeps its best time:
+    other work on the machine only ever slows a run down, and taking turns spreads it over all.
+    Each runs on one core (one session of one thread, as every session is): what differs between
+    them is the kernels, and the candidates held at once take less memory (peak 1.0 GB, against
+    1.8 GB with a session per core on two cores)."""
+    texts = calibration_texts()[-AUTO_TEXTS:]
+    embedders: dict[str, OnnxInt8Embedder] = {}
+    cosines, skipped, seconds = {}, {}, {}
+    try:
+        embedders["fp32"] = OnnxInt8Embedder(str(model_path), cache_dir, variant="fp32", cores=1)
+        reference = embedders["fp32"].encode(texts)
+        embedders.pop("fp32").close()
+        for variant in VARIANTS:
+            if variant == "openvino" and not openvino_available():
+                skipped[variant] = "the openvino package is not importable"
+                continue
+            embedders[variant] = OnnxInt8Embedder(str(model_path), cache_dir, variant=variant, cores=1)
+            vectors = embedders[variant].encode(texts)              # also warms it up
+            cosines[variant] = round(float((vectors * reference).sum(axis=1).min()), 4)
+            seconds[variant] = float("inf")
+        for _ in range(TIMING_ROUNDS):
+            for variant, embedder in embedders.items():
+                started = time.perf_counter()
+                embedder.encode(texts)
+                seconds[variant] = min(seconds[variant], time.perf_counter() - started)
+    finally:
+        for embedder in embedders.values():
+            embedder.close()
+    rates = {variant: round(len(texts) / spent, 1) for variant, spent in seconds.items()}
+    variant = fastest_close(rates, cosines)
+    log.info("int8 variant for this processor (%s): %s; texts/s %s, cosine to fp32 %s", processor_key(), variant,
+             rates, cosines)
+    return {"variant": variant, "texts_per_s": rates, "min_cosine_to_fp32": cosines, "skipped": skipped,
+            "texts": len(texts), "measured": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+
+def fastest_close(rates: dict[str, float], cosines: dict[str, float]) -> str:
+    """The fastest variant whose cosine to fp32 is at least MIN_COSINE, if it beats dynamic (the
+    default, whose index name existing indexes carry) by WORTH_A_CHANGE; dynamic otherwise.
+    Static and dynamic run at about the same speed under ONNX Runtime: without the margin, noise
+    would pick between them (and between index names) when a choice cannot be kept."""
+    passing = [variant for variant in rates if cosines.get(variant, 0.0) >= MIN_COSINE]
+    if not passing:
+        return "dynamic"
+    fastest = max(passing, key=rates.__getitem__)
+    if "dynamic" in passing and rates[fastest] < WORTH_A_CHANGE * rates["dynamic"]:
+        return "dynamic"
+    return fastest

@@ -1,0 +1,149 @@
+"""The int8 variants (issue 30): dynamic, static QDQ and OpenVINO each stay close to PyTorch fp32
+and name their index apart; a static vector does not depend on the texts embedded beside it; a
+missing openvino is refused with its reason; `auto` keeps its choice per processor and reuses it."""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from search.models import onnx_embed
+from search.models.embed import ModelNotFound, default_model_cache
+from search.models.embedders import load_embedder
+from search.models.onnx_embed import (MIN_COSINE, NAME_SUFFIX, STATIC_TEXTS, VARIANTS, OnnxInt8Embedder,
+                                      calibration_texts, choice_file, fastest_close, int8_model, processor_key)
+
+# Chart texts the static scales were not calibrated on (they come from the file's first lines).
+CHART = calibration_texts()[STATIC_TEXTS + 100:STATIC_TEXTS + 130]
+SHORT = ["Lab result on 2024-05-01: Potassium [Moles/volume] in Serum or Plasma = 4.1 mmol/L.",
+         "Allergy / intolerance (active, confirmed): Peanut (substance)."]
+
+
+def require_openvino() -> None:
+    if not onnx_embed.openvino_available():
+        pytest.fail("the openvino package is not importable: it is in setup.cfg's install_requires, "
+                    "so the lock files must install it (scripts/lock.sh, then make test)")
+
+
+@pytest.fixture(scope="module")
+def variants() -> dict[str, OnnxInt8Embedder]:
+    """Each variant of the suite's model, built into the cache the suite's embedder uses."""
+    require_openvino()
+    return {variant: OnnxInt8Embedder(None, default_model_cache(), variant=variant) for variant in VARIANTS}
+
+
+@pytest.fixture(scope="module")
+def fp32_vectors() -> np.ndarray:
+    return load_embedder(None, "fp32").encode(CHART)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_each_variant_stays_close_to_pytorch_fp32_and_names_its_index(variant, variants, fp32_vectors):
+    embedder = variants[variant]
+    assert len(CHART) == 30 and embedder.variant == variant
+    vectors = embedder.encode(CHART)
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-4)
+    cosine = (vectors * fp32_vectors).sum(axis=1)
+    assert cosine.min() >= MIN_COSINE, (variant, cosine.min(), CHART[int(cosine.argmin())])
+    assert embedder.name.endswith(NAME_SUFFIX[variant])
+    assert len({e.name for e in variants.values()}) == len(VARIANTS)      # no two variants share an index
+
+
+@pytest.mark.parametrize("variant", ["static", "openvino"])
+def test_a_static_vector_does_not_depend_on_the_texts_beside_it(variant, variants):
+    """The same text embedded among short lab lines and among long note passages: the static
+    scales give the same vector (within 1e-6); the dynamic model's scales follow the batch, so
+    its vectors differ (which shows the comparison can tell)."""
+    notes = [text for text in calibration_texts() if text.startswith("History and physical note")][:6]
+    text = CHART[0]
+
+    def alone_and_beside(embedder):
+        among_short = embedder.encode([text] + SHORT)[0]
+        among_long = embedder.encode([text] + notes)[0]
+        # the batches really differ: with the notes, the text shares a batch padded to a long one
+        ordered = sorted([text] + notes, key=embedder.batch_length)
+        assert any(text in batch and len(batch) > 1 for batch in embedder.batches(ordered))
+        return np.abs(among_short - among_long).max()
+
+    assert alone_and_beside(variants[variant]) <= 1e-6
+    assert alone_and_beside(variants["dynamic"]) > 1e-6
+
+
+def test_openvino_missing_is_refused_with_its_reason_and_auto_goes_without(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "openvino", None)          # `import openvino` now fails
+    with pytest.raises(ModelNotFound, match="CHARTCITE_INT8=openvino needs the openvino package"):
+        OnnxInt8Embedder(None, tmp_path, variant="openvino")
+    assert list(tmp_path.iterdir()) == []                       # refused before building anything
+    shared_files(tmp_path)
+    embedder = OnnxInt8Embedder(None, tmp_path, variant="auto")
+    kept = read_choice(tmp_path)[processor_key()]
+    assert kept["variant"] in ("dynamic", "static") and embedder.variant == kept["variant"]
+    assert "openvino" in kept["skipped"] and "openvino" not in kept["texts_per_s"]
+
+
+def test_auto_keeps_its_choice_per_processor_and_reuses_it(tmp_path, monkeypatch):
+    require_openvino()
+    shared_files(tmp_path)
+    first = OnnxInt8Embedder(None, tmp_path, variant="auto")
+    kept = read_choice(tmp_path)
+    choice = kept[processor_key()]
+    assert set(choice["texts_per_s"]) == set(VARIANTS) and choice["texts"] == 64
+    assert choice["variant"] == fastest_close(choice["texts_per_s"], choice["min_cosine_to_fp32"])
+    assert min(choice["min_cosine_to_fp32"].values()) >= MIN_COSINE
+    assert first.variant == choice["variant"] and first.name.endswith(NAME_SUFFIX[choice["variant"]])
+
+    def no_calibration(*args):
+        raise AssertionError("calibrated again on the same processor")
+
+    monkeypatch.setattr(onnx_embed, "calibrate", no_calibration)
+    assert OnnxInt8Embedder(None, tmp_path, variant="auto").variant == first.variant
+    assert load_embedder(None, "int8", str(tmp_path), "auto").name == first.name
+
+    # Another processor (the VM moved to another host) chooses again, beside the first choice.
+    other = "static" if first.variant != "static" else "dynamic"
+    monkeypatch.setattr(onnx_embed, "processor_key", lambda: "Another CPU | avx2")
+    monkeypatch.setattr(onnx_embed, "calibrate", lambda *args: {"variant": other})
+    assert OnnxInt8Embedder(None, tmp_path, variant="auto").variant == other
+    assert read_choice(tmp_path) == {**kept, "Another CPU | avx2": {"variant": other}}
+
+
+def test_the_fastest_variant_close_to_fp32_wins_and_dynamic_when_none_is_or_none_is_worth_it():
+    rates = {"dynamic": 100.0, "static": 120.0, "openvino": 180.0}
+    assert fastest_close(rates, {"dynamic": 0.985, "static": 0.98, "openvino": 0.99}) == "openvino"
+    assert fastest_close(rates, {"dynamic": 0.985, "static": 0.98, "openvino": 0.96}) == "static"
+    assert fastest_close(rates, {"dynamic": 0.9, "static": 0.9, "openvino": 0.9}) == "dynamic"
+    assert fastest_close(rates, {"dynamic": 0.9, "static": 0.98, "openvino": 0.9}) == "static"
+    # 5% faster is within the noise of a busy machine: not worth another index name
+    assert fastest_close({"dynamic": 100.0, "static": 105.0}, {"dynamic": 0.985, "static": 0.98}) == "dynamic"
+
+
+def test_the_setting_reaches_the_embedder_and_a_wrong_value_is_refused():
+    from smart_app.settings import Settings, SettingsError
+
+    assert Settings.load({}).search_options()["int8"] == "dynamic"
+    assert Settings.load({"CHARTCITE_INT8": "static"}).search_options()["int8"] == "static"
+    with pytest.raises(SettingsError, match="CHARTCITE_INT8 must be one of dynamic, static, openvino, auto"):
+        Settings.load({"CHARTCITE_INT8": "fast"}).search_options()
+    with pytest.raises(ModelNotFound, match="CHARTCITE_INT8"):
+        load_embedder(None, "int8", None, "fast")
+
+
+def shared_files(folder) -> None:
+    """The suite's built model files, linked into `folder` (building them again costs a minute)."""
+    from pathlib import Path
+
+    from search.models.embed import default_model_path
+
+    for variant in ("fp32", "dynamic", "static"):
+        built = int8_model(Path(default_model_path()), default_model_cache(), variant)
+        (folder / built.name).symlink_to(built)
+
+
+def read_choice(folder) -> dict:
+    import json
+    from pathlib import Path
+
+    from search.models.embed import default_model_path
+
+    return json.loads(choice_file(Path(default_model_path()), folder).read_text())
