@@ -178,6 +178,7 @@ def test_a_fact_round_trips_through_the_stored_chunk():
     from fhir_ingest.record.contract import Chunk
     from fhir_ingest.record.facts import fact_from_dict
 
+    require_shared()
     bundle = sorted((SHARED / "data" / "synthea").glob("*.json.gz"))[0]
     with gzip.open(bundle, "rt") as fh:
         entries = [e["resource"] for e in json.load(fh)["entry"]]
