@@ -407,7 +407,7 @@ def test_a_note_section_asked_is_answered_by_the_notes_that_have_it(tmp_path, em
     import base64
 
     def note(nid, day, social):
-        text = f"# Chief Complaint\\n- Checkup\\n\\n# Social History\\n{social}\\n\\n# Assessment and Plan\\nNone.\\n"
+        text = f"# Chief Complaint\n- Checkup\n\n# Social History\n{social}\n\n# Assessment and Plan\nNone.\n"
         return {"resourceType": "DocumentReference", "id": nid, "status": "current", "subject": SUBJECT,
                 "type": coded(LOINC, "34117-2", "History and physical note"), "date": f"{day}T10:00:00Z",
                 "content": [{"attachment": {"contentType": "text/plain",

@@ -19,6 +19,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import requests
@@ -27,6 +28,17 @@ from .fhir_servers import REPO, free_port
 from .test_smart import CLIENT_ID, GROUP, OTHER, PID, TENANT, Stack, held_resource, same_site, stack  # noqa: F401
 
 CONDITION = "bulk-test-condition"
+
+
+@contextmanager
+def bulk_misbehaving(stack: Stack, **behaviour):
+    """The test Bulk server misbehaves as told (a backdate, failed types, a cut file, a delay…)
+    for the block, and behaves again after it, whatever the block did."""
+    stack.test_api("bulk", behaviour)
+    try:
+        yield
+    finally:
+        stack.test_api("bulk", {})
 
 
 def kickoffs(stack: Stack) -> list[dict]:
@@ -77,12 +89,9 @@ def test_a_backdated_change_is_merged_and_only_makes_the_next_round_reach_back(s
     assert stack.cli("sync", "--tenant", TENANT, "--full").returncode == 0
     before = held_count(stack, PID)
     put(stack, condition(CONDITION, PID, "Backdated tinnitus"))
-    stack.test_api("bulk", {"backdate": "2001-01-01T00:00:00Z"})
-    try:
+    with bulk_misbehaving(stack, backdate="2001-01-01T00:00:00Z"):
         stack.test_api("clear-log")
         round_ = stack.cli("sync", "--tenant", TENANT)
-    finally:
-        stack.test_api("bulk", {})
     assert round_.returncode == 0, round_.stderr
     assert held_count(stack, PID) == before + 1, round_.stdout
     assert held_resource(stack, PID, f"Condition/{CONDITION}")["code"]["text"] == "Backdated tinnitus"
@@ -99,11 +108,8 @@ def test_files_the_ehr_could_not_generate_keep_the_cursor_and_the_next_round_ask
     assert stack.cli("sync", "--tenant", TENANT).returncode == 0
     cursor = cursor_of(stack)
     put(stack, condition("bulk-new-condition", PID, "Newly found gout"))
-    stack.test_api("bulk", {"fail_types": ["Condition"]})
-    try:
+    with bulk_misbehaving(stack, fail_types=["Condition"]):
         failed = stack.cli("sync", "--tenant", TENANT)
-    finally:
-        stack.test_api("bulk", {})
     assert failed.returncode == 1, failed.stdout + failed.stderr
     assert "Failed to export" in failed.stdout and "the cursor stays at" in failed.stdout
     assert cursor_of(stack) == cursor
@@ -142,12 +148,9 @@ def test_a_file_that_will_not_download_is_read_again_by_itself(stack):
 
 
 def test_a_transfer_cut_mid_file_resumes_where_it_broke(stack):
-    stack.test_api("bulk", {"cut": "Observation.ndjson", "times": 1})
-    try:
+    with bulk_misbehaving(stack, cut="Observation.ndjson", times=1):
         stack.test_api("clear-log")
         synced = stack.cli("sync", "--tenant", TENANT, "--full")
-    finally:
-        stack.test_api("bulk", {})
     assert synced.returncode == 0, synced.stdout + synced.stderr
     assert len(kickoffs(stack)) == 1
     reads = [e for e in stack.ehr_log() if e["path"].endswith("/Observation.ndjson")]
@@ -187,11 +190,8 @@ def test_an_emptied_index_starts_with_a_full_round_and_says_so(stack, tmp_path):
 
 
 def test_a_group_the_ehr_does_not_have_is_an_error_with_a_sentence(stack):
-    stack.test_api("bulk", {"unknown_groups": "empty"})        # as the reference server answers
-    try:
+    with bulk_misbehaving(stack, unknown_groups="empty"):      # as the reference server answers
         missing = stack.cli("sync", "--tenant", TENANT, "--group", "no-such-group")
-    finally:
-        stack.test_api("bulk", {})
     assert missing.returncode == 1 and "Traceback" not in missing.stderr
     assert "the EHR has no Group no-such-group" in missing.stderr and "--group-id" in missing.stderr
 
@@ -329,12 +329,9 @@ def test_ehr_check_passes_a_backend_only_server_and_fails_a_group_of_no_one(stac
 def test_status_polling_honours_retry_after_backs_off_and_shows_x_progress(stack):
     """An export that takes 12 s and asks for a poll every second: polled a handful of times (each
     wait half as long again as the last), not twelve; its X-Progress is in the progress bar."""
-    stack.test_api("bulk", {"delay": 12, "retry_after": 1, "progress": "42% (test)"})
-    try:
+    with bulk_misbehaving(stack, delay=12, retry_after=1, progress="42% (test)"):
         stack.test_api("clear-log")
         synced = stack.cli("sync", "--tenant", TENANT)
-    finally:
-        stack.test_api("bulk", {})
     assert synced.returncode == 0, synced.stderr
     polls = [e for e in stack.ehr_log() if "/bulk-status/" in e["path"] and e["method"] == "GET"]
     gaps = [b["at"] - a["at"] for a, b in zip(polls, polls[1:])]

@@ -17,7 +17,7 @@ from search.nlp.annotate import RecordTerm, asserted_keys, default_annotator
 from search.nlp import terminology
 from search.nlp.lexicon import tokens
 from search.nlp.vocabulary import clinical_words
-from search.retrieval.pipeline import Analysis, Evidence, Retrieval, concept_overlap, in_window
+from search.retrieval.pipeline import Analysis, Evidence, Retrieval, concept_overlap, holds_asked_section, in_window
 
 log = logging.getLogger(__name__)
 NO_EVIDENCE = "I don't have evidence for that in this patient's record."
@@ -90,7 +90,7 @@ def judge_support(retrieval: Retrieval) -> Support:
             return Support(True, len(found) / len(residual), "terms found")
     if analysis.wants_note and retrieval.scope.semantic_types and (retrieval.scope.date_from or retrieval.scope.date_to):
         return Support(True, 1.0, "the note asked for")
-    if notes_holding(analysis.sections_asked, evidence):
+    if any(holds_asked_section(e.chunk, analysis) for e in evidence):
         # "What does the social history say?" is answered by the notes that have that section.
         return Support(True, 1.0, "the note section asked for")
     best_dense = max((e.dense for e in evidence if e.dense is not None), default=0.0)
@@ -103,12 +103,6 @@ def judge_support(retrieval: Retrieval) -> Support:
     if best_dense >= SEMANTIC_MATCH:
         return Support(True, 0.5, "semantic match only")
     return Support(False, 0.0, "nothing in the record matches the question")
-
-
-def notes_holding(sections: set[str], evidence) -> bool:
-    """Does a note among the evidence carry one of the asked sections under its own heading?"""
-    return any(e.chunk.semantic_type == "note" and any(s.lower() in f"{e.chunk.label} {e.chunk.text}".lower() for s in sections)
-               for e in evidence) if sections else False
 
 
 def drug_asked(retrieval: Retrieval) -> Support | None:
