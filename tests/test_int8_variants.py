@@ -108,11 +108,11 @@ def test_auto_keeps_its_choice_per_processor_and_reuses_it(tmp_path, monkeypatch
     assert read_choice(tmp_path) == {**kept, "Another CPU | avx2": {"variant": other}}
 
 
-def test_the_fastest_variant_close_to_fp32_wins_and_dynamic_when_none_is_or_none_is_worth_it():
+def test_the_fastest_variant_close_to_fp32_wins_fp32_when_none_is_and_dynamic_when_none_is_worth_it():
     rates = {"dynamic": 100.0, "static": 120.0, "openvino": 180.0}
     assert fastest_close(rates, {"dynamic": 0.985, "static": 0.98, "openvino": 0.99}) == "openvino"
     assert fastest_close(rates, {"dynamic": 0.985, "static": 0.98, "openvino": 0.96}) == "static"
-    assert fastest_close(rates, {"dynamic": 0.9, "static": 0.9, "openvino": 0.9}) == "dynamic"
+    assert fastest_close(rates, {"dynamic": 0.9, "static": 0.9, "openvino": 0.9}) == "fp32"
     assert fastest_close(rates, {"dynamic": 0.9, "static": 0.98, "openvino": 0.9}) == "static"
     # 5% faster is within the noise of a busy machine: not worth another index name
     assert fastest_close({"dynamic": 100.0, "static": 105.0}, {"dynamic": 0.985, "static": 0.98}) == "dynamic"
@@ -147,3 +147,21 @@ def read_choice(folder) -> dict:
     from search.models.embed import default_model_path
 
     return json.loads(choice_file(Path(default_model_path()), folder).read_text())
+
+
+def test_auto_embeds_at_fp32_on_a_processor_where_no_int8_variant_stays_close(tmp_path, monkeypatch):
+    """Kernels that lose more than the floor on some processor (int8 products that saturate, say)
+    must not be chosen for want of a better one: auto runs the fp32 file and keeps that choice."""
+    shared_files(tmp_path)
+    monkeypatch.setitem(sys.modules, "openvino", None)          # two variants are enough to fail
+    monkeypatch.setattr(onnx_embed, "MIN_COSINE", 0.99999)      # beyond what any int8 reaches
+    embedder = OnnxInt8Embedder(None, tmp_path, variant="auto")
+    kept = read_choice(tmp_path)[processor_key()]
+    assert kept["variant"] == "fp32" and embedder.variant == "fp32"
+    assert max(kept["min_cosine_to_fp32"].values()) < 0.99999
+    assert embedder.name.endswith(NAME_SUFFIX["fp32"])
+    reference = OnnxInt8Embedder(None, tmp_path, variant="fp32")
+    assert np.allclose(embedder.encode(SHORT), reference.encode(SHORT), atol=1e-6)
+    monkeypatch.setattr(onnx_embed, "calibrate", lambda *args: pytest.fail("calibrated again"))
+    assert OnnxInt8Embedder(None, tmp_path, variant="auto").variant == "fp32"
+

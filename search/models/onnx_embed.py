@@ -14,7 +14,8 @@ fp32 as low as 0.84 on chart texts; per-channel ≥ 0.97). Three variants (CHART
   processor has them (the `openvino` package must be importable).
 - `auto`: at first start on a processor, each variant available is timed on chart texts and
   checked against the fp32 file (cosine ≥ 0.97); the fastest that passes is kept, per processor,
-  in a JSON file beside the model files.
+  in a JSON file beside the model files. Where none passes (int8 kernels that lose too much on
+  some processor), it runs the fp32 ONNX file: slower, never less faithful.
 
 Files are cached under the model cache by the model's fingerprint; processes starting together
 build them once under a file lock. At run time only ONNX Runtime (or OpenVINO) and the
@@ -24,6 +25,8 @@ with one is never searched with another.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import fcntl
 import json
 import logging
@@ -50,6 +53,7 @@ MAX_BATCH = 64
 
 VARIANTS = ("dynamic", "static", "openvino")
 INT8_SETTINGS = (*VARIANTS, "auto")
+KEPT_CHOICES = (*VARIANTS, "fp32")      # what `auto` may keep: fp32 where no variant passes
 # The file each variant runs ("fp32" is the reference `auto` checks against, never chosen).
 FILE_SUFFIX = {"dynamic": "int8", "static": "int8s", "openvino": "int8s", "fp32": "fp32"}
 NAME_SUFFIX = {"dynamic": "+onnx-int8", "static": "+onnx-int8s", "openvino": "+openvino-int8s", "fp32": "+onnx-fp32"}
@@ -263,6 +267,24 @@ class OpenVinoModel:
                 self._idle.append(request)
 
 
+M_MMAP_THRESHOLD = -3          # glibc's mallopt parameter
+LARGE_BLOCK = 1 << 20
+
+
+def return_large_blocks_to_the_system() -> bool:
+    """Blocks of 1 MB and more are mapped on their own and unmapped when freed (glibc mallopt).
+    glibc's default raises that threshold every time a large block is freed, after which blocks
+    of that size come from the heap and stay with the process: the activations of batches of
+    every length and size left an OpenVINO indexing run of 20 patients at 2.3 GB, 1.0 GB with the
+    threshold fixed (as fast: 14.1 s and 14.3 s); ONNX Runtime's dynamic int8 0.77 GB, 0.68 GB.
+    Process-wide and idempotent; False where the C library is not glibc."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, LARGE_BLOCK))
+    except (OSError, AttributeError):
+        return False
+
+
 def require_openvino():
     """The openvino module, or ModelNotFound saying why it cannot be used."""
     try:
@@ -319,6 +341,7 @@ class OnnxInt8Embedder(Embedder):
         if variant == "openvino":
             require_openvino()                  # says why it cannot, before anything is built
         onnx_file = int8_model(path, cache, variant)
+        return_large_blocks_to_the_system()
         threads = session_threads(cores or usable_cores())
         if variant == "openvino":
             model = OpenVinoModel(onnx_file, len(threads), sum(threads))
@@ -430,7 +453,7 @@ def chosen_variant(model_path: Path, cache_dir: Path) -> str:
             return {}
 
     choice = kept().get(key)
-    if choice and choice.get("variant") in VARIANTS:
+    if choice and choice.get("variant") in KEPT_CHOICES:
         return choice["variant"]
     if not os.access(cache_dir, os.W_OK):
         log.warning("CHARTCITE_INT8=auto cannot keep its choice in %s (not writable): measuring now, "
@@ -439,7 +462,7 @@ def chosen_variant(model_path: Path, cache_dir: Path) -> str:
     with open(cache_dir / ".choice.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)          # processes starting together measure once
         choices = kept()
-        if choices.get(key, {}).get("variant") not in VARIANTS:
+        if choices.get(key, {}).get("variant") not in KEPT_CHOICES:
             choices[key] = calibrate(model_path, cache_dir)
             partial = path.with_suffix(".tmp")
             partial.write_text(json.dumps(choices, indent=1, sort_keys=True) + "\n")
@@ -449,8 +472,8 @@ def chosen_variant(model_path: Path, cache_dir: Path) -> str:
 
 def calibrate(model_path: Path, cache_dir: Path) -> dict:
     """Each variant available timed on AUTO_TEXTS chart texts, and its vectors' cosine to the fp32
-    ONNX model's on every calibration text the static scales did not see; the fastest with every cosine ≥ MIN_COSINE wins (dynamic, today's default, if
-    none does). The variants take turns, TIMING_ROUNDS times, and each keeps its best time:
+    ONNX model's on every calibration text the static scales did not see; the fastest with every
+    cosine ≥ MIN_COSINE wins, and the fp32 file if none does. The variants take turns, TIMING_ROUNDS times, and each keeps its best time:
     other work on the machine only ever slows a run down, and taking turns spreads it over all.
     Each runs on one core (one session of one thread, as every session is): what differs between
     them is the kernels, and the candidates held at once take less memory (peak 1.0 GB, against
@@ -481,6 +504,9 @@ def calibrate(model_path: Path, cache_dir: Path) -> dict:
             embedder.close()
     rates = {variant: round(len(texts) / spent, 1) for variant, spent in seconds.items()}
     variant = fastest_close(rates, cosines)
+    if variant == "fp32":
+        log.warning("no int8 variant stays within cosine %s of fp32 on this processor (%s): embedding at fp32; "
+                    "cosine to fp32 %s", MIN_COSINE, processor_key(), cosines)
     log.info("int8 variant for this processor (%s): %s; texts/s %s, cosine to fp32 %s", processor_key(), variant,
              rates, cosines)
     return {"variant": variant, "texts_per_s": rates, "min_cosine_to_fp32": cosines, "skipped": skipped,
@@ -489,12 +515,14 @@ def calibrate(model_path: Path, cache_dir: Path) -> dict:
 
 def fastest_close(rates: dict[str, float], cosines: dict[str, float]) -> str:
     """The fastest variant whose cosine to fp32 is at least MIN_COSINE, if it beats dynamic (the
-    default, whose index name existing indexes carry) by WORTH_A_CHANGE; dynamic otherwise.
-    Static and dynamic run at about the same speed under ONNX Runtime: without the margin, noise
-    would pick between them (and between index names) when a choice cannot be kept."""
+    default, whose index name existing indexes carry) by WORTH_A_CHANGE or dynamic failed; the
+    fp32 file when none passes, since a vector further from the model's own would cost recall
+    where no one sees it. Static and dynamic run at about the same speed under ONNX Runtime:
+    without the margin, noise would pick between them (and between index names) when a choice
+    cannot be kept."""
     passing = [variant for variant in rates if cosines.get(variant, 0.0) >= MIN_COSINE]
     if not passing:
-        return "dynamic"
+        return "fp32"
     fastest = max(passing, key=rates.__getitem__)
     if "dynamic" in passing and rates[fastest] < WORTH_A_CHANGE * rates["dynamic"]:
         return "dynamic"
