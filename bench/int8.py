@@ -40,7 +40,8 @@ def padding_share(embedder, groups: list[list[str]]) -> float:
     for group in groups:
         for batch in embedder.batches(sorted(group, key=embedder.batch_length)):
             lengths = [min(embedder.count_tokens(text), embedder.max_tokens) + 2 for text in batch]
-            real, padded = real + sum(lengths), padded + len(lengths) * max(lengths)
+            step = getattr(embedder, "shape_step", 1)                # OpenVINO's batches round up
+            real, padded = real + sum(lengths), padded + len(lengths) * -(-max(lengths) // step) * step
     return 1 - real / padded if padded else 0.0
 
 
