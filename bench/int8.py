@@ -10,7 +10,14 @@ The first line names the processor; the last is for scripts:
 `int8: patients=… texts=… fp32_texts_per_s=… dynamic_texts_per_s=… dynamic_ratio=… dynamic_cos_min=… …
 cpu="…" cores=… isa=…`.
 
+`--cap-isa avx2` runs the variants as they would run on a processor without AVX-512 (nor VNNI,
+bf16 or AMX): it caps the kernels of oneDNN (OpenVINO's and PyTorch's), MKL and PyTorch's own at
+AVX2 through their documented variables. ONNX Runtime has no such cap, so its variants are left
+out there; a real AVX2-only processor is still the figure to trust, and the header says the run
+was capped.
+
 Usage: python bench/int8.py [SYNTHEA_DIR] [--patients N] [--repeat R] [--variants fp32,dynamic,static,openvino]
+                            [--cap-isa avx2]
 The int8 files are built once into ~/.cache/chartcite/models (or --cache) if missing.
 """
 from __future__ import annotations
@@ -31,6 +38,10 @@ sys.path.insert(0, str(REPO))
 from bench.machine import fields, header  # noqa: E402
 
 ALL = ("fp32", "dynamic", "static", "openvino")
+# What caps each library's kernels at an instruction set, and the variants no variable caps.
+CAPS = {"avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "DNNL_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+                 "ATEN_CPU_CAPABILITY": "avx2"}}
+UNCAPPABLE = ("dynamic", "static")       # ONNX Runtime dispatches on the processor alone
 
 
 def padding_share(embedder, groups: list[list[str]]) -> float:
@@ -81,6 +92,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1, help="runs per variant, the best kept")
     parser.add_argument("--variants", default=",".join(ALL))
     parser.add_argument("--cache", default="", help="where the int8 files are (default ~/.cache/chartcite/models)")
+    parser.add_argument("--cap-isa", choices=sorted(CAPS), help="run as on a processor with only this instruction set")
     parser.add_argument("--variant", help=argparse.SUPPRESS)       # the child's side
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -88,6 +100,11 @@ def main() -> None:
         run_variant(args)
         return
     print(header(), flush=True)
+    child_env = dict(os.environ)
+    if args.cap_isa:
+        child_env.update(CAPS[args.cap_isa])
+        print(f"kernels capped at {args.cap_isa.upper()} ({', '.join(f'{k}={v}' for k, v in CAPS[args.cap_isa].items())}); "
+              f"left out, as ONNX Runtime cannot be capped: {', '.join(UNCAPPABLE)}", flush=True)
     import numpy as np
 
     from search.models.onnx_embed import openvino_available
@@ -95,6 +112,8 @@ def main() -> None:
     variants = [v for v in args.variants.split(",") if v]
     if "fp32" not in variants:
         sys.exit("the fp32 variant is the reference every ratio and cosine is taken against: keep it in --variants")
+    if args.cap_isa:
+        variants = [v for v in variants if v not in UNCAPPABLE]
     if "openvino" in variants and not openvino_available():
         print("openvino: the package is not importable, left out")
         variants.remove("openvino")
@@ -104,7 +123,7 @@ def main() -> None:
             out = Path(tmp) / f"{variant}.npy"
             done = subprocess.run([sys.executable, __file__, args.synthea, "--patients", str(args.patients),
                                    "--repeat", str(args.repeat), "--cache", args.cache, "--variant", variant,
-                                   "--out", str(out)], capture_output=True, text=True)
+                                   "--out", str(out)], capture_output=True, text=True, env=child_env)
             if done.returncode:
                 sys.exit(f"{variant} failed:\n{done.stderr[-3000:]}")
             results[variant] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -123,7 +142,8 @@ def main() -> None:
         if variant != "fp32":
             line.append(f"{variant}_ratio={rate / fp32_rate:.2f} {variant}_cos_min={cosine.min():.4f}")
         line.append(f"{variant}_padding={result['padding']:.3f} {variant}_rss_mb={result['rss_mb']:.0f}")
-    print(f"int8: {' '.join(line)} {fields()}")
+    capped = f" capped_isa={args.cap_isa}" if args.cap_isa else ""
+    print(f"int8: {' '.join(line)}{capped} {fields()}")
 
 
 if __name__ == "__main__":
