@@ -73,6 +73,12 @@ MIN_COSINE = 0.97
 OPENVINO_SHAPE_STEP = 16
 
 
+def variant_of(model_name: str) -> str | None:
+    """The int8 variant (or the fp32 file `auto` may fall back to) whose vectors an index
+    recorded as built by `model_name` holds; None for PyTorch fp32 or another backend."""
+    return next((variant for variant, suffix in NAME_SUFFIX.items() if model_name.endswith(suffix)), None)
+
+
 def sentence_config(path: Path) -> tuple[str, bool, int]:
     """(pooling mode, normalised, max tokens) from the model's sentence-transformers files."""
     modules = json.loads((path / "modules.json").read_text())
@@ -241,6 +247,7 @@ class OpenVinoModel:
 
     def __init__(self, onnx_file: Path, streams: int, threads: int):
         core = require_openvino().Core()
+        return_large_blocks_to_the_system()
         # Threads not pinned to cores: indexing prepares the next patients on another thread.
         # What is not int8 stays fp32: on a processor with bf16 OpenVINO would run it in bf16,
         # which lowered the cosine to fp32 from 0.981 to 0.975 on chart texts (for 13% more
@@ -254,6 +261,7 @@ class OpenVinoModel:
                                                                     "CPU_RUNTIME_CACHE_CAPACITY": 16})
         self._idle: list = []
         self._lock = threading.Lock()
+        self._pid = os.getpid()
 
     def get_inputs(self) -> list:
         return [SimpleNamespace(name=port.any_name) for port in self.compiled.inputs]
@@ -263,6 +271,12 @@ class OpenVinoModel:
                 for port in self.compiled.outputs]
 
     def run(self, _outputs, feeds: dict) -> list[np.ndarray]:
+        if os.getpid() != self._pid:
+            # OpenVINO's thread pool does not survive a fork, and a forked child hangs for ever in
+            # its next inference, or in compiling the model anew: say so at once instead.
+            raise ModelNotFound("the OpenVINO model was loaded before this process was forked and cannot run "
+                                "here; load it after forking (chartcite's servers and workers do) or set "
+                                "CHARTCITE_INT8 to dynamic or static")
         with self._lock:
             request = self._idle.pop() if self._idle else self.compiled.create_infer_request()
         try:
@@ -281,8 +295,9 @@ def return_large_blocks_to_the_system() -> bool:
     glibc's default raises that threshold every time a large block is freed, after which blocks
     of that size come from the heap and stay with the process: the activations of batches of
     every length and size left an OpenVINO indexing run of 20 patients at 2.3 GB, 1.0 GB with the
-    threshold fixed (as fast: 14.1 s and 14.3 s); ONNX Runtime's dynamic int8 0.77 GB, 0.68 GB.
-    Process-wide and idempotent; False where the C library is not glibc."""
+    threshold fixed (as fast: 14.1 s and 14.3 s). Process-wide, so only for OpenVINO: ONNX Runtime
+    keeps its own arena (0.77 GB against 0.68 GB), and PyTorch, whose tensors would then be mapped
+    afresh each time, encoded 16% slower. Idempotent; False where the C library is not glibc."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         return bool(libc.mallopt(M_MMAP_THRESHOLD, LARGE_BLOCK))
@@ -346,7 +361,6 @@ class OnnxInt8Embedder(Embedder):
         if variant == "openvino":
             require_openvino()                  # says why it cannot, before anything is built
         onnx_file = int8_model(path, cache, variant)
-        return_large_blocks_to_the_system()
         threads = session_threads(cores or usable_cores())
         if variant == "openvino":
             model = OpenVinoModel(onnx_file, len(threads), sum(threads))
