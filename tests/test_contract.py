@@ -234,6 +234,7 @@ def test_reindex_swaps_the_alias_and_questions_keep_working(tmp_path, embedder, 
         assert moved == sum(1 for _ in svc.backend.scan_chunks(tenant))
         assert svc.backend.current_index(tenant) != old_index and svc.backend.current_index(tenant).endswith("-v2")
         assert not svc.backend.es.indices.exists(index=old_index)
+        assert svc.embedder.name in svc.backend.built_with()        # what CHARTCITE_INT8=auto keeps
         assert [e["chunk_id"] for e in after["evidence"]] == [e["chunk_id"] for e in before["evidence"]]
     finally:
         drop_tenants(svc, [tenant])

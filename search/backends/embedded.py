@@ -117,6 +117,10 @@ class EmbeddedBackend(Backend):
             db.execute("ROLLBACK")
             raise
 
+    def built_with(self) -> set[str]:
+        row = self._db().execute("SELECT value FROM meta WHERE key='embedding_model'").fetchone()
+        return {row[0]} if row else set()
+
     def _check_model(self) -> None:
         if self.embedding_model is None:
             return
