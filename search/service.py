@@ -62,7 +62,8 @@ class SearchService:
     def embedder(self) -> Embedder:
         with self._loading:      # the warm-up thread and a first question must not load it twice
             if self._embedder is None:
-                self._embedder = load_embedder(self.model_path, self.precision, self.model_cache, self.int8_variant())
+                self._embedder = load_embedder(self.model_path, self.precision, self.model_cache, self.int8_variant(),
+                                               str(self.index_path.parent))
         return self._embedder
 
     def int8_variant(self) -> str:

@@ -4,6 +4,7 @@ missing openvino is refused with its reason; `auto` keeps its choice per process
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -171,27 +172,41 @@ def test_auto_keeps_the_variant_an_existing_index_was_built_with(tmp_path, small
     """A VM moved to another processor (or a Celery worker on another host) may measure another
     variant fastest; an index already built keeps the variant that built it, since another's
     vectors would be refused, and only a new index takes this processor's choice."""
-    from search.models.embedders import load_embedder
+    from search.models import embedders
     from search.service import SearchService
 
     pid = small_bundle.name.split(".")[0]
     built = SearchService("embedded", tmp_path / "built" / "index.sqlite", int8="dynamic")
     built.index_paths("t", [small_bundle])
     built.close()
-    monkeypatch.setattr(onnx_embed, "chosen_variant", lambda *args: "static")     # this processor's choice
-    load_embedder.cache_clear()
-    try:
-        moved = SearchService("embedded", tmp_path / "built" / "index.sqlite")
-        assert moved.int8 == "auto" and moved.int8_variant() == "dynamic"
-        assert moved.embedder.name == built.embedder.name
-        assert moved.ask("t", pid, "What conditions does he have?")["evidence"]        # not refused
-        assert moved.index_paths("t", [small_bundle]).result.unchanged > 0              # nor written over
-        moved.close()
-        new = SearchService("embedded", tmp_path / "new" / "index.sqlite")
-        assert new.int8_variant() == "auto" and new.embedder.variant == "static"
-        new.close()
-    finally:
-        load_embedder.cache_clear()
+    monkeypatch.setattr(embedders, "chosen_variant", lambda *args: "static")     # this processor's choice
+    moved = SearchService("embedded", tmp_path / "built" / "index.sqlite")
+    assert moved.int8 == "auto" and moved.int8_variant() == "dynamic"
+    assert moved.embedder.name == built.embedder.name
+    assert moved.ask("t", pid, "What conditions does he have?")["evidence"]        # not refused
+    assert moved.index_paths("t", [small_bundle]).result.unchanged > 0              # nor written over
+    moved.close()
+    new = SearchService("embedded", tmp_path / "new" / "index.sqlite")
+    assert new.int8_variant() == "auto" and new.embedder.variant == "static"
+    new.close()
+
+
+def test_auto_keeps_its_choice_in_the_data_directory_where_the_model_files_are_read_only(tmp_path, monkeypatch):
+    """A container's model files are in its image, which the app user cannot write: the app, the
+    worker and beat share the data directory, so the choice kept there is the one all of them run."""
+    images, data = tmp_path / "image", tmp_path / "data"
+    images.mkdir()
+    shared_files(images)
+    monkeypatch.setattr(onnx_embed, "writable", lambda folder: folder != images)   # root writes anywhere
+    measured = []
+    monkeypatch.setattr(onnx_embed, "calibrate", lambda *args: measured.append(1) or {"variant": "static"})
+    first = load_embedder(None, "int8", str(images), "auto", str(data))
+    assert first.variant == "static" and len(measured) == 1
+    assert read_choice(data)[processor_key()]["variant"] == "static"
+    assert not choice_file(Path(first.path), images).exists()
+    assert load_embedder(None, "int8", str(images), "auto", str(data)) is first and len(measured) == 1
+    load_embedder(None, "int8", str(images), "auto")                  # nowhere to keep it: measured again
+    assert len(measured) == 2
 
 
 def test_an_index_names_the_variant_that_built_it():

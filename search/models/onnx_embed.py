@@ -343,7 +343,7 @@ class OnnxInt8Embedder(Embedder):
     never searched with these vectors (or the other way round)."""
 
     def __init__(self, model_path: str | None = None, cache_dir: str | Path | None = None, batch_size: int = 32,
-                 variant: str = "dynamic", cores: int | None = None):
+                 variant: str = "dynamic", cores: int | None = None, choice_dir: str | Path | None = None):
         from tokenizers import Tokenizer
 
         path = Path(model_path or default_model_path())
@@ -353,7 +353,7 @@ class OnnxInt8Embedder(Embedder):
             raise ModelNotFound(f"CHARTCITE_INT8 must be one of {', '.join(INT8_SETTINGS)}, not {variant!r}")
         cache = Path(cache_dir or default_model_cache())
         if variant == "auto":
-            variant = chosen_variant(path, cache)
+            variant = chosen_variant(path, cache, Path(choice_dir) if choice_dir else None)
         self.variant = variant
         self.path, self.batch_size = str(path), batch_size
         self.pooling, self.normalised, window = sentence_config(path)
@@ -463,10 +463,30 @@ def choice_file(model_path: Path, cache_dir: Path) -> Path:
     return cache_dir / f"{model_stem(model_path)}-int8-choice.json"
 
 
-def chosen_variant(model_path: Path, cache_dir: Path) -> str:
+def writable(folder: Path) -> bool:
+    return os.access(folder, os.W_OK)
+
+
+def choice_folder(cache_dir: Path, choice_dir: Path | None) -> Path | None:
+    """Where `auto` keeps its choice: beside the model files, or, where those cannot be written (a
+    container's image), in the data directory that the deployment's processes share, so that the
+    app, the worker and beat all run the variant measured once. None where neither is writable."""
+    for folder in (cache_dir, choice_dir):
+        if folder is not None:
+            folder.mkdir(parents=True, exist_ok=True)
+            if writable(folder):
+                return folder
+    return None
+
+
+def chosen_variant(model_path: Path, cache_dir: Path, choice_dir: Path | None = None) -> str:
     """The variant `auto` kept for this processor, measured now if it has none."""
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    path, key = choice_file(model_path, cache_dir), processor_key()
+    folder, key = choice_folder(cache_dir, choice_dir), processor_key()
+    if folder is None:
+        log.warning("CHARTCITE_INT8=auto cannot keep its choice in %s (not writable): measuring now, "
+                    "and again at every start", cache_dir)
+        return calibrate(model_path, cache_dir)["variant"]
+    path = choice_file(model_path, folder)
 
     def kept() -> dict:
         try:
@@ -477,11 +497,7 @@ def chosen_variant(model_path: Path, cache_dir: Path) -> str:
     choice = kept().get(key)
     if choice and choice.get("variant") in KEPT_CHOICES:
         return choice["variant"]
-    if not os.access(cache_dir, os.W_OK):
-        log.warning("CHARTCITE_INT8=auto cannot keep its choice in %s (not writable): measuring now, "
-                    "and again at every start", cache_dir)
-        return calibrate(model_path, cache_dir)["variant"]
-    with open(cache_dir / ".choice.lock", "w") as lock:
+    with open(folder / ".choice.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)          # processes starting together measure once
         choices = kept()
         if choices.get(key, {}).get("variant") not in KEPT_CHOICES:
