@@ -243,3 +243,21 @@ def test_rate_limits_are_shared_through_redis_across_app_processes(tmp_path, syn
     handle = re.search(r'name="chartcite-session" content="([^"]+)"', page.get_data(as_text=True)).group(1)
     codes = [post(c, handle, "/api/ask", {"question": "any allergies?"}).status_code for c in (clients[0], clients[1], clients[0])]
     assert codes == [200, 200, 429]
+
+
+@pytest.mark.parametrize("question, empty", [
+    ("drug allergies?", "No allergies or intolerances are recorded"),
+    ("any statins?", "I don't have evidence for that in this patient's record. No medications are recorded")])
+def test_an_empty_class_said_by_a_note_is_one_cited_claim(tmp_path, embedder, small_bundle, question, empty):
+    """A record with no entries of the asked class whose notes say so ("No Active Medications."):
+    the answer says the class is empty and cites the note for it, every clause carrying its [n]."""
+    from search.evaluate import uncited_clauses
+    from search.service import SearchService
+
+    service = SearchService("embedded", tmp_path / "index.sqlite")
+    service.index_paths("t", [small_bundle])
+    result = service.ask("t", small_bundle.name.split(".")[0], question)
+    service.close()
+    assert result["answer"].startswith(empty) and "[1]" in result["answer"], result["answer"]
+    assert any(e["ref"].startswith("DocumentReference/") for e in result["evidence"])      # the note cited
+    assert uncited_clauses(result) == 0, result["answer"]

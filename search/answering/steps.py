@@ -120,7 +120,8 @@ def empty_class_answer(result: Answer, ctx: AnswerContext, klass: str) -> Answer
     if note is not None:
         ev, sentence = note
         citations = [Citation.of(ev, 1)]
-        statements = [Statement(f'{empty}; the note of {ev.chunk.date[:10]} says "{sentence}"', [1], lead=True)]
+        # One claim, the note's: split at a semicolon, its first half would be a claim without a citation.
+        statements = [Statement(f'{empty}, as the note of {ev.chunk.date[:10]} says: "{sentence}"', [1], lead=True)]
         words = (f"{NO_EVIDENCE} " if members else "") + statements[0].cited_text()
     evidence = result.evidence + ([EvidenceItem.of(note[0], len(result.evidence) + 1)] if note is not None else [])
     return replace(result, answer=words, statements=statements, citations=citations, evidence=evidence,
