@@ -56,19 +56,26 @@ def shown_patient(stack, page) -> str:
     return status
 
 
+def navigate(frame, script: str) -> None:
+    """Run a navigating script after `evaluate` has returned: run inside it, the navigation may
+    destroy the page's context before the result comes back, and Playwright raises (seen once on
+    a fresh clone: "Execution context was destroyed")."""
+    frame.evaluate(f"setTimeout(() => {{ {script}; }}, 0)")
+
+
 def reload_frame(stack, page) -> None:
     frame = chartcite_frame(stack, page)
     with page.expect_event("framenavigated"):
-        frame.evaluate("location.reload()")
+        navigate(frame, "location.reload()")
 
 
 def back_in_frame(stack, page) -> None:
     """Away from the frame's page and back, as the clinician's back button does inside the frame."""
     frame = chartcite_frame(stack, page)
     with page.expect_event("framenavigated"):
-        frame.evaluate("location.assign('/launch/error')")
+        navigate(frame, "location.assign('/launch/error')")
     with page.expect_event("framenavigated"):
-        chartcite_frame(stack, page).evaluate("history.back()")
+        navigate(chartcite_frame(stack, page), "history.back()")
 
 
 def api_refuses_the_other_patient(stack, page, other: str) -> None:
