@@ -54,7 +54,7 @@ MAX_BATCH = 64
 VARIANTS = ("dynamic", "static", "openvino")
 INT8_SETTINGS = (*VARIANTS, "auto")
 KEPT_CHOICES = (*VARIANTS, "fp32")      # what `auto` may keep: fp32 where no variant passes
-# The file each variant runs ("fp32" is the reference `auto` checks against, never chosen).
+# The file each variant runs ("fp32": the reference `auto` checks against, and runs where no variant passes).
 FILE_SUFFIX = {"dynamic": "int8", "static": "int8s", "openvino": "int8s", "fp32": "fp32"}
 NAME_SUFFIX = {"dynamic": "+onnx-int8", "static": "+onnx-int8s", "openvino": "+openvino-int8s", "fp32": "+onnx-fp32"}
 CALIBRATION = Path(__file__).resolve().parent / "data" / "calibration.txt"
@@ -343,7 +343,7 @@ class OnnxInt8Embedder(Embedder):
     never searched with these vectors (or the other way round)."""
 
     def __init__(self, model_path: str | None = None, cache_dir: str | Path | None = None, batch_size: int = 32,
-                 variant: str = "dynamic", cores: int | None = None, choice_dir: str | Path | None = None):
+                 variant: str = "dynamic", cores: int | None = None):
         from tokenizers import Tokenizer
 
         path = Path(model_path or default_model_path())
@@ -353,7 +353,7 @@ class OnnxInt8Embedder(Embedder):
             raise ModelNotFound(f"CHARTCITE_INT8 must be one of {', '.join(INT8_SETTINGS)}, not {variant!r}")
         cache = Path(cache_dir or default_model_cache())
         if variant == "auto":
-            variant = chosen_variant(path, cache, Path(choice_dir) if choice_dir else None)
+            variant = chosen_variant(path, cache)     # load_embedder resolves auto itself, with a data directory
         self.variant = variant
         self.path, self.batch_size = str(path), batch_size
         self.pooling, self.normalised, window = sentence_config(path)
@@ -511,8 +511,8 @@ def chosen_variant(model_path: Path, cache_dir: Path, choice_dir: Path | None = 
 def calibrate(model_path: Path, cache_dir: Path) -> dict:
     """Each variant available timed on AUTO_TEXTS chart texts, and its vectors' cosine to the fp32
     ONNX model's on every calibration text the static scales did not see; the fastest with every
-    cosine ≥ MIN_COSINE wins, and the fp32 file if none does. The variants take turns, TIMING_ROUNDS times, and each keeps its best time:
-    other work on the machine only ever slows a run down, and taking turns spreads it over all.
+    cosine ≥ MIN_COSINE wins, and the fp32 file if none does. The variants take turns,
+    TIMING_ROUNDS times, and each keeps its best time: other work on the machine only ever slows a run down, and taking turns spreads it over all.
     Each runs on one core (one session of one thread, as every session is): what differs between
     them is the kernels, and the candidates held at once take less memory (peak 1.0 GB, against
     1.8 GB with a session per core on two cores)."""
