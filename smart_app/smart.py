@@ -7,7 +7,11 @@ opaque `state`.
 """
 from __future__ import annotations
 
+import json
 import secrets
+import threading
+import time
+from base64 import urlsafe_b64decode
 from dataclasses import dataclass, field
 
 import requests
@@ -22,6 +26,8 @@ from fhir_ingest.connection.smart_auth import (DISCOVERY_TIMEOUT, LaunchError, c
                                     oauth_reason, scopes_for, token_session)
 
 PENDING_TTL = 600                 # seconds an authorization may take at the EHR
+JWKS_TTL = 3600                   # an EHR's signing keys are read again after this long...
+JWKS_REFRESH_FLOOR = 60           # ...or when a token names a key not held, at most this often
 
 
 @dataclass
@@ -111,7 +117,7 @@ def validate_id_token(id_token: str, ehr: Ehr, config: dict, nonce: str) -> dict
     if not jwks_uri:
         raise LaunchError("the EHR publishes no JWKS to check its id_token against")
     try:
-        keys = KeySet.import_key_set(requests.get(jwks_uri, timeout=DISCOVERY_TIMEOUT).json())
+        keys = ISSUER_KEYS.keys_for(jwks_uri, token_kid(id_token))
         token = jwt.decode(id_token, keys, algorithms=["RS256", "RS384", "ES256", "ES384"])
         issuer = config.get("issuer") or _openid_config(ehr.iss).get("issuer") or ehr.iss
         jwt.JWTClaimsRegistry(iss={"essential": True, "value": issuer}, aud={"essential": True, "value": ehr.client_id},
@@ -120,6 +126,39 @@ def validate_id_token(id_token: str, ehr: Ehr, config: dict, nonce: str) -> dict
     except (JoseError, ValueError, requests.RequestException) as exc:
         raise LaunchError(f"the EHR's id_token did not validate ({type(exc).__name__}: {exc})") from exc
     return token.claims
+
+
+def token_kid(id_token: str) -> str:
+    """The `kid` of a JWS's protected header, read before its signature is checked only to pick the key."""
+    header = id_token.split(".", 1)[0]
+    try:
+        return str(json.loads(urlsafe_b64decode(header + "=" * (-len(header) % 4))).get("kid") or "")
+    except ValueError:
+        return ""
+
+
+class IssuerKeys:
+    """The EHRs' published signing keys, read once an hour rather than at every launch, and again
+    at once when a token names a key not held (the EHR rotated its keys), but not more often than
+    once a minute per EHR, so tokens naming made-up keys cannot make chartcite hammer the EHR."""
+
+    def __init__(self, ttl: float = JWKS_TTL, refresh_floor: float = JWKS_REFRESH_FLOOR):
+        self.ttl, self.refresh_floor = ttl, refresh_floor
+        self._held: dict[str, tuple[float, KeySet]] = {}
+        self._lock = threading.Lock()
+
+    def keys_for(self, jwks_uri: str, kid: str) -> KeySet:
+        with self._lock:
+            fetched, keys = self._held.get(jwks_uri, (0.0, None))
+            age = time.monotonic() - fetched
+            unknown_kid = keys is not None and bool(kid) and kid not in {key.kid for key in keys.keys}
+            if keys is None or age > self.ttl or (unknown_kid and age > self.refresh_floor):
+                keys = KeySet.import_key_set(requests.get(jwks_uri, timeout=DISCOVERY_TIMEOUT).json())
+                self._held[jwks_uri] = (time.monotonic(), keys)
+            return keys
+
+
+ISSUER_KEYS = IssuerKeys()
 
 
 def _openid_config(iss: str) -> dict:
