@@ -214,6 +214,20 @@ def test_xhtml_and_cda_notes(content_type, payload, words):
     assert words in text
 
 
+LAUGHS = """<?xml version="1.0"?><!DOCTYPE lolz [<!ENTITY lol "lol"><!ENTITY lol2 "&lol;&lol;&lol;&lol;">]>
+<ClinicalDocument xmlns="urn:hl7-org:v3"><component><structuredBody><component><section><title>Plan</title>
+<text>&lol2; Start lisinopril.</text></section></component></structuredBody></component></ClinicalDocument>"""
+EXTERNAL = """<!doctype ClinicalDocument SYSTEM "http://169.254.169.254/latest"><ClinicalDocument/>"""
+
+
+@pytest.mark.parametrize("payload", [LAUGHS, EXTERNAL])
+def test_xml_with_a_doctype_is_refused_and_costs_only_the_note(payload):
+    chunker = PatientChunker("t", "p1", [PATIENT, note(contentType="application/xml", data=b64(payload))], BUDGET)
+    chunks = chunker.chunks()
+    assert not any("lol" in c.text or "lisinopril" in c.text for c in chunks)
+    assert any("document type declaration" in p.reason for p in chunker.problems)
+
+
 def report(**fields) -> dict:
     return {"resourceType": "DiagnosticReport", "id": "r1", "status": "final", "subject": {"reference": "Patient/p1"},
             "code": {"text": "Chest X-ray"}, "effectiveDateTime": "2024-02-02"} | fields

@@ -98,11 +98,21 @@ def html_to_text(text: str) -> str:
     return re.sub(r"\n{3,}", "\n\n", out)
 
 
+DOCTYPE = re.compile(r"<!\s*(DOCTYPE|ENTITY)", re.IGNORECASE)
+
+
 def xml_to_text(text: str) -> str:
     """A CDA document's readable part: each section's title as a heading and its narrative text.
-    Other XML: all of its text. (ElementTree resolves no external entities; expat caps expansion.)"""
+    Other XML: all of its text.
+
+    A document type declaration is refused outright: a CDA document never needs one, and it is
+    where entity expansion (the "billion laughs") and external entities live, whatever a given
+    expat release happens to cap."""
     import xml.etree.ElementTree as ET
 
+    if DOCTYPE.search(text):
+        raise NoteDecodeError("XML with a document type declaration (<!DOCTYPE or <!ENTITY) is refused; "
+                              "CDA documents carry none")
     try:
         root = ET.fromstring(text)
     except ET.ParseError as exc:
