@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import calendar
 import logging
+import threading
 import time
+from contextlib import contextmanager
 from datetime import date
 from functools import lru_cache, wraps
 
@@ -295,7 +297,8 @@ def check_draft(draft: dict, kinds, context) -> str:
 @bp.post("/api/draft/writeback")
 @launched(WriteBackBody)
 def write_back_draft():
-    """Write a saved draft to the EHR as a preliminary note, only with a granted create scope."""
+    """Write a saved draft to the EHR as a preliminary note, only with a granted create scope, only
+    by the clinician who saved it, and at most once."""
     context = g.launch
     body = g.body
     if context.mode == "demo" or not context.details.get("can_write_back"):
@@ -304,22 +307,58 @@ def write_back_draft():
     if not entry or entry["kind"] != "draft-saved" or entry["patient_id"] != context.patient_id \
             or entry["tenant"] != context.tenant:
         return jsonify(error="save the draft first; only this patient's saved drafts can be written back"), 404
-    from fhir_ingest.connection.client import AuthExpired, FhirError
-    from fhir_ingest.connection.writeback import create_document, draft_document
+    if entry["clinician"] != context.clinician:
+        # The note would go into the legal record under this clinician's name, as the author.
+        return jsonify(error="only the clinician who saved this draft can write it to the chart"), 403
+    with WRITE_BACKS.held(f"{context.tenant}/{entry['id']}"):
+        earlier = written_note(entry)
+        if earlier:
+            return jsonify(error="this draft is already in the chart", document=earlier), 409
+        from fhir_ingest.connection.client import AuthExpired, FhirError
+        from fhir_ingest.connection.writeback import create_document, draft_document, draft_identifier
 
-    from workers.sync import ehr_client
+        from workers.sync import ehr_client
 
-    ehr = registry().ehr(context.tenant)
-    try:
-        ref = create_document(ehr_client(settings(), registry(), ehr, context.session_id),
-                              draft_document(entry["draft"], context.patient_id, context.clinician))
-    except AuthExpired as exc:
-        return jsonify(error=str(exc)), 401
-    except FhirError as exc:
-        return jsonify(error=str(exc)), 502
-    audit().record("draft-written", context.tenant, context.clinician, context.patient_id, saved=entry["id"],
-                   document=ref)
+        ehr = registry().ehr(context.tenant)
+        identifier = draft_identifier(context.tenant, context.patient_id, entry["id"])
+        try:
+            ref = create_document(ehr_client(settings(), registry(), ehr, context.session_id),
+                                  draft_document(entry["draft"], context.patient_id, context.clinician, identifier))
+        except AuthExpired as exc:
+            return jsonify(error=str(exc)), 401
+        except FhirError as exc:
+            return jsonify(error=str(exc)), 502
+        audit().record("draft-written", context.tenant, context.clinician, context.patient_id, saved=entry["id"],
+                       document=ref)
     return jsonify(document=ref, status="preliminary"), 201
+
+
+def written_note(saved: dict) -> str:
+    """The note a saved draft already became, from the audit trail."""
+    for entry in audit().entries(kind="draft-written", patient_id=saved["patient_id"], tenant=saved["tenant"],
+                                 limit=1000):
+        if str(entry.get("saved")) == str(saved["id"]):
+            return entry.get("document", "")
+    return ""
+
+
+class KeyedLocks:
+    """One lock per key, so two frames pressing "Write to chart" on one draft take turns (the
+    EHR's conditional create covers two processes)."""
+
+    def __init__(self):
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    @contextmanager
+    def held(self, key: str):
+        with self._guard:
+            lock = self._locks.setdefault(key, threading.Lock())
+        with lock:
+            yield
+
+
+WRITE_BACKS = KeyedLocks()
 
 
 @bp.get("/api/drafts")

@@ -70,7 +70,8 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
         launch_id = secrets.token_urlsafe(12)
         state["launches"][launch_id] = {"patient": body["patient"], "encounter": body.get("encounter"),
                                         "need_patient_banner": body.get("need_patient_banner", True),
-                                        "smart_style_url": root() + "/style.json" if body.get("style") else None}
+                                        "smart_style_url": root() + "/style.json" if body.get("style") else None,
+                                        "clinician": body.get("clinician", CLINICIAN)}
         return jsonify(launch=launch_id)
 
     @app.post("/_test/faults")
@@ -391,7 +392,7 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
         claims = {"iss": base(), "sub": "ehr-clinician", "aud": app.config.get("ID_TOKEN_AUD") or client_id,
                   "iat": now, "exp": now + app.config.get("ID_TOKEN_LIFETIME", 300),
                   "nonce": app.config.get("ID_TOKEN_NONCE") or grant.get("nonce"),
-                  "fhirUser": f"{base()}/{CLINICIAN}"}
+                  "fhirUser": f"{base()}/{grant.get('clinician') or CLINICIAN}"}
         return jwt.encode({"alg": "RS256", "kid": signing.kid}, claims, signing, algorithms=["RS256"])
 
     @app.post("/_test/id-token")
@@ -416,6 +417,12 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
                     return Response('{"resourceType":"OperationOutcome"}', 500, content_type="application/fhir+json")
                 if fault["kind"] == "status":
                     return outcome(int(fault["status"]), "forbidden", "the test server refuses this request")
+                if fault["kind"] == "after-store":
+                    # The server does the work, then the answer is lost: a gateway's 504, or an
+                    # answer slower than the client waits for (a read timeout).
+                    forward()
+                    time.sleep(float(fault.get("delay", 0)))
+                    return outcome(int(fault.get("status", 504)), "timeout", "the gateway gave up waiting")
                 if fault["kind"] == "truncate":
                     body = forward().get_data()
                     return Response(body[: len(body) // 2], 200, content_type="application/fhir+json")
@@ -461,7 +468,7 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
 
     def forward() -> Response:
         path = request.path[len("/fhir/"):]
-        headers = {k: v for k, v in request.headers if k.lower() in ("accept", "prefer", "content-type")}
+        headers = {k: v for k, v in request.headers if k.lower() in ("accept", "prefer", "content-type", "if-none-exist")}
         try:
             response = requests.request(request.method, f"{upstream}/{path}", params=list(request.args.items(multi=True)),
                                         headers=headers, data=request.get_data(), timeout=60)

@@ -829,6 +829,63 @@ def test_a_saved_draft_is_written_back_as_a_preliminary_note_when_the_ehr_allows
     assert "FINDINGS" in text and "ITEMS TO REVIEW" in text
 
 
+def notes_written_from(stack, identifier_value: str) -> list[str]:
+    found = requests.get(f"{stack.upstream}/DocumentReference", params={"identifier": f"urn:chartcite:saved-draft|{identifier_value}"},
+                         timeout=10).json()
+    return [e["resource"]["id"] for e in found.get("entry") or []]
+
+
+def saved_pre_visit_draft(stack, handle) -> int:
+    draft = api(stack, handle, "POST", "/api/draft", json={"kind": "pre-visit"}).json()
+    return api(stack, handle, "POST", "/api/draft/save", json={"draft": draft}).json()["saved"]
+
+
+@pytest.mark.parametrize("fault", [{"kind": "after-store", "status": 504}, {"kind": "after-store", "status": 502},
+                                   {"kind": "after-store", "delay": 22}], ids=["504", "502", "read-timeout"])
+def test_a_note_whose_answer_is_lost_is_written_once(stack, fault):
+    """The EHR stored the note and then the answer was lost: chartcite finds the note it wrote
+    instead of writing a second copy into the legal record."""
+    from fhir_ingest.connection.writeback import draft_identifier
+
+    final, _ = launch(stack, stack.test_api("launch", {"patient": PID})["launch"])
+    handle = handle_of(final.text)
+    saved = saved_pre_visit_draft(stack, handle)
+    stack.test_api("faults", fault | {"path": "/fhir/DocumentReference", "times": 1})
+    try:
+        written = api(stack, handle, "POST", "/api/draft/writeback", json={"saved": saved})
+    finally:
+        stack.test_api("clear-faults")
+    assert written.status_code == 201, written.text
+    ids = notes_written_from(stack, draft_identifier(TENANT, PID, saved)["value"])
+    assert ids == [written.json()["document"].split("/")[1]]
+
+
+def test_a_saved_draft_goes_into_the_chart_once_and_only_by_its_author(stack):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fhir_ingest.connection.writeback import draft_identifier
+
+    final, _ = launch(stack, stack.test_api("launch", {"patient": PID})["launch"])
+    handle = handle_of(final.text)
+    saved = saved_pre_visit_draft(stack, handle)
+    with ThreadPoolExecutor(2) as pool:              # a double click, or two frames at once
+        answers = list(pool.map(lambda _: api(stack, handle, "POST", "/api/draft/writeback", json={"saved": saved}),
+                                range(2)))
+    assert sorted(a.status_code for a in answers) == [201, 409]
+    first = next(a for a in answers if a.status_code == 201).json()["document"]
+    assert next(a for a in answers if a.status_code == 409).json()["document"] == first
+    assert notes_written_from(stack, draft_identifier(TENANT, PID, saved)["value"]) == [first.split("/")[1]]
+    again = api(stack, handle, "POST", "/api/draft/writeback", json={"saved": saved})
+    assert again.status_code == 409 and again.json()["document"] == first
+
+    other = saved_pre_visit_draft(stack, handle)
+    final, _ = launch(stack, stack.test_api("launch", {"patient": PID, "clinician": "Practitioner/colleague"})["launch"])
+    colleague = handle_of(final.text)
+    refused = api(stack, colleague, "POST", "/api/draft/writeback", json={"saved": other})
+    assert refused.status_code == 403 and "only the clinician who saved" in refused.json()["error"]
+    assert notes_written_from(stack, draft_identifier(TENANT, PID, other)["value"]) == []
+
+
 def test_write_scopes_are_read_in_both_syntaxes():
     from fhir_ingest.connection.smart_auth import can_write_documents
 

@@ -16,6 +16,7 @@ from typing import Callable, Iterator, Protocol
 from urllib.parse import urljoin, urlsplit
 
 import requests
+from urllib3.exceptions import NewConnectionError
 
 from .budget import RequestBudget, budget_for
 
@@ -76,6 +77,19 @@ def retry_after_seconds(value: str | None, default: float) -> float:
         return default
 
 
+def never_sent(exc: Exception) -> bool:
+    """The connection was never made, so the request cannot have reached the EHR."""
+    if isinstance(exc, requests.ConnectTimeout):
+        return True
+    reason = getattr(exc.args[0], "reason", None) if exc.args else None
+    return isinstance(reason, NewConnectionError)
+
+
+def asked_to_retry(response: requests.Response) -> bool:
+    """429 or 503 with Retry-After: the EHR did nothing and says when to come back."""
+    return response.status_code in (429, 503) and bool(response.headers.get("Retry-After"))
+
+
 class FhirClient:
     def __init__(self, base_url: str, auth: TokenProvider | None = None, timeout: float = 20.0,
                  max_concurrency: int = 2, retries: int = 5, backoff: float = 0.5, max_wait: float = 60.0,
@@ -100,9 +114,15 @@ class FhirClient:
 
     def request(self, method: str, path_or_url: str, params: dict | None = None, accept: str = "application/fhir+json",
                 headers: dict | None = None, authorized: bool = True, json_body: dict | None = None,
-                stream: bool = False, retry_statuses: set[int] = RETRY_STATUSES) -> requests.Response:
+                stream: bool = False, retry_statuses: set[int] = RETRY_STATUSES,
+                idempotent: bool = True) -> requests.Response:
         """One request, retried while the EHR answers one of `retry_statuses` (waiting as its
-        Retry-After says) or cannot be reached; a 401 renews the token once."""
+        Retry-After says) or cannot be reached; a 401 renews the token once.
+
+        A request that is not `idempotent` (a POST that creates) is sent again only when it
+        certainly had no effect: the connection was never made, or the EHR asked to be asked again
+        later (429/503 with Retry-After). After a read timeout or a 5xx the EHR may have done it
+        already, so the caller finds out before trying again (as urllib3's Retry does by default)."""
         url = self.url(path_or_url)
         # The token goes only to the EHR's own origin: an attachment or a next link pointing
         # elsewhere must not receive it.
@@ -122,6 +142,9 @@ class FhirClient:
                 self.on_status(str(response.status_code))
             except (requests.ConnectionError, requests.Timeout) as exc:
                 self.on_status("unreachable")
+                if not idempotent and not never_sent(exc):
+                    raise FhirUnavailable(f"{method} {_path(url)}: {type(exc).__name__} after the request was "
+                                          f"sent; the EHR may have received it") from exc
                 if unreachable == self.unreachable_retries or attempt == self.retries:
                     raise FhirUnavailable(f"{method} {_path(url)}: {type(exc).__name__}") from exc
                 unreachable += 1
@@ -133,7 +156,7 @@ class FhirClient:
                 continue
             if response.status_code == 401:
                 raise AuthExpired(f"{method} {_path(url)} refused the refreshed token", 401)
-            if response.status_code in retry_statuses:
+            if response.status_code in retry_statuses and (idempotent or asked_to_retry(response)):
                 if attempt == self.retries:
                     raise FhirUnavailable(f"{method} {_path(url)} still answers {response.status_code} after "
                                           f"{self.retries} retries", response.status_code)
