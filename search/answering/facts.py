@@ -33,6 +33,8 @@ class Point:
     flag: str = ""       # high / low, as the record interprets it or against its reference range
     unit: str = ""       # as a chart writes it ('mmHg', '%')
     note: str = ""       # what qualifies the reading: its specimen's condition, the record's note
+    ucum: str = ""       # the unit's UCUM code (else the unit as recorded), to convert by
+    loinc: str = ""      # what was measured, for a mass <-> molar factor
 
 
 @dataclass
@@ -101,7 +103,7 @@ def flag_of(interpretation: str, value: typed.Value | None, ranges: list[typed.R
 
 
 def point_of(ref: str, when: str, value: typed.Value | None, components: list[typed.Component],
-             note: str = "") -> Point | None:
+             note: str = "", loinc: str = "") -> Point | None:
     """A reading: a blood pressure's two sides, else the value (its comparator kept in the words)."""
     sides = pressure_sides(typed.MeasurementFact(components=components))
     if sides is not None:
@@ -110,12 +112,13 @@ def point_of(ref: str, when: str, value: typed.Value | None, components: list[ty
             return None
         shown = unit(top.unit or "mm[Hg]")
         text = f"{value_words({'value': top.value})}/{value_words({'value': bottom.value})} {shown}"
-        return Point(when, [float(top.value), float(bottom.value)], text, ref, unit=shown, note=note)
+        return Point(when, [float(top.value), float(bottom.value)], text, ref, unit=shown, note=note,
+                     ucum=top.code or top.unit or "mm[Hg]")
     q = value.quantity if value else None
     if q is None or q.value is None:
         return None
     text = (q.comparator or "") + value_words({"value": q.value, "unit": q.unit})
-    return Point(when, [float(q.value)], text, ref, unit=unit(q.unit), note=note)
+    return Point(when, [float(q.value)], text, ref, unit=unit(q.unit), note=note, ucum=q.code or q.unit, loinc=loinc)
 
 
 def reading_note(specimen: str, notes: str) -> str:
@@ -131,7 +134,8 @@ def series_name(codes: list[typed.Coding], name: str) -> str:
 
 def measurement_fact(ev: Evidence, f: typed.MeasurementFact, ref: str) -> Fact | None:
     when = day(f.date)
-    point = point_of(ref, when, f.value, f.components, reading_note(f.specimen, f.notes))
+    loinc = next((c.code for c in f.codes if c.system == "http://loinc.org" and c.code), "")
+    point = point_of(ref, when, f.value, f.components, reading_note(f.specimen, f.notes), loinc)
     if point is None:
         return None
     ranges = f.ranges

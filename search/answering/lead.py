@@ -10,10 +10,12 @@ when the record itself states the negative (a refuted allergy, a stopped order, 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from search.answering.facts import Fact, fact_of, series_facts
 from search.nlp.annotate import asserted_keys, default_annotator
+from search.nlp.terminology import analyte_of
+from search.nlp.units import Measured, celsius_change, factor
 from search.retrieval.pipeline import Analysis, Evidence
 
 ASKS_IF_RECORDED = re.compile(
@@ -37,6 +39,7 @@ MAX_CLAUSES = 4
 SUPPORTING = 3            # short sentences after the first in the answer text; the frame lists the rest
 LIST_ALL_VALUES = 6       # a trend of at most this many results lists every value
 STABLE = 0.03             # first and last within 3%: "stable"
+STABLE_DEGREES_CELSIUS = 0.3   # a temperature within 0.3 °C (about 0.5 °F): "stable"
 
 
 @dataclass
@@ -80,12 +83,14 @@ class Series:
     name: str
     points: list = field(default_factory=list)     # (Point, Evidence)
     coded: str = ""                                # the full coded name, for the chart's title
-    range: tuple | None = None                     # the newest result's reference range
+    range: tuple | None = None                     # the newest result's reference range...
+    range_unit: Measured | None = None             # ...in that result's unit
 
     def add(self, fact: Fact) -> None:
         self.coded = self.coded or fact.coded
         if fact.range and (not self.points or fact.date >= self.points[-1][0].date):
             self.range = fact.range
+            self.range_unit = Measured(fact.points[0].ucum, fact.points[0].loinc) if fact.points else None
         known = {(p.date, p.text) for p, _ in self.points}
         for point in fact.points:
             if (point.date, point.text) not in known:
@@ -284,10 +289,23 @@ def measurement_series(analysis: Analysis, relevant: list[Evidence], facts: list
         return []
     asked = asked_tests(analysis, found)
     series: dict[str, Series] = {}
+    named = one_name_per_analyte(found)
     for f in found:
         if f.series in asked or not asked:
-            series.setdefault(f.series, Series(f.series)).add(f)
+            series.setdefault(named[f.series], Series(named[f.series])).add(f)
     return [s for s in series.values() if s.points]
+
+
+def one_name_per_analyte(facts: list[Fact]) -> dict[str, str]:
+    """Each series name, mapped to the first name of its analyte: a mass code and its molar
+    sibling (glucose 2345-7 in mg/dL, 14749-6 in mmol/L) are one test, in one series."""
+    first_name: dict[str, str] = {}
+    named = {}
+    for f in facts:
+        loinc = next((p.loinc for p in f.points if p.loinc), "")
+        analyte = analyte_of(loinc) if loinc else None
+        named.setdefault(f.series, first_name.setdefault(analyte, f.series) if analyte else f.series)
+    return named
 
 
 def asked_tests(analysis: Analysis, facts: list[Fact]) -> set[str]:
@@ -320,8 +338,11 @@ def measurement_sentence(analysis: Analysis, series: list[Series]) -> tuple[Draf
     for s in series[:3]:
         points = in_window(analysis, s.points) or s.points[-1:]
         if wants_several(analysis) and len(points) > 1:
+            points, apart = in_one_unit(points)
             clauses.append(trend_clause(s.name, points))
-            shown.append(Series(s.name, points, s.coded, s.range))
+            if apart:
+                clauses.append(apart_clause(s.name, apart, points[-1][0].unit))
+            shown.append(Series(s.name, points, s.coded, s.range, s.range_unit))
         elif analysis.wants_first:
             clauses += first_clauses(s.name, points)
             shown.append(s)
@@ -352,18 +373,65 @@ def first_clauses(name: str, points: list) -> list[tuple[str, list[Evidence]]]:
     return clauses
 
 
+def point_number(point) -> str:
+    """The number a list of one series' values shows: as recorded ('<6'), or, for a value
+    converted into the series' unit, the converted number."""
+    if point.text.endswith(f" {point.unit})") and "(" in point.text:
+        return point.text.rsplit("(", 1)[1].split(" ")[0]
+    return point.text.split(" ")[0]
+
+
+def in_one_unit(points: list) -> tuple[list, list]:
+    """The largest group of comparable points (the newest group on a tie) in the unit of its
+    newest point, and the points that cannot be put in it. A converted point keeps its value as
+    recorded and adds the converted one ('80 kg (176 lb)'), so each [n] still opens what the record
+    says; a direction is drawn only across comparable values."""
+    groups: list[list] = []                     # each: [(point, ev, convert to the group's unit)]
+    for point, ev in reversed(points):          # newest first: it sets its group's unit
+        for group in groups:
+            convert = factor(Measured(point.ucum, point.loinc), Measured(group[0][0].ucum, group[0][0].loinc))
+            if convert is not None:
+                group.append((point, ev, convert))
+                break
+        else:
+            groups.append([(point, ev, lambda value: value)])
+    main = max(groups, key=len)
+    unit_of = main[0][0]
+    same = [(point if point.ucum == unit_of.ucum else converted(point, convert, unit_of), ev)
+            for point, ev, convert in reversed(main)]
+    apart = sorted(((p, e) for group in groups if group is not main for p, e, _ in group), key=lambda pe: pe[0].date)
+    return same, apart
+
+
+def converted(point, convert, unit_of):
+    values = [convert(v) for v in point.values]
+    shown = "/".join(f"{v:.3g}" for v in values)
+    return replace(point, values=values, text=f"{point.text} ({shown} {unit_of.unit})", unit=unit_of.unit,
+                   ucum=unit_of.ucum, loinc=unit_of.loinc)
+
+
+def apart_clause(name: str, apart: list, unit: str) -> tuple[str, list[Evidence]]:
+    """Readings in a unit that cannot be compared with the trend's: said, cited, never joined."""
+    units = sorted({p.unit or "no unit" for p, _ in apart})
+    return (f"{len(apart)} more {name} result{'s' if len(apart) > 1 else ''} in {', '.join(units)} cannot be "
+            f"compared with results in {unit or 'no unit'} and {'are' if len(apart) > 1 else 'is'} not in this "
+            f"trend ({'; '.join(f'{p.text} on {p.date}' for p, _ in apart)})", [ev for _, ev in apart])
+
+
 def trend_clause(name: str, points: list) -> tuple[str, list[Evidence]]:
     (first, _), (last, _) = points[0], points[-1]
     a, b = first.values[0], last.values[0]
     change = (b - a) / abs(a) if a else 0.0
-    verb = "was stable" if abs(change) < STABLE else "rose" if change > 0 else "fell"
-    values = [p.text.split(" ")[0] for p, _ in points]
+    degrees = celsius_change(a, b, last.ucum)
+    steady = abs(degrees) < STABLE_DEGREES_CELSIUS if degrees is not None else abs(change) < STABLE
+    verb = "was stable" if steady else "rose" if b > a else "fell"
+    values = [point_number(p) for p, _ in points]
     if len(points) <= LIST_ALL_VALUES:
         detail = f"{len(points)} results: {' → '.join(values)}"
     else:
         low = min(points, key=lambda pe: pe[0].values[0])[0]
         high = max(points, key=lambda pe: pe[0].values[0])[0]
-        detail = (f"{len(points)} results, lowest {low.text.split(' ')[0]} on {low.date}, highest "
-                  f"{high.text.split(' ')[0]} on {high.date}, last three {' → '.join(values[-3:])}")
+        detail = (f"{len(points)} results, lowest {point_number(low)} on {low.date}, highest "
+                  f"{point_number(high)} on {high.date}, last three {' → '.join(values[-3:])}")
     words = f"{name} {verb} from {first.text} on {first.date} to {last.text} on {last.date} ({detail})"
     return words, [ev for _, ev in points]

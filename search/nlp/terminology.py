@@ -499,6 +499,11 @@ def _labs() -> _Labs:
                  {k: frozenset(v) for k, v in group_codes.items()}, {k: frozenset(v) for k, v in siblings.items()})
 
 
+def conversion_rows() -> list[dict[str, str]]:
+    """The mass <-> molar rows (from_loinc, from_unit, to_loinc, to_unit, factor) for search.nlp.units."""
+    return _rows("loinc_conversion.tsv")
+
+
 def lab_codes(word: str) -> frozenset[str]:
     """LOINC codes a lab word means ("creatinine", "cr", "egfr", "a1c", "cd4", "viral load"), with
     their mass/molar siblings (creatinine: 2160-0, 38483-4, 14682-9...). A group word ("bmp",
