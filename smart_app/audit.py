@@ -8,11 +8,15 @@ from __future__ import annotations
 import json
 import time
 from functools import lru_cache
+from pathlib import Path
 
 from sqlalchemy import Float, String, Text, create_engine, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-from fhir_ingest.connection.registry import create_tables
+from fhir_ingest.connection.schema import migrate
+
+
+MIGRATIONS = Path(__file__).resolve().parent / "migrations" / "audit"
 
 
 class Base(DeclarativeBase):
@@ -38,8 +42,8 @@ class AuditEntry(Base):
 
 class AuditTrail:
     def __init__(self, url: str):
+        migrate(url, MIGRATIONS, "alembic_version_audit")
         self.engine = create_engine(url, future=True)
-        create_tables(self.engine, Base.metadata)
 
     def record(self, kind: str, tenant: str, clinician: str, patient_id: str, question: str = "", **data) -> int:
         with Session(self.engine) as s:

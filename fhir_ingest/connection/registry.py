@@ -11,6 +11,7 @@ import json
 import re
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from cryptography.fernet import Fernet, InvalidToken
@@ -181,36 +182,6 @@ def create_tables(engine, metadata) -> None:
                 raise
 
 
-def add_missing_columns(engine, metadata) -> list[str]:
-    """Columns a newer chartcite added to an existing table, added in place (nullable, with their
-    default), so an upgrade keeps the registrations. Returns what was added."""
-    from sqlalchemy import inspect, text
-    from sqlalchemy.exc import OperationalError, ProgrammingError
-
-    inspector, added = inspect(engine), []
-    for table in metadata.sorted_tables:
-        if not inspector.has_table(table.name):
-            continue
-        present = {c["name"] for c in inspector.get_columns(table.name)}
-        for column in table.columns:
-            if column.name in present:
-                continue
-            kind = column.type.compile(dialect=engine.dialect)
-            default = column.default.arg if column.default is not None and not callable(column.default.arg) else None
-            clause = f" DEFAULT {default!r}" if isinstance(default, str) else (
-                f" DEFAULT {int(default)}" if isinstance(default, (bool, int, float)) else "")
-            try:
-                with engine.begin() as conn:
-                    conn.execute(text(f'ALTER TABLE {table.name} ADD COLUMN {column.name} {kind}{clause}'))
-            except (OperationalError, ProgrammingError) as exc:
-                # Another process starting at the same moment added it first.
-                if "duplicate column" not in str(exc) and "already exists" not in str(exc):
-                    raise
-                continue
-            added.append(f"{table.name}.{column.name}")
-    return added
-
-
 def shared_engine(url: str):
     """An engine several processes write through at once (web workers, Celery workers, `chartcite
     sync`, a Bulk round's parts): on SQLite, in WAL mode so readers never wait for the writer, and
@@ -231,11 +202,15 @@ def shared_engine(url: str):
     return engine
 
 
+MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+
+
 class Registry:
     def __init__(self, url: str, token_key: str):
+        from .schema import migrate
+
+        migrate(url, MIGRATIONS / "registry", "alembic_version_registry")
         self.engine = shared_engine(url)
-        create_tables(self.engine, Base.metadata)
-        add_missing_columns(self.engine, Base.metadata)
         self.fernet = Fernet(token_key.encode())
         self._frame_origins: tuple[float, dict[str, list[str]]] | None = None
 

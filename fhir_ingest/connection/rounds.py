@@ -24,7 +24,8 @@ from sqlalchemy import Float, Integer, String, Text, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-from .registry import add_missing_columns, create_tables
+from .registry import MIGRATIONS
+from .schema import migrate
 
 OPEN_STATES = ("exporting", "downloading", "indexing", "finishing")
 # A round whose files the EHR no longer serves is of no use: started longer ago than this, it is
@@ -126,8 +127,7 @@ class Rounds:
 
     def __init__(self, engine):
         self.engine = engine
-        create_tables(engine, Base.metadata)
-        add_missing_columns(engine, Base.metadata)
+        migrate(engine.url.render_as_string(hide_password=False), MIGRATIONS / "rounds", "alembic_version_rounds")
 
     # --- leases -------------------------------------------------------------------------------------
     def take_lease(self, tenant: str, group_id: str, holder: str, seconds: float) -> LeaseHeld | None:

@@ -1,0 +1,115 @@
+"""Schema migrations (Alembic) for the registry, Bulk rounds and audit databases: a database made by
+the previous release is upgraded without losing a row, a later revision reaches existing
+installations, and processes starting together migrate once."""
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from fhir_ingest.connection.registry import MIGRATIONS, Registry, shared_engine
+from fhir_ingest.connection.rounds import Rounds
+from fhir_ingest.connection.schema import current_revision, migrate
+from smart_app.audit import AuditTrail
+
+REPO = Path(__file__).resolve().parent.parent
+PREVIOUS = REPO / "tests" / "data" / "release-167caf1"
+
+
+def rows(path: Path, table: str) -> int:
+    with sqlite3.connect(path) as db:
+        return db.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+
+
+def test_the_previous_releases_databases_are_upgraded_without_losing_a_row(tmp_path):
+    for name in ("registry.sqlite", "audit.sqlite"):
+        shutil.copy(PREVIOUS / name, tmp_path / name)
+    before = {t: rows(tmp_path / "registry.sqlite", t) for t in ("ehr", "signing_key", "bulk_cursor", "bulk_round")}
+    registry_url, audit_url = f"sqlite:///{tmp_path / 'registry.sqlite'}", f"sqlite:///{tmp_path / 'audit.sqlite'}"
+    assert current_revision(registry_url, "alembic_version_registry") == ""
+
+    registry = Registry(registry_url, (PREVIOUS / "token").read_text().strip())
+    rounds = Rounds(shared_engine(registry_url))
+    audit = AuditTrail(audit_url)
+
+    assert {t: rows(tmp_path / "registry.sqlite", t) for t in before} == before
+    ehr = registry.ehr("epic-prod")
+    assert ehr.iss == "https://ehr.example.org/fhir" and ehr.client_id == "abc" and ehr.group_id == "g1"
+    assert registry.frame_origins("epic-prod") == ["https://ehr.example.org"]
+    assert registry.current_key() is not None          # the signing key still decrypts
+    assert rounds.cursor("epic-prod", "g1").since == "2026-11-01T00:00:00Z"
+    kinds = [e["kind"] for e in audit.entries()]
+    assert kinds == ["draft-saved", "ask"] and audit.entries(kind="ask")[0]["evidence"] == ["Observation/1"]
+    for table in ("alembic_version_registry", "alembic_version_rounds"):
+        assert current_revision(registry_url, table) == "0001"
+    assert current_revision(audit_url, "alembic_version_audit") == "0001"
+
+
+def test_a_fresh_database_is_made_at_head_and_a_second_start_changes_nothing(tmp_path):
+    url = f"sqlite:///{tmp_path / 'audit.sqlite'}"
+    AuditTrail(url).record("ask", "t", "c", "p", "q")
+    AuditTrail(url)
+    assert current_revision(url, "alembic_version_audit") == "0001" and rows(tmp_path / "audit.sqlite", "audit") == 1
+
+
+LATER = '''
+"""A later release: an index and a NOT NULL with a rename, as a real revision would be.
+
+Revision ID: 0002
+Revises: 0001
+"""
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0002"
+down_revision = "0001"
+
+
+def upgrade():
+    op.create_index("ix_audit_kind", "audit", ["kind"])
+    with op.batch_alter_table("audit") as batch:
+        batch.alter_column("question", new_column_name="asked", existing_type=sa.Text(), nullable=False)
+'''
+
+
+def test_a_later_revision_reaches_an_existing_installation(tmp_path):
+    url = f"sqlite:///{tmp_path / 'audit.sqlite'}"
+    shutil.copy(PREVIOUS / "audit.sqlite", tmp_path / "audit.sqlite")
+    later = tmp_path / "migrations"
+    shutil.copytree(REPO / "smart_app" / "migrations" / "audit", later)
+    (later / "versions" / "0002_later.py").write_text(textwrap.dedent(LATER))
+    assert migrate(url, later, "alembic_version_audit") == "0002"
+    with sqlite3.connect(tmp_path / "audit.sqlite") as db:
+        columns = {r[1]: r[3] for r in db.execute("PRAGMA table_info(audit)")}
+        indexes = {r[1] for r in db.execute("PRAGMA index_list(audit)")}
+        assert columns["asked"] == 1 and "question" not in columns and "ix_audit_kind" in indexes
+        assert db.execute("SELECT asked FROM audit ORDER BY id").fetchall() == [("synthetic question",), ("",)]
+
+
+RACE = """
+import sys, time
+from fhir_ingest.connection.registry import Registry
+start = float(sys.argv[2])
+while time.time() < start:
+    pass
+Registry(sys.argv[1], sys.argv[3])
+print("ok")
+"""
+
+
+def test_processes_starting_together_migrate_once(tmp_path):
+    from cryptography.fernet import Fernet
+
+    url, key, start = f"sqlite:///{tmp_path / 'registry.sqlite'}", Fernet.generate_key().decode(), time.time() + 3
+    procs = [subprocess.Popen([sys.executable, "-c", RACE, url, str(start), key], cwd=REPO, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+             for _ in range(4)]
+    results = [p.communicate(timeout=120) for p in procs]
+    assert [out.strip() for out, _ in results] == ["ok"] * 4, [err[-500:] for _, err in results]
+    assert rows(tmp_path / "registry.sqlite", "alembic_version_registry") == 1
