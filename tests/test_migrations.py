@@ -113,3 +113,29 @@ def test_processes_starting_together_migrate_once(tmp_path):
     results = [p.communicate(timeout=120) for p in procs]
     assert [out.strip() for out, _ in results] == ["ok"] * 4, [err[-500:] for _, err in results]
     assert rows(tmp_path / "registry.sqlite", "alembic_version_registry") == 1
+
+
+@pytest.mark.parametrize("store", ["registry", "rounds", "audit"])
+def test_the_models_and_the_revisions_describe_one_schema(tmp_path, store):
+    """A column added to a model without a revision would exist in new databases only: every
+    change of a model needs its revision (alembic's autogenerate writes the first draft)."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+    from sqlalchemy import create_engine
+
+    import fhir_ingest.connection.rounds as rounds_module
+    import smart_app.audit as audit_module
+    from fhir_ingest.connection import registry as registry_module
+
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    location, metadata = {"registry": (MIGRATIONS / "registry", registry_module.Base.metadata),
+                          "rounds": (MIGRATIONS / "rounds", rounds_module.Base.metadata),
+                          "audit": (audit_module.MIGRATIONS, audit_module.Base.metadata)}[store]
+    migrate(url, location, f"alembic_version_{store}")
+    engine = create_engine(url)
+    with engine.connect() as connection:
+        context = MigrationContext.configure(connection, opts={"version_table": f"alembic_version_{store}"})
+        differences = [d for d in compare_metadata(context, metadata)
+                       if not (d[0] == "remove_table" and d[1].name.startswith("alembic_version"))]
+    engine.dispose()
+    assert differences == [], f"the {store} models differ from its revisions: {differences}"
