@@ -60,6 +60,7 @@ class Settings:
     redis_url: str = ""                   # Celery broker and job progress in production
     sync_interval_minutes: float = 60.0     # Celery beat: how often each tenant's record source is re-synced
     sync_lease_seconds: float = 120.0       # a Bulk sync's hold on its (EHR, group), renewed while it runs: a dead one lets go after this
+    sync_stall_seconds: float = 900.0       # a Bulk sync with no file, line, poll or patient done this long lets its lease go
     bulk_patients_per_part: int = 25        # patients indexed by one task of a Bulk round (and made searchable together)
     bulk_staging_url: str = ""              # SQLAlchemy URL where a Bulk round's downloads wait for the workers; "" = SQLite in the data dir
     task_visibility_seconds: float = 3600.0  # Redis broker: a task not acknowledged this long (its worker died) goes to another worker
@@ -81,6 +82,7 @@ class Settings:
     key_overlap_days: float = 7.0           # a rotated-out key stays in the JWKS this long
     max_expanded_mb: float = 1024.0         # a compressed input file (.gz) is read no further past this many MB...
     max_expansion_ratio: float = 200.0      # ...or past this many times its compressed size (a decompression bomb)
+    max_removal_share: float = 0.5          # one input removing more than this share of a patient's held record is held back
 
     @classmethod
     def load(cls, environ: dict | None = None) -> "Settings":
@@ -213,7 +215,14 @@ class Settings:
             raise SettingsError(f"CHARTCITE_INT8 must be one of {', '.join(INT8_SETTINGS)}, not {self.int8!r}")
         return {"backend_kind": self.backend, "index_path": self.index_path, "model_path": self.model,
                 "reranker_path": self.reranker, "llm": llm, "es": es, "precision": self.embedding_precision,
-                "int8": self.int8, "model_cache": self.model_cache, "read_limits": self.read_limits()}
+                "int8": self.int8, "model_cache": self.model_cache, "read_limits": self.read_limits(),
+                "removal_share": self.removal_share()}
+
+    def removal_share(self) -> float:
+        """The removal budget's share (fhir_ingest.record.load.RemovalBudget)."""
+        if not 0 <= self.max_removal_share <= 1:
+            raise SettingsError(f"CHARTCITE_MAX_REMOVAL_SHARE must be between 0 and 1, not {self.max_removal_share}")
+        return self.max_removal_share
 
     def masked(self) -> dict:
         out = {}

@@ -18,7 +18,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterator, Union
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import orjson
 
@@ -30,6 +30,48 @@ MAX_RESOURCE_DEPTH = 64
 MAX_BUNDLE_NESTING = 8
 # Damage to a compressed stream: gzip reports it with any of these.
 DAMAGED = (OSError, EOFError, zlib.error)
+
+
+# One NDJSON line longer than this is not read (a resource of 64 MB is not a clinical record but
+# a fault or an attack); its bytes are passed over, not held, and the line is reported.
+MAX_LINE_BYTES = 64 * 2**20
+
+
+class LineTooLong(bytes):
+    """An empty stand-in for a line over MAX_LINE_BYTES; `skipped` is how many bytes it had."""
+    skipped = 0
+
+
+def split_lines(chunks: Iterator[bytes], max_line: int = MAX_LINE_BYTES) -> Iterator[tuple[int, bytes]]:
+    """Lines from chunks of bytes, in time linear in the bytes: the pieces of a line are kept in a
+    list and joined once, not re-split as one growing buffer at every chunk."""
+    pieces: list[bytes] = []
+    held = passed_over = 0          # bytes of the current line kept, and passed over once over the cap
+    for chunk in chunks:
+        start = 0
+        while True:
+            end = chunk.find(b"\n", start)
+            piece = chunk[start:] if end < 0 else chunk[start:end]
+            if passed_over or held + len(piece) > max_line:
+                passed_over += held + len(piece)
+                pieces, held = [], 0
+            else:
+                pieces.append(piece)
+                held += len(piece)
+            if end < 0:
+                break
+            yield line_of(pieces, held, passed_over, 1)
+            pieces, held, passed_over, start = [], 0, 0, end + 1
+    if held or passed_over:
+        yield line_of(pieces, held, passed_over, 0)
+
+
+def line_of(pieces: list[bytes], held: int, passed_over: int, newline: int) -> tuple[int, bytes]:
+    if passed_over:
+        too_long = LineTooLong()
+        too_long.skipped = passed_over
+        return passed_over + newline, too_long
+    return held + newline, b"".join(pieces)
 
 
 @dataclass(frozen=True)
@@ -90,6 +132,8 @@ class Document:
     name: str = ""             # as the report names it
     bundle: bool = False       # a Bundle file: an NDJSON line (each line its own document) or a bare resource never is
     everything_of: str = ""    # the patient whose `Patient/$everything` searchset this Bundle says it is
+    partial: str = ""          # why the Bundle is only part of an answer (a filtered search, a page), or ""
+    as_of: str = ""            # the Bundle's own date (`Bundle.timestamp`), or ""
 
 
 NO_DOCUMENT = Document()
@@ -229,24 +273,64 @@ def read_json_file(file: Path, limits: ReadLimits = DEFAULT_LIMITS) -> Iterator[
 
 
 def file_document(parsed: object, file: Path) -> Document:
-    """What a whole file says of itself: a Bundle or a bare resource; a `Patient/$everything` searchset."""
+    """What a whole file says of itself: a Bundle or a bare resource; a `Patient/$everything`
+    searchset; a part of an answer; its date."""
     if not isinstance(parsed, dict) or parsed.get("resourceType") != "Bundle":
         return Document(str(file), file.name)
-    return Document(str(file), file.name, bundle=True, everything_of=everything_patient(parsed))
+    return bundle_document(parsed, str(file), file.name)
+
+
+def bundle_document(bundle: dict, key: str, name: str) -> Document:
+    timestamp = bundle.get("timestamp")
+    return Document(key, name, bundle=True, everything_of=everything_patient(bundle), partial=partial_words(bundle),
+                    as_of=timestamp if isinstance(timestamp, str) else "")
+
+
+# Parameters that change how a search answer is written, not what it holds.
+PRESENTATION_PARAMETERS = {"_format", "_pretty", "_elements_format"}
+
+
+def bundle_links(bundle: dict) -> list[dict]:
+    links = bundle.get("link")
+    return [link for link in links if isinstance(link, dict)] if isinstance(links, list) else []
+
+
+def self_url(bundle: dict) -> str:
+    return next((link["url"] for link in bundle_links(bundle)
+                 if link.get("relation") == "self" and isinstance(link.get("url"), str)), "")
 
 
 def everything_patient(bundle: dict) -> str:
-    """The patient id of a searchset Bundle whose self link is `.../Patient/<id>/$everything`, else
-    ''. A page that links to a next one is part of the answer, not all of it."""
-    links = [link for link in bundle.get("link") or [] if isinstance(link, dict)] \
-        if isinstance(bundle.get("link"), list) else []
-    if bundle.get("type") != "searchset" or any(link.get("relation") == "next" for link in links):
+    """The patient id of a searchset Bundle whose self link is `.../Patient/<id>/$everything`, else ''."""
+    if bundle.get("type") != "searchset":
         return ""
-    for link in links:
-        if link.get("relation") == "self" and isinstance(link.get("url"), str):
-            parts = urlsplit(link["url"]).path.rstrip("/").split("/")
-            if len(parts) >= 3 and parts[-3] == "Patient" and parts[-1] == "$everything":
-                return parts[-2]
+    parts = urlsplit(self_url(bundle)).path.rstrip("/").split("/")
+    if len(parts) >= 3 and parts[-3] == "Patient" and parts[-1] == "$everything":
+        return parts[-2]
+    return ""
+
+
+def partial_words(bundle: dict) -> str:
+    """Why a searchset Bundle holds only part of a record, or '': a search other than the
+    patient's `$everything`, a filtered one (`_since`, `_type`, `start`, `_count`…), one page of
+    several, or fewer entries than its `total` counts. What a search leaves out it says nothing of."""
+    if bundle.get("type") != "searchset":
+        return ""
+    url = self_url(bundle)
+    what = "a `$everything`" if everything_patient(bundle) else f"a search ({urlsplit(url).path.rsplit('/', 1)[-1] or 'no self link'})"
+    if not everything_patient(bundle):
+        return f"{what}, not a whole record"
+    filters = sorted({name for name, _ in parse_qsl(urlsplit(url).query, keep_blank_values=True)}
+                     - PRESENTATION_PARAMETERS)
+    if filters:
+        return f"{what} filtered by {', '.join(f'`{name}`' for name in filters)}"
+    paging = sorted({link.get("relation") for link in bundle_links(bundle)} & {"next", "previous", "prev"})
+    if paging:
+        return f"{what} page that links to a {' and a '.join(paging)} page"
+    entries = bundle.get("entry") if isinstance(bundle.get("entry"), list) else []
+    total = bundle.get("total")
+    if isinstance(total, int) and not isinstance(total, bool) and total > len(entries):
+        return f"{what} holding {len(entries)} of the {total} entries its total counts"
     return ""
 
 
