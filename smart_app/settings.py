@@ -81,7 +81,7 @@ class Settings:
     session_minutes: float = 120.0          # a launch's session (and its frame) ends this long after the launch
     key_overlap_days: float = 7.0           # a rotated-out key stays in the JWKS this long
     max_expanded_mb: float = 1024.0         # a compressed input file (.gz) is read no further past this many MB...
-    max_expansion_ratio: float = 200.0      # ...or past this many times its compressed size (a decompression bomb)
+    max_expansion_ratio: float = 0.0        # ...or past this many times its compressed size; 0 = no ratio limit (memory is bounded by streaming)
     max_removal_share: float = 0.5          # one input removing more than this share of a patient's held record is held back
 
     @classmethod
@@ -188,9 +188,11 @@ class Settings:
         """How far compressed input may expand (fhir_ingest.record.reader.ReadLimits)."""
         from fhir_ingest.record.reader import ReadLimits
 
-        for name in ("max_expanded_mb", "max_expansion_ratio"):
-            if getattr(self, name) <= 0:
-                raise SettingsError(f"CHARTCITE_{name.upper()} must be more than 0, not {getattr(self, name)}")
+        if self.max_expanded_mb <= 0:
+            raise SettingsError(f"CHARTCITE_MAX_EXPANDED_MB must be more than 0, not {self.max_expanded_mb}")
+        if self.max_expansion_ratio < 0:
+            raise SettingsError(f"CHARTCITE_MAX_EXPANSION_RATIO must be 0 (no ratio limit) or more, not "
+                                f"{self.max_expansion_ratio}")
         return ReadLimits(int(self.max_expanded_mb * 2**20), self.max_expansion_ratio)
 
     def search_options(self) -> dict:

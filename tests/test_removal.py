@@ -3,13 +3,15 @@ partial `$everything`, an older snapshot of a whole record, and a removal over t
 leave the record held as it was, resource by resource, and the report says why in one line."""
 from __future__ import annotations
 
+import base64
+import gzip
 import json
 from pathlib import Path
 
 import pytest
 
 from .conftest import clean_env
-from .test_hostile import B, bundle_of, potassium, run, synthea_resources
+from .test_hostile import A, B, bundle_of, potassium, run, synthea_resources
 
 EXIT_HELD_BACK = 4
 EHR = "https://ehr.example/fhir"
@@ -39,8 +41,6 @@ def everything(resources: list[dict], query: str = "", **fields) -> dict:
     links = [{"relation": "self", "url": url}] + fields.pop("links", [])
     return bundle_of(*resources, type="searchset", link=links, **fields)
 
-
-SEVEN = ("Patient", "Observation")
 
 
 def seven_of_b(synthea_dir: Path) -> list[dict]:
@@ -122,3 +122,107 @@ def test_an_everything_that_would_remove_most_of_the_record_is_held_back_unless_
     allowed = run(["index", "--allow-removals", str(path)], env)
     assert allowed.returncode == 0, allowed.stdout + allowed.stderr
     assert held(env).keys() == {f"{r['resourceType']}/{r['id']}" for r in two}
+
+
+# --- memory bounded by design, not by a ratio (items 6 and 7) -------------------------------------------
+
+def blank_scan(pid: str, megabytes: int) -> dict:
+    """A DocumentReference holding a blank scan inline: `megabytes` of zeros, base64 (compresses ~300 times)."""
+    data = base64.b64encode(b"%PDF-1.4\n" + bytes(megabytes * 2**20)).decode()
+    return {"resourceType": "DocumentReference", "id": f"scan-{megabytes}", "status": "current",
+            "type": {"text": "Scanned document"}, "subject": {"reference": f"Patient/{pid}"}, "date": "2024-05-01",
+            "description": f"Referral letter scan {megabytes}",
+            "content": [{"attachment": {"contentType": "application/pdf", "data": data}}]}
+
+
+def a_bundle_with(synthea_dir: Path, path: Path, *extra: dict, **fields) -> set[str]:
+    """A's bundle with `extra` entries and top-level `fields`, gzipped; returns A's refs in it."""
+    bundle = json.loads(gzip.open(synthea_dir / f"{A}.json.gz").read()) | fields
+    bundle["entry"] += [{"fullUrl": f"urn:uuid:{r['id']}", "resource": r} for r in extra]
+    with gzip.open(path, "wt") as out:
+        json.dump(bundle, out)
+    return {f"{e['resource']['resourceType']}/{e['resource']['id']}" for e in bundle["entry"]
+            if e["resource"]["resourceType"] not in ("Claim", "ExplanationOfBenefit", "Provenance")}
+
+
+def test_a_record_with_a_blank_scan_is_indexed_whole(tmp_path, synthea_dir):
+    """Item 7: A's bundle with a blank 4 MB scan inline expands about 280 times its gzip size, and
+    the ratio limit skipped the whole file: none of A's resources were indexed. Now all are."""
+    env = clean_env(data_dir=tmp_path / "data")
+    path = tmp_path / "a-with-a-scan.json.gz"
+    refs = a_bundle_with(synthea_dir, path, blank_scan(A, 4))
+    out = run(["index", str(path)], env)
+    assert out.returncode in (0, 3) and "the file is skipped" not in out.stdout, out.stdout + out.stderr
+    assert refs <= held(env, A).keys()
+
+
+def test_an_attachment_over_the_cap_is_reported_and_the_rest_of_its_resource_indexed(tmp_path, synthea_dir):
+    """Item 7: an attachment over the cap costs only itself: the file is read, the resource is
+    indexed without it (its description is searchable) and the report names it."""
+    from fhir_ingest.record.reader import MAX_ATTACHMENT_BYTES
+
+    env = clean_env(data_dir=tmp_path / "data")
+    megabytes = MAX_ATTACHMENT_BYTES * 3 // 4 // 2**20 + 1
+    path = tmp_path / "a-with-a-large-scan.json.gz"
+    refs = a_bundle_with(synthea_dir, path, blank_scan(A, megabytes))
+    out = run(["index", str(path)], env)
+    assert out.returncode in (0, 3), out.stdout + out.stderr
+    assert f"DocumentReference/scan-{megabytes}: an attachment of" in out.stdout
+    assert "MB an attachment may hold: left out; the rest of the resource is indexed" in out.stdout
+    index = held(env, A)
+    assert refs <= index.keys()
+    scan = index[f"DocumentReference/scan-{megabytes}"]
+    assert scan["description"] == f"Referral letter scan {megabytes}" and "data" not in scan["content"][0]["attachment"]
+
+
+def test_a_bundle_larger_than_memory_would_like_is_read_as_a_stream(tmp_path, synthea_dir):
+    """Item 7: a bundle over STREAM_OVER (here padded with spaces) is parsed entry by entry, its
+    references resolved as in a small one, and every one of A's resources indexed. The same
+    padding made the ratio limit skip the file."""
+    from fhir_ingest.record.reader import STREAM_OVER
+
+    env = clean_env(data_dir=tmp_path / "data")
+    path = tmp_path / "a-padded.json.gz"
+    refs = a_bundle_with(synthea_dir, path, padding=" " * (STREAM_OVER + 2**20))
+    out = run(["index", str(path)], env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    index = held(env, A)
+    assert refs <= index.keys()
+    small = tmp_path / "small"
+    small_env = clean_env(data_dir=small)
+    assert run(["index", str(synthea_dir / f"{A}.json.gz")], small_env).returncode == 0
+    assert held(small_env, A) == index
+
+
+def test_a_line_over_the_cap_costs_only_itself(tmp_path):
+    """Items 6 and 7: one NDJSON line over the cap is passed over without being held, reported with
+    its size, and the lines around it are read."""
+    from fhir_ingest.record.reader import MAX_LINE_BYTES
+
+    env = clean_env(data_dir=tmp_path / "data")
+    path = tmp_path / "Observation.ndjson.gz"
+    padding = b" " * (MAX_LINE_BYTES + 10)
+    with gzip.open(path, "wb") as out:
+        out.write(json.dumps(potassium("before-the-line", A, "2024-01-02", 4.1)).encode() + b"\n")
+        out.write(b'{"resourceType": "Observation", "id": "long", "note": "' + padding + b'"}\n')
+        out.write(json.dumps(potassium("after-the-line", A, "2024-01-03", 4.2)).encode() + b"\n")
+    out = run(["index", str(path)], env)
+    assert out.returncode == 3, out.stdout + out.stderr
+    length = len(padding) + len('{"resourceType": "Observation", "id": "long", "note": ""}')
+    assert f"Observation.ndjson.gz:2: a line of {length:,} bytes, over the 64 MB a line may hold: not read" \
+        in out.stdout
+    assert {"Observation/before-the-line", "Observation/after-the-line"} <= held(env, A).keys()
+
+
+def test_lines_split_from_chunks_keep_their_sizes_and_cap_the_long_one():
+    """Item 6: the splitter behind Bulk downloads and NDJSON files keeps each line's byte count
+    (where a resumed download starts), reads a line spread over many chunks whole, and passes one
+    over the cap over without holding it."""
+    from fhir_ingest.record.reader import LineTooLong, split_lines
+
+    body = b'{"a": 1}\n' + b"x" * 50 + b"\n" + b"y" * 500 + b"\n" + b'{"b": 2}'
+    chunks = [body[i:i + 7] for i in range(0, len(body), 7)]
+    lines = list(split_lines(iter(chunks), max_line=100))
+    assert [size for size, _ in lines] == [9, 51, 501, 8] and sum(size for size, _ in lines) == len(body)
+    assert [line for _, line in lines][:2] == [b'{"a": 1}', b"x" * 50] and lines[3][1] == b'{"b": 2}'
+    assert isinstance(lines[2][1], LineTooLong) and lines[2][1].skipped == 500
