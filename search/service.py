@@ -19,6 +19,7 @@ from search.answering.phi import Identifiers
 from search.answering.steps import AnswerContext, apply_steps
 from search.answering.types import Answer
 from search.backends.base import Backend, BackendError
+from search.held_back import HeldBackRemovals
 from search.backends.elastic import ElasticOptions
 from search.indexer import IndexResult, index_in_turn, index_record
 from search.models.crossrank import CrossEncoderRanker, load_reranker
@@ -45,6 +46,7 @@ class SearchService:
                  removal_share: float = RemovalBudget.share):
         self.backend_kind = backend_kind
         self.removal_share = removal_share
+        self.held_back = HeldBackRemovals(Path(index_path).parent / "held-back.sqlite")
         self.read_limits = read_limits
         self.precision = precision
         self.int8 = int8
@@ -165,7 +167,15 @@ class SearchService:
                    budget: RemovalBudget | None = None) -> PatientRecord:
         """The record as it replaces or is merged into what the index holds for the patient, under
         the one rule for what an input may remove (`fhir_ingest.record.load.against_held`)."""
-        return against_held(record, self.held_resources(tenant, record.patient_id), report, budget or self.budget())
+        report = report if report is not None else LoadReport()
+        before = len(report.held_back)
+        indexed = against_held(record, self.held_resources(tenant, record.patient_id), report, budget or self.budget())
+        if len(report.held_back) > before:
+            held = report.held_back[-1]
+            self.held_back.hold(tenant, record.patient_id, held.origin, held.reason)
+        elif indexed.complete:
+            self.held_back.clear(tenant, record.patient_id)
+        return indexed
 
     def index_in_turn(self, tenant: str, records: Iterable[PatientRecord],
                       report: LoadReport | None = None, allow_removals: bool = False) -> Iterator[IndexResult]:

@@ -193,13 +193,19 @@ def removal_lines(report) -> list[str]:
 @command("check", "verify the index is consistent (chunks, lexical rows, vectors, patient summaries)", TENANT, JSON)
 def cmd_check(args, settings: Settings) -> int:
     tenant = args.tenant or settings.tenant
-    result = service(settings).catalog.check(tenant)
+    svc = service(settings)
+    result, held_back = svc.catalog.check(tenant), svc.held_back.listed(tenant)
     if args.json:
-        print(json.dumps({"tenant": tenant, "counts": result.counts, "problems": result.problems}, indent=2))
+        print(json.dumps({"tenant": tenant, "counts": result.counts, "problems": result.problems,
+                          "held_back": held_back}, indent=2))
     else:
         print(f"tenant {tenant}: " + ", ".join(f"{name} {n}" for name, n in result.counts.items()))
         print("consistent" if not result.problems else "INCONSISTENT:")
         print("\n".join(f"  {p}" for p in result.problems))
+        if held_back:
+            print(f"removals held back (over the removal budget; run the input again with --allow-removals to "
+                  f"carry one out): {len(held_back)}")
+            print("\n".join(f"  {line}" for line in held_back))
     return EXIT_FAILED if result.problems else EXIT_OK
 
 

@@ -119,9 +119,13 @@ def test_an_everything_that_would_remove_most_of_the_record_is_held_back_unless_
     assert (f"b-everything.json: would remove {len(before) - 2} of the {len(before)} resources held for patient {B}, "
             f"more than the removal budget of 50% (CHARTCITE_MAX_REMOVAL_SHARE): not carried out") in out.stdout
     assert held(env).keys() == before.keys()
+    checked = run(["check"], env)
+    assert checked.returncode == 0 and "removals held back" in checked.stdout, checked.stdout
+    assert f"b-everything.json: would remove {len(before) - 2} of the {len(before)}" in checked.stdout
     allowed = run(["index", "--allow-removals", str(path)], env)
     assert allowed.returncode == 0, allowed.stdout + allowed.stderr
     assert held(env).keys() == {f"{r['resourceType']}/{r['id']}" for r in two}
+    assert "removals held back" not in run(["check"], env).stdout
 
 
 # --- memory bounded by design, not by a ratio (items 6 and 7) -------------------------------------------
