@@ -85,7 +85,8 @@ def scanned_bundle(path: Path, megabytes: int) -> None:
             out.write(", " + json.dumps({"resource": {
                 "resourceType": "DocumentReference", "id": f"scan-{n}", "status": "current",
                 "type": {"text": "Scanned document"}, "subject": {"reference": "Patient/bench-p"},
-                "date": "2024-05-01", "content": [{"attachment": {"contentType": "application/pdf", "data": scan}}]}}))
+                "date": "2024-05-01T09:00:00Z",
+                "content": [{"attachment": {"contentType": "application/pdf", "data": scan}}]}}))
             n += 1
         out.write("]}")
 

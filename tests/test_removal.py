@@ -134,7 +134,8 @@ def blank_scan(pid: str, megabytes: int) -> dict:
     """A DocumentReference holding a blank scan inline: `megabytes` of zeros, base64 (compresses ~300 times)."""
     data = base64.b64encode(b"%PDF-1.4\n" + bytes(megabytes * 2**20)).decode()
     return {"resourceType": "DocumentReference", "id": f"scan-{megabytes}", "status": "current",
-            "type": {"text": "Scanned document"}, "subject": {"reference": f"Patient/{pid}"}, "date": "2024-05-01",
+            "type": {"text": "Scanned document"}, "subject": {"reference": f"Patient/{pid}"},
+            "date": "2024-05-01T09:00:00Z",
             "description": f"Referral letter scan {megabytes}",
             "content": [{"attachment": {"contentType": "application/pdf", "data": data}}]}
 
