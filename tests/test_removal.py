@@ -79,6 +79,23 @@ def test_an_everything_holding_fewer_entries_than_its_total_removes_nothing(env,
     assert held(env).keys() == before.keys()
 
 
+def test_a_whole_bundle_with_an_entry_it_could_not_read_removes_nothing(env, synthea_dir, tmp_path):
+    """Items 1 and 3 for files: B's whole bundle whose allergy entry cannot be read (its
+    resourceType a list) removed the good copy held. A document that could not be read whole is
+    no whole record: B keeps every resource, and the report says why."""
+    before = held(env)
+    damaged = [dict(r, resourceType=[r["resourceType"]]) if r["resourceType"] == "AllergyIntolerance" else r
+               for r in synthea_resources(synthea_dir, B)]
+    path = tmp_path / "damaged.json"
+    path.write_text(json.dumps(bundle_of(*damaged)))
+    out = run(["index", str(path)], env)
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert f"damaged.json: patient {B}: a Bundle with an entry that could not be read: merged, nothing removed" \
+        in out.stdout
+    assert held(env).keys() == before.keys()
+    assert any(ref.startswith("AllergyIntolerance/") for ref in before)
+
+
 def dated(resource: dict, when: str) -> dict:
     return dict(resource, meta={"lastUpdated": when})
 

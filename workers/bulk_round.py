@@ -559,7 +559,8 @@ def index_patients(deps: RoundDeps, round_: BulkRound, patients: list[str], say:
     whole = round_.full and not json.loads(round_.export_errors)
     unread = unread_types(deps, round_)
     totals = IndexResult()
-    records = (assembler.record(pid, whole=whole, as_of=round_.transaction_time, partial_types=unread)
+    name = f"Bulk round {round_.id[:8]}"
+    records = (assembler.record(pid, whole=whole, as_of=round_.transaction_time, partial_types=unread, name=name)
                for pid in patients)
     with deps.service.deferred_refresh():
         with closing(deps.service.index_in_turn(round_.tenant, records, report, round_.allow_removals)) as indexed:

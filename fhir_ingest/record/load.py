@@ -40,7 +40,7 @@ from .contract import PatientNotFound
 from .kinds import IGNORED_TYPES, INDEXED_TYPES, SUPPORT_TYPES, clinical_date
 from .normalize import (InvalidResource, binary_ref, check_content,
                         check_identity, checked_later, patient_of, ref_id)
-from .reader import DEFAULT_LIMITS, RawResource, ReadItem, ReadLimits, ReadProblem, ReadWarning, read_path
+from .reader import DEFAULT_LIMITS, Document, RawResource, ReadItem, ReadLimits, ReadProblem, ReadWarning, read_path
 from .staging import PatientStaging, StagedResource
 
 EARLIEST_PLAUSIBLE_YEAR = 1900
@@ -350,13 +350,16 @@ def assembled(items: Iterable[ReadItem], report: LoadReport, directory: str | Pa
         assembler.close()
 
 
-def checked(items: Iterable[ReadItem], report: LoadReport) -> Iterator[RawResource]:
-    """The resources that pass the checks, one at a time; the rest are counted in `report`. A
-    patient's own resources are checked against the FHIR model later (`content_checked`, when
-    the patient's record is assembled): they are counted here as read and uncounted if they fail."""
+def checked(items: Iterable[ReadItem], report: LoadReport, damaged: set[str] | None = None) -> Iterator[RawResource]:
+    """The resources that pass the checks, one at a time; the rest are counted in `report`, and
+    the names of the documents they were read in noted in `damaged` (such a document is not a whole
+    record). A patient's own resources are checked against the FHIR model later (`content_checked`,
+    when the patient's record is assembled): they are counted here as read and uncounted if they fail."""
     for item in items:
         if isinstance(item, ReadProblem):
             report.skipped.append(Skipped(item.origin, item.reason))
+            if damaged is not None:
+                damaged.add(item.origin.split("#", 1)[0])
             continue
         if isinstance(item, ReadWarning):
             report.warnings.append(Skipped(item.origin, item.reason))
@@ -367,6 +370,8 @@ def checked(items: Iterable[ReadItem], report: LoadReport) -> Iterator[RawResour
             check_identity(resource)
         except InvalidResource as exc:
             skip(report, item.origin, resource, str(exc))
+            if damaged is not None:
+                damaged.add(item.document.name)
             continue
         patient = patient_of(resource)
         if not checked_later(resource, patient):
@@ -435,19 +440,21 @@ class RecordAssembler:
         offering PatientStaging's reading methods; by default they are parked in `directory`."""
         self.report = report
         self.staging = staging if staging is not None else PatientStaging(directory or tempfile.gettempdir())
+        self.damaged: set[str] = set()      # names of documents with an entry that could not be read
 
     def add(self, items: Iterable[ReadItem]) -> None:
-        for raw in checked(items, self.report):
+        for raw in checked(items, self.report, self.damaged):
             self.staging.add(raw.resource, patient_of(raw.resource), raw.origin, raw.document)
 
     def patient_ids(self) -> list[str]:
         return self.staging.patient_ids()
 
     def record(self, patient_id: str, whole: bool = False, as_of: str = "",
-               partial_types: dict[str, str] | None = None) -> PatientRecord:
+               partial_types: dict[str, str] | None = None, name: str = "") -> PatientRecord:
         """The patient's record; `whole` when the caller knows the input is the patient's whole
         record whatever its documents (a full Bulk Data export without errors), dated `as_of`,
-        less the types it could not read whole (`partial_types`: type → why)."""
+        less the types it could not read whole (`partial_types`: type → why); `name`: what the
+        report calls an input that is not one document (a Bulk round)."""
         partial_types = dict(partial_types or {})
         staged = []
         for item in self.staging.owned(patient_id):
@@ -468,11 +475,13 @@ class RecordAssembler:
         authority = SOURCE if whole else self.authority_of(patient_id, staged)
         if authority == MERGE:
             self.report.added_to.append(patient_id)
-            if document.partial and len({s.document for s in staged}) == 1:
-                self.report.not_removed.append(Skipped(document.name, f"patient {patient_id}: {document.partial}: "
+            why = self.partial(document)
+            if why and len({s.document for s in staged}) == 1:
+                self.report.not_removed.append(Skipped(document.name, f"patient {patient_id}: {why}: "
                                                                       f"merged, nothing removed"))
         foreign = self.staging.foreign_documents(patient_id)
-        return PatientRecord(patient_id, resources, authority, document.name, as_of or document.as_of, partial_types,
+        return PatientRecord(patient_id, resources, authority, document.name or name, as_of or document.as_of,
+                             partial_types,
                              {ref_of(item.resource): item.origin for item in kept},
                              {ref_of(item.resource) for item in kept if item.document in foreign})
 
@@ -499,11 +508,18 @@ class RecordAssembler:
         if len(documents) != 1 or "" in documents:
             return MERGE
         document = self.staging.document(documents.pop())
-        if not document.bundle or document.partial or self.staging.patients_defined(document.key) != {patient_id}:
+        if not document.bundle or self.partial(document) or self.staging.patients_defined(document.key) != {patient_id}:
             return MERGE
         if not any(s.resource["resourceType"] in INDEXED_TYPES for s in staged):
             return MERGE          # a Patient alone (or with directory data) says nothing of the record
         return EVERYTHING if document.everything_of == patient_id else WHOLE_BUNDLE
+
+    def partial(self, document: Document) -> str:
+        """Why a Bundle is not all of what it answers: it says so itself, or an entry of it could not be read."""
+        if document.partial:
+            return document.partial
+        return "a Bundle with an entry that could not be read" if document.bundle and document.name in self.damaged \
+            else ""
 
     def records(self) -> Iterator[PatientRecord]:
         """Every patient with a resource that passed the checks."""
