@@ -647,7 +647,8 @@ def cmd_registration_info(args, settings: Settings) -> int:
          arg("--group", default="", help="Group id to export (default: the registration's); each group keeps its own "
              "cursor, and a group's first round is a full one"),
          arg("--full", action="store_true", help="export everything, not just what changed since the group's last "
-             "round; each patient's record is then replaced whole (what the EHR no longer holds leaves the index)"),
+             "round; each patient's record is then replaced whole (what the EHR no longer holds leaves the index, under the "
+             "rule of what an input may remove and its removal budget)"),
          arg("--workers", action="store_true", help="index the round's patients on the Celery workers (several at "
              "once) and follow them; the kick-off, status and downloads run here"), ALLOW_REMOVALS)
 def cmd_sync(args, settings: Settings) -> int:
