@@ -46,6 +46,9 @@ EXIT_MEANINGS = (
     (cli.EXIT_USAGE, "usage or configuration error (no such file, bad setting): nothing was done"),
     (cli.EXIT_SKIPPED, "done, but some input was skipped (unreadable or invalid; for `ask --batch`, a line that "
                        "could not be answered gets an `error` result and the rest are answered)"),
+    (cli.EXIT_HELD_BACK, "`index` or `sync`: a removal over the removal budget was held back (the rest was done); "
+                         "run it again with `--allow-removals` to carry it out "
+                         "([the rule](hostile-input.md#what-an-input-may-remove))"),
     (cli.EXIT_CLOSED_PIPE, "the reader of the output stopped reading (`chartcite patients --json | head`); what it "
                            "read is whole lines, and nothing else went wrong"),
 )

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from fhir_ingest.record.kinds import INDEXED_TYPES
-from fhir_ingest.record.load import SOURCE, LoadReport, PatientRecord, against_held, assembled
+from fhir_ingest.record.load import LoadReport, PatientRecord, RemovalBudget, against_held, assembled
 from fhir_ingest.record.reader import DEFAULT_LIMITS, ReadLimits, read_path
 
 from search.answering.answer import compose, impossible_date_answer
@@ -19,6 +19,7 @@ from search.answering.phi import Identifiers
 from search.answering.steps import AnswerContext, apply_steps
 from search.answering.types import Answer
 from search.backends.base import Backend, BackendError
+from search.held_back import HeldBackRemovals
 from search.backends.elastic import ElasticOptions
 from search.indexer import IndexResult, index_in_turn, index_record
 from search.models.crossrank import CrossEncoderRanker, load_reranker
@@ -41,8 +42,11 @@ class IndexSummary:
 class SearchService:
     def __init__(self, backend_kind: str, index_path: Path, model_path: str = "", es: ElasticOptions | None = None,
                  reranker_path: str = "", llm: LlmSettings | None = None, precision: str = "int8",
-                 model_cache: str | Path = "", read_limits: ReadLimits = DEFAULT_LIMITS, int8: str = DEFAULT_INT8):
+                 model_cache: str | Path = "", read_limits: ReadLimits = DEFAULT_LIMITS, int8: str = DEFAULT_INT8,
+                 removal_share: float = RemovalBudget.share):
         self.backend_kind = backend_kind
+        self.removal_share = removal_share
+        self.held_back = HeldBackRemovals(Path(index_path).parent / "held-back.sqlite")
         self.read_limits = read_limits
         self.precision = precision
         self.int8 = int8
@@ -140,6 +144,9 @@ class SearchService:
             self._backend = None
         return len(chunks)
 
+    def budget(self, allow_removals: bool = False) -> RemovalBudget:
+        return RemovalBudget(self.removal_share, allow_removals)
+
     def index_records(self, tenant: str, records: list[PatientRecord],
                       progress: Callable[[str, int, int], None] | None = None, words_first: bool = False,
                       report: LoadReport | None = None) -> IndexResult:
@@ -156,32 +163,42 @@ class SearchService:
         return index_record(self.backend, self.embedder, tenant, self.as_indexed(tenant, record, report), progress,
                             words_first)
 
-    def as_indexed(self, tenant: str, record: PatientRecord, report: LoadReport | None = None) -> PatientRecord:
-        """The record as it replaces or is merged into what the index holds for the patient
-        (`fhir_ingest.record.load.against_held`); the record source's own answer replaces it as is."""
-        if record.authority == SOURCE:
-            return record
-        return against_held(record, self.held_resources(tenant, record.patient_id), report)
+    def as_indexed(self, tenant: str, record: PatientRecord, report: LoadReport | None = None,
+                   budget: RemovalBudget | None = None) -> PatientRecord:
+        """The record as it replaces or is merged into what the index holds for the patient, under
+        the one rule for what an input may remove (`fhir_ingest.record.load.against_held`)."""
+        report = report if report is not None else LoadReport()
+        before = len(report.held_back)
+        indexed = against_held(record, self.held_resources(tenant, record.patient_id), report, budget or self.budget())
+        if len(report.held_back) > before:
+            held = report.held_back[-1]
+            self.held_back.hold(tenant, record.patient_id, held.origin, held.reason)
+        elif indexed.complete:
+            self.held_back.clear(tenant, record.patient_id)
+        return indexed
 
     def index_in_turn(self, tenant: str, records: Iterable[PatientRecord],
-                      report: LoadReport | None = None) -> Iterator[IndexResult]:
+                      report: LoadReport | None = None, allow_removals: bool = False) -> Iterator[IndexResult]:
         """Many patients' records, each result as it is written; a group of patients is embedded
         in one call while the next group is prepared."""
-        return index_in_turn(self.backend, self.embedder, tenant, (self.as_indexed(tenant, r, report) for r in records))
+        budget = self.budget(allow_removals)
+        return index_in_turn(self.backend, self.embedder, tenant,
+                             (self.as_indexed(tenant, r, report, budget) for r in records))
 
     def deferred_refresh(self):
         """Writes in the block become searchable together at its end (a Bulk Data round)."""
         return self.backend.deferred_refresh()
 
     def index_paths(self, tenant: str, paths: list[str | Path],
-                    on_patient: Callable[[int, int], None] | None = None) -> IndexSummary:
+                    on_patient: Callable[[int, int], None] | None = None, allow_removals: bool = False) -> IndexSummary:
         """Index files and folders a patient at a time; the input waits on disk in the data directory
         (not in memory) while it is regrouped by patient."""
         report, total = LoadReport(), IndexResult()
         items = (item for path in paths for item in read_path(path, self.read_limits))
         with assembled(items, report, self.index_path.parent) as assembler:
             patient_ids = assembler.patient_ids()
-            with closing(self.index_in_turn(tenant, (assembler.record(pid) for pid in patient_ids), report)) as results:
+            records = (assembler.record(pid) for pid in patient_ids)
+            with closing(self.index_in_turn(tenant, records, report, allow_removals)) as results:
                 for done, result in enumerate(results, start=1):
                     total.merge(result)
                     if on_patient:

@@ -124,13 +124,16 @@ def cmd_config(args, settings: Settings) -> int:
 
 # Exit codes of `chartcite index` (and of `check`): their meanings are in docs/commands.md, which
 # scripts/command_reference.py writes from these constants.
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_SKIPPED = 0, 1, 2, 3
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_SKIPPED, EXIT_HELD_BACK = 0, 1, 2, 3, 4
+ALLOW_REMOVALS = arg("--allow-removals", action="store_true",
+                     help="carry out removals over the removal budget (CHARTCITE_MAX_REMOVAL_SHARE of a patient's "
+                          "held record); without it they are held back, reported, and the exit status is 4")
 EXIT_CLOSED_PIPE = 141
 
 
 @command("index", "index FHIR bundles / NDJSON files or folders",
          arg("paths", nargs="+", help="FHIR R4 Bundles (.json, .json.gz), Bulk Data NDJSON files, or folders of these"),
-         TENANT)
+         TENANT, ALLOW_REMOVALS)
 def cmd_index(args, settings: Settings) -> int:
     from tqdm import tqdm
 
@@ -147,9 +150,11 @@ def cmd_index(args, settings: Settings) -> int:
         bar.total = total
         bar.update(done - bar.n)
 
-    summary = svc.index_paths(tenant, args.paths, on_patient)
+    summary = svc.index_paths(tenant, args.paths, on_patient, args.allow_removals)
     bar.close()
     print(format_index_summary(summary, time.perf_counter() - started))
+    if summary.load.held_back:
+        return EXIT_HELD_BACK
     skipped = summary.load.skipped or summary.result.problems
     return EXIT_SKIPPED if skipped else EXIT_OK
 
@@ -165,6 +170,7 @@ def format_index_summary(summary, elapsed: float) -> str:
         lines.append(f"added to the records held (this input is not their whole record, so nothing of theirs was "
                      f"removed): {len(report.added_to)} patient(s): {', '.join(report.added_to[:20])}"
                      + (" ..." if len(report.added_to) > 20 else ""))
+    lines += removal_lines(report)
     lines.append(f"skipped: {len(report.skipped) + len(total.problems)}")
     lines += [f"  {s.origin}: {s.reason}" for s in report.skipped]
     lines += [f"  {p.ref}: {p.reason}" for p in total.problems]
@@ -174,16 +180,34 @@ def format_index_summary(summary, elapsed: float) -> str:
     return "\n".join(lines)
 
 
+def removal_lines(report) -> list[str]:
+    """Why what an input lacks was not removed, one line per patient, and the removals held back."""
+    lines = []
+    if report.not_removed:
+        lines.append(f"not removed: {len(report.not_removed)}")
+        lines += [f"  {s.origin}: {s.reason}" for s in report.not_removed]
+    if report.held_back:
+        lines.append(f"HELD BACK (over the removal budget): {len(report.held_back)}")
+        lines += [f"  {s.origin}: {s.reason}" for s in report.held_back]
+    return lines
+
+
 @command("check", "verify the index is consistent (chunks, lexical rows, vectors, patient summaries)", TENANT, JSON)
 def cmd_check(args, settings: Settings) -> int:
     tenant = args.tenant or settings.tenant
-    result = service(settings).catalog.check(tenant)
+    svc = service(settings)
+    result, held_back = svc.catalog.check(tenant), svc.held_back.listed(tenant)
     if args.json:
-        print(json.dumps({"tenant": tenant, "counts": result.counts, "problems": result.problems}, indent=2))
+        print(json.dumps({"tenant": tenant, "counts": result.counts, "problems": result.problems,
+                          "held_back": held_back}, indent=2))
     else:
         print(f"tenant {tenant}: " + ", ".join(f"{name} {n}" for name, n in result.counts.items()))
         print("consistent" if not result.problems else "INCONSISTENT:")
         print("\n".join(f"  {p}" for p in result.problems))
+        if held_back:
+            print(f"removals held back (over the removal budget; run the input again with --allow-removals to "
+                  f"carry one out): {len(held_back)}")
+            print("\n".join(f"  {line}" for line in held_back))
     return EXIT_FAILED if result.problems else EXIT_OK
 
 
@@ -625,9 +649,10 @@ def cmd_registration_info(args, settings: Settings) -> int:
          arg("--group", default="", help="Group id to export (default: the registration's); each group keeps its own "
              "cursor, and a group's first round is a full one"),
          arg("--full", action="store_true", help="export everything, not just what changed since the group's last "
-             "round; each patient's record is then replaced whole (what the EHR no longer holds leaves the index)"),
+             "round; each patient's record is then replaced whole (what the EHR no longer holds leaves the index, under the "
+             "rule of what an input may remove and its removal budget)"),
          arg("--workers", action="store_true", help="index the round's patients on the Celery workers (several at "
-             "once) and follow them; the kick-off, status and downloads run here"))
+             "once) and follow them; the kick-off, status and downloads run here"), ALLOW_REMOVALS)
 def cmd_sync(args, settings: Settings) -> int:
     from tqdm import tqdm
 
@@ -654,7 +679,9 @@ def cmd_sync(args, settings: Settings) -> int:
     if isinstance(summary, int):
         return summary
     print_sync_summary(summary)
-    return EXIT_OK if summary["state"] == "done" else EXIT_FAILED
+    if summary["state"] != "done":
+        return EXIT_FAILED
+    return EXIT_HELD_BACK if summary.get("held_back") else EXIT_OK
 
 
 def sync_round(args, settings: Settings, registry, ehr, progress):
@@ -671,7 +698,8 @@ def sync_round(args, settings: Settings, registry, ehr, progress):
         part = TaskRunner(settings).task("chartcite.index_bulk_part")
         dispatch = lambda round_id, n: part.delay(round_id, n)   # noqa: E731
     try:
-        summary = run_bulk_sync(settings, registry, ehr, service(settings), args.group, progress, args.full, dispatch)
+        summary = run_bulk_sync(settings, registry, ehr, service(settings), args.group, progress, args.full, dispatch,
+                                args.allow_removals)
         if summary["state"] == "indexing":
             summary = follow_round(settings, registry, summary["round"], progress)
         return summary
@@ -718,6 +746,12 @@ def print_sync_summary(summary: dict) -> None:
               "`chartcite sync --full` replaces each record whole, applying deletions the EHR does not list")
     for note in summary["notes"] + summary["deletion_notes"]:
         print(f"note: {note}")
+    for line in summary.get("not_removed", []):
+        print(f"not removed: {line}")
+    for line in summary.get("held_back", []):
+        print(f"HELD BACK: {line}")
+    if summary.get("cursor_refused"):
+        print(f"warning: {summary['cursor_refused']}")
 
 
 @command("beat", "start Celery beat: periodic re-sync of the tenant's records")

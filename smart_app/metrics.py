@@ -71,11 +71,17 @@ class SharedTotals:
         runner = self.app.extensions["chartcite.runner"]
         syncs = CounterMetricFamily("chartcite_syncs", "Syncs by kind and outcome", labels=["kind", "outcome"])
         ehr = CounterMetricFamily("chartcite_ehr_requests", "Requests to the EHRs by HTTP status", labels=["status"])
+        warnings = CounterMetricFamily("chartcite_bulk_warnings", "Bulk rounds that warned, by kind (future_cursor: "
+                                       "a transactionTime after now refused as the cursor; held_back: removals over "
+                                       "the budget; not_removed: types not read whole; stalled: no progress)",
+                                       labels=["kind"])
         for (name, label), value in sorted(runner.jobs.tallies().items()):
             if name in ("patient_syncs", "bulk_syncs"):
                 syncs.add_metric([name.removesuffix("_syncs"), label], value)
             elif name == "ehr_requests":
                 ehr.add_metric([label], value)
+            elif name == "bulk_warnings":
+                warnings.add_metric([label], value)
         jobs = GaugeMetricFamily("chartcite_sync_jobs", "Patient sync jobs by state", labels=["state"])
         states = {"queued": 0, "running": 0, "failed": 0}
         for job in runner.jobs.jobs():
@@ -83,7 +89,7 @@ class SharedTotals:
                 states[job.state] += 1
         for state, count in states.items():
             jobs.add_metric([state], count)
-        yield from (syncs, ehr, jobs)
+        yield from (syncs, ehr, warnings, jobs)
         depth = runner.queue_depth()
         if depth is not None:
             yield GaugeMetricFamily("chartcite_queue_depth", "Indexing tasks waiting in the broker", value=depth)

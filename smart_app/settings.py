@@ -69,6 +69,7 @@ class Settings:
     redis_url: str = ""                   # Celery broker and job progress in production
     sync_interval_minutes: float = 60.0     # Celery beat: how often each tenant's record source is re-synced
     sync_lease_seconds: float = 120.0       # a Bulk sync's hold on its (EHR, group), renewed while it runs: a dead one lets go after this
+    sync_stall_seconds: float = 900.0       # a Bulk sync with no file, line, poll or patient done this long lets its lease go
     bulk_patients_per_part: int = 25        # patients indexed by one task of a Bulk round (and made searchable together)
     bulk_staging_url: str = ""              # SQLAlchemy URL where a Bulk round's downloads wait for the workers; "" = SQLite in the data dir
     task_visibility_seconds: float = 3600.0  # Redis broker: a task not acknowledged this long (its worker died) goes to another worker
@@ -90,7 +91,8 @@ class Settings:
     session_minutes: float = 120.0          # a launch's session (and its frame) ends this long after the launch
     key_overlap_days: float = 7.0           # a rotated-out key stays in the JWKS this long
     max_expanded_mb: float = 1024.0         # a compressed input file (.gz) is read no further past this many MB...
-    max_expansion_ratio: float = 200.0      # ...or past this many times its compressed size (a decompression bomb)
+    max_expansion_ratio: float = 0.0        # ...or past this many times its compressed size; 0 = no ratio limit (memory is bounded by streaming)
+    max_removal_share: float = 0.5          # one input removing more than this share of a patient's held record is held back
 
     @classmethod
     def load(cls, environ: dict | None = None) -> "Settings":
@@ -218,9 +220,11 @@ class Settings:
         """How far compressed input may expand (fhir_ingest.record.reader.ReadLimits)."""
         from fhir_ingest.record.reader import ReadLimits
 
-        for name in ("max_expanded_mb", "max_expansion_ratio"):
-            if getattr(self, name) <= 0:
-                raise SettingsError(f"CHARTCITE_{name.upper()} must be more than 0, not {getattr(self, name)}")
+        if self.max_expanded_mb <= 0:
+            raise SettingsError(f"CHARTCITE_MAX_EXPANDED_MB must be more than 0, not {self.max_expanded_mb}")
+        if self.max_expansion_ratio < 0:
+            raise SettingsError(f"CHARTCITE_MAX_EXPANSION_RATIO must be 0 (no ratio limit) or more, not "
+                                f"{self.max_expansion_ratio}")
         return ReadLimits(int(self.max_expanded_mb * 2**20), self.max_expansion_ratio)
 
     def search_options(self) -> dict:
@@ -245,7 +249,14 @@ class Settings:
             raise SettingsError(f"CHARTCITE_INT8 must be one of {', '.join(INT8_SETTINGS)}, not {self.int8!r}")
         return {"backend_kind": self.backend, "index_path": self.index_path, "model_path": self.model,
                 "reranker_path": self.reranker, "llm": llm, "es": es, "precision": self.embedding_precision,
-                "int8": self.int8, "model_cache": self.model_cache, "read_limits": self.read_limits()}
+                "int8": self.int8, "model_cache": self.model_cache, "read_limits": self.read_limits(),
+                "removal_share": self.removal_share()}
+
+    def removal_share(self) -> float:
+        """The removal budget's share (fhir_ingest.record.load.RemovalBudget)."""
+        if not 0 <= self.max_removal_share <= 1:
+            raise SettingsError(f"CHARTCITE_MAX_REMOVAL_SHARE must be between 0 and 1, not {self.max_removal_share}")
+        return self.max_removal_share
 
     def masked(self) -> dict:
         out = {}

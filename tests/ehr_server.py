@@ -142,8 +142,11 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
         `fail_every`-th file) listed under `error` as files that could not be generated, `backdate`
         every exported resource's meta.lastUpdated to that instant (a clock that disagrees),
         `cut` the first `times` downloads of a file whose URL holds `cut` in the middle,
-        `unknown_groups: "empty"` exporting nothing for a Group it does not have, and `no_range`
-        ignoring Range requests."""
+        `unknown_groups: "empty"` exporting nothing for a Group it does not have, `no_range`
+        ignoring Range requests, `regenerate` serving a file whose URL holds it in another line
+        order once it was cut (as an EHR that regenerated it), `no_validators` serving files
+        without an ETag, `broken_line` cutting the first line of a file whose URL holds it short
+        (not JSON), and `transaction_time` as the manifest's."""
         state["bulk"] = request.get_json(force=True)
         state["bulk_cut"] = 0
         return jsonify(ok=True)
@@ -560,6 +563,8 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
             return response
         manifest = json.loads(response.get_data())
         manifest["requiresAccessToken"] = True
+        if bulk.get("transaction_time"):
+            manifest["transactionTime"] = bulk["transaction_time"]
         manifest["output"] = split_outputs(manifest.get("output") or [], int(bulk.get("split", 0)))
         fail_outputs(manifest, job, bulk)
         since = parse_qs(urlsplit(manifest.get("request", "")).query).get("_since", [""])[0]
@@ -617,29 +622,38 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
             lines = lines[part * size:(part + 1) * size]
         if bulk.get("backdate"):
             lines = [backdated(line, bulk["backdate"]) for line in lines]
+        if bulk.get("regenerate") and bulk["regenerate"] in request.path and state.get("bulk_cut", 0):
+            lines = [line if line.endswith(b"\n") else line + b"\n" for line in reversed(lines)]
+        if bulk.get("broken_line") and bulk["broken_line"] in request.path and lines:
+            lines[0] = lines[0][: len(lines[0]) // 2] + b"\n"
         body = b"".join(lines)
+        # A strong validator of this body, as servers give one, unless told to give none.
+        validators = {} if bulk.get("no_validators") else {"ETag": f'"{hashlib.sha256(body).hexdigest()[:16]}"'}
         wanted = request.headers.get("Range", "")
-        if wanted.startswith("bytes=") and not bulk.get("no_range"):
+        if_range = request.headers.get("If-Range")
+        unchanged = if_range is None or if_range == validators.get("ETag")
+        if wanted.startswith("bytes=") and not bulk.get("no_range") and unchanged:
             start = int(wanted[6:].split("-")[0])
-            return Response(body[start:], 206, {"Content-Range": f"bytes {start}-{len(body) - 1}/{len(body)}"},
-                            content_type="application/fhir+ndjson")
+            return Response(body[start:], 206, {"Content-Range": f"bytes {start}-{len(body) - 1}/{len(body)}"}
+                            | validators, content_type="application/fhir+ndjson")
         if bulk.get("cut") and bulk["cut"] in request.full_path and state.get("bulk_cut", 0) < bulk.get("times", 1):
             state["bulk_cut"] = state.get("bulk_cut", 0) + 1
-            return cut_off(body)
-        return Response(body, 200, content_type="application/fhir+ndjson")
+            return cut_off(body, validators)
+        return Response(body, 200, validators, content_type="application/fhir+ndjson")
 
     def backdated(line: bytes, when: str) -> bytes:
         resource = json.loads(line)
         resource.setdefault("meta", {})["lastUpdated"] = when
         return json.dumps(resource).encode() + b"\n"
 
-    def cut_off(body: bytes) -> Response:
+    def cut_off(body: bytes, validators: dict) -> Response:
         """Half the file, then the connection dropped: the declared length is never reached."""
         def stream():
             yield body[: len(body) // 2]
             raise ConnectionAbortedError("the test server drops the connection mid-file")
 
-        return Response(stream(), 200, {"Content-Length": str(len(body))}, content_type="application/fhir+ndjson")
+        return Response(stream(), 200, {"Content-Length": str(len(body))} | validators,
+                        content_type="application/fhir+ndjson")
 
     @app.get("/bulk-deleted/<job>.ndjson")
     def deleted_file(job):

@@ -22,6 +22,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 import requests
 
 from .fhir_servers import REPO, free_port
@@ -385,3 +386,101 @@ def test_staged_resources_of_rounds_that_ended_are_swept(tmp_path):
     deps.staging.add([row | {"round_id": rid} for rid in (ended.id, open_.id, "gone-round")])
     assert sweep_ended_rounds(deps) == 2
     assert deps.staging.round_ids() == {open_.id}
+
+
+# --- what a round may remove (issue 41) -----------------------------------------------------------------
+
+def held_refs(stack: Stack) -> dict[str, set[str]]:
+    """Every resource the index holds, by patient."""
+    from search.service import SearchService
+
+    svc = SearchService("embedded", Path(stack.env["CHARTCITE_DATA_DIR"]) / "index.sqlite")
+    try:
+        return {pid: {f"{r['resourceType']}/{r['id']}" for r in svc.catalog.patient_resources(TENANT, pid)}
+                for pid in (PID, OTHER)}
+    finally:
+        svc.close()
+
+
+def last_status(stack: Stack) -> str:
+    return json.loads(stack.cli("ehr", "list", "--json").stdout)[0]["last_sync_status"]
+
+
+def test_a_line_a_full_round_could_not_read_removes_nothing_of_its_type(stack):
+    """Item 3: an AllergyIntolerance line cut short (not JSON) in a full round deleted the good copy
+    held. Now the round removes nothing of that type, and `ehr list` warns instead of saying ok."""
+    assert stack.cli("sync", "--tenant", TENANT, "--full").returncode == 0
+    before = held_refs(stack)
+    assert any(ref.startswith("AllergyIntolerance/") for refs in before.values() for ref in refs)
+    with bulk_misbehaving(stack, broken_line="AllergyIntolerance.ndjson"):
+        round_ = stack.cli("sync", "--tenant", TENANT, "--full")
+    assert round_.returncode == 0, round_.stdout + round_.stderr
+    assert held_refs(stack) == before
+    assert "a Bulk round that could not read 1 line(s) of AllergyIntolerance" in round_.stdout
+    status = last_status(stack)
+    assert status.startswith("warning:") and "could not read 1 line(s) of AllergyIntolerance" in status, status
+    consistent(stack)
+
+
+@pytest.mark.parametrize("validators", [True, False])
+def test_a_file_regenerated_between_a_cut_and_its_resume_is_read_again_from_its_start(stack, validators):
+    """Item 5: an Observation file broke off half way and the EHR then served it regenerated (the
+    same lines in another order): the resume spliced two versions and lost what was in neither
+    half. Now a resume names the first response's ETag (If-Range): a changed file comes whole
+    and is read from its start, as is a file that gave no validator; nothing is lost."""
+    assert stack.cli("sync", "--tenant", TENANT, "--full").returncode == 0
+    before = held_refs(stack)
+    with bulk_misbehaving(stack, cut="Observation.ndjson", times=1, regenerate="Observation.ndjson",
+                          no_validators=not validators):
+        stack.test_api("clear-log")
+        synced = stack.cli("sync", "--tenant", TENANT, "--full")
+    assert synced.returncode == 0, synced.stdout + synced.stderr
+    assert held_refs(stack) == before
+    assert "read again from its start" in synced.stdout
+    reads = [e for e in stack.ehr_log() if e["path"].endswith("/Observation.ndjson")]
+    assert not reads[-1]["range"], reads
+    consistent(stack)
+
+
+def test_a_transaction_time_in_the_future_never_becomes_the_cursor(stack):
+    """Item 4: a manifest dated 2099 became the group's cursor, and every later round asked for
+    changes since 2099 and found none. Now it is refused, the cursor stays at its last good value,
+    `ehr list` warns, and the next round finds the change."""
+    assert stack.cli("sync", "--tenant", TENANT).returncode == 0
+    cursor = cursor_of(stack)
+    with bulk_misbehaving(stack, transaction_time="2099-01-01T00:00:00Z"):
+        future = stack.cli("sync", "--tenant", TENANT)
+    assert future.returncode == 0, future.stdout + future.stderr
+    assert "the EHR's transactionTime 2099-01-01T00:00:00Z is after now" in future.stdout
+    assert cursor_of(stack) == cursor
+    status = last_status(stack)
+    assert status.startswith("warning:") and "2099-01-01T00:00:00Z is after now" in status, status
+    put(stack, condition("after-the-future", PID, "Plantar fasciitis"))
+    assert stack.cli("sync", "--tenant", TENANT).returncode == 0
+    assert held_resource(stack, PID, "Condition/after-the-future")["code"]["text"] == "Plantar fasciitis"
+    assert held_refs(stack)[PID] >= {"Condition/after-the-future"}
+
+
+def test_a_round_that_stops_making_progress_lets_its_lease_go(tmp_path):
+    """Item 8 (and issue 44's): a sync stuck in its first embedding kept renewing its lease from a
+    thread, so no other worker could take the round up. Now a lease is renewed only while the work
+    moves: stuck, it is let go within the stall time and said; moving, it is kept."""
+    from smart_app.settings import Settings
+    from workers.bulk_round import Heartbeat, round_deps
+    from workers.sync import open_registry
+
+    settings = Settings.load({"CHARTCITE_DATA_DIR": str(tmp_path)})
+    rounds = round_deps(settings, open_registry(settings), None).rounds
+    said: list[float] = []
+    lease, stall = 1.0, 1.5
+    for group in ("moving", "stuck"):
+        assert rounds.take_lease(TENANT, group, "worker-1", lease) is None
+    with Heartbeat(lambda: rounds.renew_lease(TENANT, "moving", "worker-1", lease), 0.25, stall) as moving, \
+            Heartbeat(lambda: rounds.renew_lease(TENANT, "stuck", "worker-1", lease), 0.25, stall, said.append) as stuck:
+        deadline = time.monotonic() + stall + lease + 1.5
+        while time.monotonic() < deadline:
+            moving.progress()
+            time.sleep(0.1)
+        assert rounds.take_lease(TENANT, "stuck", "worker-2", 60) is None, "a stuck round's lease went to another"
+        assert rounds.take_lease(TENANT, "moving", "worker-2", 60) is not None, "a moving round kept its lease"
+    assert stuck.stalled.is_set() and not moving.stalled.is_set() and len(said) == 1

@@ -180,6 +180,9 @@ def test_a_bundle_replaces_the_record_only_when_it_confirms_what_it_removes(env,
                            link=[{"relation": "self", "url": f"https://ehr.example/fhir/Patient/{C}/$everything"}])
     (tmp_path / "everything.json").write_text(json.dumps(everything))
     out = run(["index", str(tmp_path / "everything.json")], env)
+    assert out.returncode == 4 and "over the removal budget" not in out.stdout and "removal budget" in out.stdout
+    assert held_refs(env, C) == held
+    out = run(["index", "--allow-removals", str(tmp_path / "everything.json")], env)
     assert out.returncode == 0 and "removed: 0" not in out.stdout, out.stdout + out.stderr
     assert held_refs(env, C) == {f"{r['resourceType']}/{r['id']}" for r in few}
     assert run(["check"], env).returncode == 0
@@ -389,7 +392,8 @@ def gzip_bomb(path: Path, head: bytes, filler_mb: int, tail: bytes) -> None:
 
 
 def test_a_decompression_bomb_is_reported_with_its_position_and_skipped(env, tmp_path):
-    """A few kilobytes of gzip holding tens of megabytes: read no further than the ratio allows."""
+    """A few kilobytes of gzip holding tens of megabytes: read no further than the ratio allows,
+    when one is set (none is by default: memory does not depend on it)."""
     folder = tmp_path / "bombs"
     folder.mkdir()
     inside = potassium("in-the-bomb", A, "2021-01-05", 4.4)
@@ -399,7 +403,7 @@ def test_a_decompression_bomb_is_reported_with_its_position_and_skipped(env, tmp
     gzip_bomb(folder / "bomb.ndjson.gz", json.dumps(first_line).encode() + b'\n{"resourceType": "Observation", '
               b'"id": "x", "note": "', 40, b'"}\n')
     (folder / "good.ndjson").write_text(json.dumps(potassium("beside-the-bombs", A, "2021-01-07", 4.7)) + "\n")
-    out = run(["index", str(folder)], env)
+    out = run(["index", str(folder)], env | {"CHARTCITE_MAX_EXPANSION_RATIO": "200"})
     assert out.returncode == EXIT_SKIPPED, out.stdout + out.stderr
     size = (folder / "bomb.json.gz").stat().st_size
     assert (f"bomb.json.gz: the file expands more than 200 times its compressed size of {size:,} bytes "
@@ -426,8 +430,9 @@ def test_the_expanded_size_limit_is_a_setting(env, tmp_path):
     assert catalog(env).get_resource("default", A, "Observation/in-the-large-file") is None
     assert run(["index", str(path)], env | settings | {"CHARTCITE_MAX_EXPANDED_MB": "8"}).returncode == 0
     assert catalog(env).get_resource("default", A, "Observation/in-the-large-file") is not None
-    refused = run(["index", str(path)], env | {"CHARTCITE_MAX_EXPANSION_RATIO": "0"})
-    assert refused.returncode == 2 and "CHARTCITE_MAX_EXPANSION_RATIO must be more than 0" in refused.stderr
+    refused = run(["index", str(path)], env | {"CHARTCITE_MAX_EXPANSION_RATIO": "-1"})
+    assert refused.returncode == 2 and "CHARTCITE_MAX_EXPANSION_RATIO must be 0 (no ratio limit) or more" \
+        in refused.stderr
 
 
 def test_a_file_that_does_not_exist_is_a_usage_error(env):

@@ -36,13 +36,13 @@ from typing import Callable
 from fhir_ingest.connection.bulk import (BulkExport, BulkExportError, GroupNotFound, Manifest, SinceCheck,
                                          bulk_types, capability_statement, granted_types, group_members, instant,
                                          iso_instant)
-from fhir_ingest.connection.bulk_staging import FileProgress, StagedExport, download_file
+from fhir_ingest.connection.bulk_staging import FileProgress, FileRestarted, StagedExport, download_file
 from fhir_ingest.connection.client import FhirClient, FhirError, FhirUnavailable
 from fhir_ingest.connection.fetch import declared_resources
 from fhir_ingest.connection.registry import Ehr, Registry
 from fhir_ingest.connection.rounds import ROUND_MAX_AGE, BulkRound, Rounds, holder_name
 from fhir_ingest.connection.smart_auth import BackendServicesToken
-from fhir_ingest.record.load import LoadReport, RecordAssembler, shared_refs
+from fhir_ingest.record.load import ANY_TYPE, LoadReport, RecordAssembler, shared_refs
 from fhir_ingest.record.staging import HeldInMemory
 
 from .progress import job_store
@@ -82,6 +82,10 @@ class RoundDeps:
     def lease(self) -> float:
         return float(self.settings.sync_lease_seconds)
 
+    @property
+    def stall(self) -> float:
+        return float(self.settings.sync_stall_seconds)
+
     def say_nothing(self, *args) -> None:
         return None
 
@@ -101,13 +105,19 @@ def round_deps(settings, registry: Registry, service) -> RoundDeps:
 
 
 class Heartbeat:
-    """Renews a lease or a claim every `every` seconds on a thread while the block runs, so that
-    it outlives a long export or a long part and lapses soon after its holder dies. `lost` is set
-    when a renewal finds it taken by another."""
+    """Renews a lease or a claim while the work it covers makes progress, so that it outlives a
+    long export or a long part and lapses soon after its holder dies or hangs. A beat every
+    `every` seconds renews it only when `progress()` was called in the last `stall` seconds: a
+    round stuck (in a model that never returns, on a socket that never answers) stops renewing
+    whatever its threads do, says so once (`stalled`, `on_stall`) and lets go, so another worker
+    or the next sync takes it up. `lost` is set when a renewal finds it taken by another, or when
+    it stalled."""
 
-    def __init__(self, renew: Callable[[], bool], every: float):
-        self.renew, self.every = renew, max(0.5, every)
-        self.lost, self._stop = threading.Event(), threading.Event()
+    def __init__(self, renew: Callable[[], bool], every: float, stall: float,
+                 on_stall: Callable[[float], None] | None = None):
+        self.renew, self.every, self.stall, self.on_stall = renew, max(0.5, every), stall, on_stall
+        self.lost, self.stalled, self._stop = threading.Event(), threading.Event(), threading.Event()
+        self.last_progress = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="chartcite-lease", daemon=True)
 
     def __enter__(self) -> "Heartbeat":
@@ -118,8 +128,31 @@ class Heartbeat:
         self._stop.set()
         self._thread.join(timeout=10)
 
+    def progress(self, *args, **kwargs) -> None:
+        """A file, a batch of lines, a poll or a patient done: the work moves."""
+        self.last_progress = time.monotonic()
+
+    def saying(self, say: Say) -> Say:
+        """`say`, counting each call as progress."""
+        def said(*args, **kwargs) -> None:
+            self.progress()
+            say(*args, **kwargs)
+        return said
+
     def _run(self) -> None:
         while not self._stop.wait(self.every):
+            idle = time.monotonic() - self.last_progress
+            if idle > self.stall:
+                if not self.stalled.is_set():
+                    self.stalled.set()
+                    self.lost.set()
+                    log.warning("a sync made no progress for %.0f s: its lease is let go", idle)
+                    if self.on_stall:
+                        try:
+                            self.on_stall(idle)
+                        except Exception:
+                            log.warning("could not record a stalled sync")
+                continue
             try:
                 if not self.renew():
                     self.lost.set()
@@ -130,7 +163,8 @@ class Heartbeat:
 # --- the round from start to hand-over ------------------------------------------------------------------
 
 def run_bulk_sync(settings, registry: Registry, ehr: Ehr, service, group_id: str = "", progress: Say | None = None,
-                  full: bool = False, dispatch: Callable[[str, int], None] | None = None) -> dict:
+                  full: bool = False, dispatch: Callable[[str, int], None] | None = None,
+                  allow_removals: bool = False) -> dict:
     """One round for the registration's group (or `group_id`), resumed if one is open: run to its
     end here, or, with `dispatch` (a function queueing one part), handed to the workers once its
     files are read. Returns the round's summary, or where it stands when it was handed over or
@@ -148,8 +182,15 @@ def run_bulk_sync(settings, registry: Registry, ehr: Ehr, service, group_id: str
     handed_over = False
     try:
         sweep_ended_rounds(deps)
-        with Heartbeat(lambda: deps.rounds.renew_lease(ehr.name, group, holder, deps.lease), deps.lease / 4):
-            round_ = advance(deps, ehr, begin_round(deps, ehr, group, full, holder), say)
+        def stalled(idle: float) -> None:
+            deps.rounds.release_lease(ehr.name, group, holder)
+            registry.record_sync(ehr.name, stalled_words(idle))
+            job_store(settings).add("bulk_warnings", "stalled")
+
+        with Heartbeat(lambda: deps.rounds.renew_lease(ehr.name, group, holder, deps.lease), deps.lease / 4,
+                       deps.stall, stalled) as beat:
+            say = beat.saying(say)
+            round_ = advance(deps, ehr, begin_round(deps, ehr, group, full, holder, allow_removals), say)
             if round_.state == "indexing" and dispatch is not None:
                 handed_over = dispatch_parts(deps, round_.id, dispatch)
             elif round_.state == "indexing":
@@ -161,6 +202,11 @@ def run_bulk_sync(settings, registry: Registry, ehr: Ehr, service, group_id: str
     finally:
         if not handed_over:
             deps.rounds.release_lease(ehr.name, group, holder)
+
+
+def stalled_words(idle: float) -> str:
+    return (f"stalled: no file, line or patient done for {idle:.0f} s (CHARTCITE_SYNC_STALL_SECONDS); its lease was "
+            f"let go, so another worker or the next sync takes the round up where it stopped")
 
 
 def sweep_ended_rounds(deps: RoundDeps) -> int:
@@ -180,7 +226,8 @@ def running_sentence(tenant: str, group: str, holder: str, expires_at: float) ->
             "round up where it stopped")
 
 
-def begin_round(deps: RoundDeps, ehr: Ehr, group: str, full: bool, holder: str) -> BulkRound:
+def begin_round(deps: RoundDeps, ehr: Ehr, group: str, full: bool, holder: str,
+                allow_removals: bool = False) -> BulkRound:
     """The group's open round, taken up by this holder, or a new one."""
     open_ = deps.rounds.open_round(ehr.name, group)
     if open_ is not None and time.time() - open_.started_at > ROUND_MAX_AGE:
@@ -190,12 +237,12 @@ def begin_round(deps: RoundDeps, ehr: Ehr, group: str, full: bool, holder: str) 
         abandon(deps, open_, "a full round was asked for, which holds everything it would have")
         open_ = None
     if open_ is not None:
-        deps.rounds.update_round(open_.id, lease_holder=holder)
+        deps.rounds.update_round(open_.id, lease_holder=holder, allow_removals=open_.allow_removals or allow_removals)
         deps.rounds.add_note(open_.id, f"taken up again at {iso_instant(time.time())}, where it stopped "
                                        f"({open_.state})")
         return deps.rounds.round(open_.id)
     since, notes = round_since(deps, ehr, group, full)
-    return deps.rounds.new_round(ehr.name, group, since, notes, holder)
+    return deps.rounds.new_round(ehr.name, group, since, notes, holder, allow_removals)
 
 
 def round_since(deps: RoundDeps, ehr: Ehr, group: str, full: bool) -> tuple[str, list[str]]:
@@ -313,15 +360,17 @@ def download_round(deps: RoundDeps, ehr: Ehr, round_: BulkRound, say: Say) -> No
     files = deps.rounds.files(round_.id, "output")
     for done, file in enumerate(files, start=1):
         if file.state != "done":
-            read_file(deps, BulkExport(client), round_, manifest, file)
+            read_file(deps, BulkExport(client), round_, manifest, file, say)
         say("downloading", done, len(files), "files")
     if any(f.state != "done" for f in deps.rounds.files(round_.id, "output")):
         return
     make_parts(deps, client, round_)
 
 
-def read_file(deps: RoundDeps, export: BulkExport, round_: BulkRound, manifest: Manifest, file) -> None:
-    """One output file, resumed from its recorded progress; expired files abandon the round."""
+def read_file(deps: RoundDeps, export: BulkExport, round_: BulkRound, manifest: Manifest, file,
+              say: Say | None = None) -> None:
+    """One output file, resumed from its recorded progress when the EHR shows it unchanged, else
+    read again from its start; expired files abandon the round."""
     saved = json.loads(file.report or "{}")
     report, since = LoadReport(), SinceCheck(round_.since)
     report.merge_dict(saved.get("load") or {})
@@ -330,22 +379,30 @@ def read_file(deps: RoundDeps, export: BulkExport, round_: BulkRound, manifest: 
 
     def recorded(progress: FileProgress) -> None:
         deps.rounds.update_file(round_.id, file.n, lines=progress.lines, bytes=progress.bytes,
+                                validator=progress.validator,
                                 report=json.dumps({"load": report.to_dict(), "since": since.to_dict()}))
+        if say:
+            say("downloading", progress.lines, 0, f"{file_name(file)}: lines")
 
-    progress, error = FileProgress(file.lines, file.bytes), ""
-    for _ in range(FILE_ATTEMPTS):
+    progress, error, attempts = FileProgress(file.lines, file.bytes, file.validator), "", 0
+    while attempts < FILE_ATTEMPTS:       # a restart from byte 0 is no failed attempt: it cannot recur
         try:
             download_file(export, deps.staging, round_.id, file.n, file.url, file_name(file), manifest.requires_token,
                           progress, report, since, recorded)
             deps.rounds.update_file(round_.id, file.n, state="done", error="")
             return
+        except FileRestarted as exc:
+            # What was read of it came from another version of the file: it counts for nothing.
+            deps.rounds.add_note(round_.id, str(exc))
+            report, since, progress = LoadReport(), SinceCheck(round_.since), FileProgress()
+            recorded(progress)
         except (FhirUnavailable, BulkExportError) as exc:
             if exc.status in (404, 410):
                 abandon(deps, round_, f"the EHR no longer serves its files ({exc})")
                 raise
-            error = str(exc)
+            error, attempts = str(exc), attempts + 1
             fresh = deps.rounds.files(round_.id)[file.n]
-            progress = FileProgress(fresh.lines, fresh.bytes)
+            progress = FileProgress(fresh.lines, fresh.bytes, fresh.validator)
     deps.rounds.update_file(round_.id, file.n, state="failed", error=error[:500], attempts=file.attempts + 1)
     log.warning("a Bulk output file could not be read (%s); the next sync reads it again from where it stopped",
                 error[:200])
@@ -467,9 +524,13 @@ def index_part(deps: RoundDeps, round_id: str, n: int, say: Say | None = None) -
         return deps.rounds.renew_claim(round_id, n, holder, deps.lease) and \
             deps.rounds.renew_round_lease(round_id, deps.lease)
 
+    def stalled(idle: float) -> None:
+        deps.rounds.fail_part(round_id, n, holder, stalled_words(idle), retrying=True)
+        job_store(deps.settings).add("bulk_warnings", "stalled")
+
     try:
-        with Heartbeat(renew, deps.lease / 4) as beat:
-            result = index_patients(deps, round_, patients, say or deps.say_nothing, beat)
+        with Heartbeat(renew, deps.lease / 4, deps.stall, stalled) as beat:
+            result = index_patients(deps, round_, patients, beat.saying(say or deps.say_nothing), beat)
     except ClaimLost:
         log.warning("a Bulk part was taken over by another worker: this one stops")
         return {"part": n, "state": "busy"}
@@ -493,23 +554,40 @@ def index_patients(deps: RoundDeps, round_: BulkRound, patients: list[str], say:
     shared = deps.staging.shared(round_.id, shared_refs(r for items in owned.values() for r, _ in items))
     report = LoadReport()
     assembler = RecordAssembler(report, staging=HeldInMemory(owned, shared))
-    # Only a full round the EHR exported without errors is each patient's whole record.
+    # Only a full round the EHR exported without errors is each patient's whole record, as of its
+    # transactionTime, less the types it could not read whole.
     whole = round_.full and not json.loads(round_.export_errors)
+    unread = unread_types(deps, round_)
     totals = IndexResult()
-    records = (assembler.record(pid, whole=whole) for pid in patients)
+    name = f"Bulk round {round_.id[:8]}"
+    records = (assembler.record(pid, whole=whole, as_of=round_.transaction_time, partial_types=unread, name=name)
+               for pid in patients)
     with deps.service.deferred_refresh():
-        with closing(deps.service.index_in_turn(round_.tenant, records, report)) as indexed:
+        with closing(deps.service.index_in_turn(round_.tenant, records, report, round_.allow_removals)) as indexed:
             for done, result in enumerate(indexed, start=1):
                 if beat.lost.is_set():
                     raise ClaimLost("another worker took this part over")
                 totals.merge(result)
                 say("indexing", done, len(patients))
     # Marked synced once searchable: a failure before the refresh leaves the part to be indexed again.
+    synced_at = "" if ahead_of_clock(round_.transaction_time) else round_.transaction_time
     for pid in patients:
-        deps.registry.mark_patient_synced(round_.tenant, pid, round_.transaction_time)
+        deps.registry.mark_patient_synced(round_.tenant, pid, synced_at)
     return {"patients": totals.patients, "resources": totals.resources, "chunks": totals.chunks,
             "embedded": totals.embedded, "removed": totals.removed, "problems": len(totals.problems),
             "report": report.to_dict()}
+
+
+def unread_types(deps: RoundDeps, round_: BulkRound) -> dict[str, str]:
+    """The types a round could not read whole (a file with a line it could not read): the round
+    removes nothing of them. A file of no stated type stands for every type."""
+    unread = {}
+    for file in deps.rounds.files(round_.id, "output"):
+        count = (json.loads(file.report or "{}").get("load") or {}).get("skipped_count", 0)
+        if count:
+            unread.setdefault(file.type or ANY_TYPE, f"a Bulk round that could not read {count} line(s) of "
+                                                     f"{file_name(file)}")
+    return unread
 
 
 # --- the end of a round ---------------------------------------------------------------------------------
@@ -519,16 +597,39 @@ def complete_round(deps: RoundDeps, round_id: str) -> dict:
     missing; the registration's status says how it went; the staging is emptied; the lease let go."""
     round_ = deps.rounds.round(round_id)
     summary = round_summary(deps, round_) | {"state": "done" if not json.loads(round_.export_errors) else "incomplete"}
-    if summary["state"] == "done":
+    ahead = ahead_of_clock(round_.transaction_time)
+    if ahead:
+        summary["cursor_refused"] = ahead
+        job_store(deps.settings).add("bulk_warnings", "future_cursor")
+        log.warning("a Bulk round's transactionTime is ahead of the clock: the cursor stays where it was")
+    elif summary["state"] == "done":
         deps.rounds.advance_cursor(round_.tenant, round_.group_id, round_.transaction_time, reach_back(summary))
     deps.registry.record_sync(round_.tenant, bulk_status(summary))
     deps.staging.remove(round_id)
     deps.rounds.update_round(round_id, state="done", summary=json.dumps(summary))
     deps.rounds.release_lease(round_.tenant, round_.group_id, round_.lease_holder)
     job_store(deps.settings).add("bulk_syncs", "done" if summary["state"] == "done" else "incomplete")
+    for kind in ("held_back", "not_removed"):
+        if summary.get(kind):
+            job_store(deps.settings).add("bulk_warnings", kind)
     log.info("bulk round finished: %s patients, %s resources, %s chunks embedded, %s export errors",
              summary["patients"], summary["resources"], summary["embedded"], summary["export_errors"])
     return summary
+
+
+# How far ahead of this machine's clock the EHR's may run before its transactionTime is refused.
+CLOCK_SKEW = 300.0
+
+
+def ahead_of_clock(transaction_time: str, now: float | None = None) -> str:
+    """Why a transactionTime may not become the next `_since` (after now, beyond the clock skew
+    allowed: every later round would ask for changes after it, and see none), or ''."""
+    moment = instant(transaction_time)
+    now = time.time() if now is None else now
+    if moment is None or moment <= now + CLOCK_SKEW:
+        return ""
+    return (f"the EHR's transactionTime {transaction_time} is after now ({iso_instant(now)}): refused as the next "
+            f"_since, the cursor stays at its last good value")
 
 
 def reach_back(summary: dict) -> float:
@@ -569,6 +670,8 @@ def round_summary(deps: RoundDeps, round_: BulkRound) -> dict:
             "transaction_time": round_.transaction_time, "since": round_.since, "full_export": round_.full,
             "since_ignored": bool(seen["dated"]) and seen["older"] * 2 > seen["dated"], "since_seen": seen,
             "deletion_notes": early.get("deletion_notes", []), "notes": json.loads(round_.notes),
+            "held_back": [f"{i.origin}: {i.reason}" for i in report.held_back],
+            "not_removed": [f"{i.origin}: {i.reason}" for i in report.not_removed],
             "parts": len(parts), "parts_done": sum(p.state == "done" for p in parts)}
 
 
@@ -582,18 +685,34 @@ def open_state(round_: BulkRound, files: list, parts: list) -> str:
 
 
 def bulk_status(summary: dict) -> str:
-    """The registration's last-sync line (`ehr list`, /admin)."""
+    """The registration's last-sync line (`ehr list`, /admin): ok, or a warning (removals held
+    back, types not read whole, a cursor refused) or incomplete, with why."""
     if summary["state"] == "incomplete":
         words = "; ".join(summary["failed_files"][:3] or summary["export_error_words"][:3])
         return (f"incomplete: {summary['patients']} patients indexed, but part of the export is missing ({words}); "
                 f"the cursor stays at {summary['since'] or 'none (a full round)'}, so the next sync asks again")
-    status = f"ok: {summary['patients']} patients, {summary['resources']} resources, {summary['deleted']} deleted"
+    counts = f"{summary['patients']} patients, {summary['resources']} resources, {summary['deleted']} deleted"
     if summary["since_ignored"]:
-        status += (" (the EHR ignored _since and sent everything: merged, nothing removed; `chartcite sync --full` "
+        counts += (" (the EHR ignored _since and sent everything: merged, nothing removed; `chartcite sync --full` "
                    "applies deletions it does not list)")
     if summary["skipped"]:
-        status += f", {summary['skipped']} skipped"
-    return status
+        counts += f", {summary['skipped']} skipped"
+    warnings = round_warnings(summary)
+    if summary.get("held_back"):
+        return f"held back: {counts}; " + "; ".join(warnings)
+    return f"warning: {counts}; " + "; ".join(warnings) if warnings else f"ok: {counts}"
+
+
+def round_warnings(summary: dict) -> list[str]:
+    """What a person should know of a round that otherwise went well, a sentence each (a few)."""
+    held_back = summary.get("held_back") or []
+    warnings = [f"{len(held_back)} removal(s) over the budget held back ({held_back[0]})"] if held_back else []
+    not_removed = summary.get("not_removed") or []
+    if not_removed:
+        warnings.append(f"{len(not_removed)} patient(s) kept what the round lacked ({not_removed[0]})")
+    if summary.get("cursor_refused"):
+        warnings.append(summary["cursor_refused"])
+    return warnings
 
 
 # --- the registration's use case ------------------------------------------------------------------------

@@ -5,9 +5,12 @@ downloads that resume where they broke, deletions and errors.
   CapabilityStatement offers and its granted scopes cover, or as hospital IT narrowed them.
 - The status URL is polled no faster than the EHR's Retry-After asks and ever slower (capped),
   reporting X-Progress; a failed export is said in the EHR's own words.
-- An output file is read as its bytes arrive (it can be larger than memory); a transfer cut
-  mid-file is resumed from the last complete line with an HTTP Range request (or, from a server
-  that ignores Range, by skipping what was already read).
+- An output file is read as its bytes arrive (it can be larger than memory), its lines split in
+  linear time and capped (`MAX_LINE_BYTES`); a transfer cut mid-file is resumed from the last
+  complete line with an HTTP Range request made conditional by `If-Range` on the validator (ETag
+  or Last-Modified) its first response gave, so a file regenerated in between is never spliced:
+  the EHR then sends it whole and it is read again from its start, as is a file that gave no
+  validator.
 - `deleted` outputs name resources gone since `_since`; `error` outputs are OperationOutcomes: an
   issue of severity error or fatal means part of the export is missing.
 An export interrupted by shutdown is cancelled with DELETE so the EHR can drop its files.
@@ -27,6 +30,7 @@ from .client import FhirClient, FhirError, FhirUnavailable, issue_words, outcome
 from .fetch import declared_resources, scope_covers
 from ..record.kinds import PATIENT_SEARCHES, REFERENCED_TYPES
 from ..record.normalize import ref_id
+from ..record.reader import MAX_LINE_BYTES, split_lines
 
 log = logging.getLogger(__name__)
 
@@ -187,20 +191,23 @@ class BulkExport:
             if not finished:
                 self.cancel(status_url)
 
-    def open_file(self, url: str, requires_token: bool, offset: int = 0) -> tuple[requests.Response, int]:
-        """An output file streaming from byte `offset` (a resumed download asks for the rest with
-        Range, unencoded so byte offsets mean the same); returns the response and how many bytes
-        of it the caller must skip (all of `offset` when the server sent the whole file)."""
-        headers = {"Range": f"bytes={offset}-", "Accept-Encoding": "identity"} if offset else None
+    def open_file(self, url: str, requires_token: bool, offset: int = 0,
+                  validator: str = "") -> tuple[requests.Response, bool]:
+        """An output file streaming from its start, or from byte `offset` when `validator` (the
+        ETag or Last-Modified of the response the earlier bytes came from) shows it unchanged:
+        `If-Range` asks for the rest only if so (unencoded, so byte offsets mean the same).
+        Returns the response and whether it resumes at `offset` (else it is the whole file)."""
+        resume = bool(offset and validator)
+        headers = {"Range": f"bytes={offset}-", "If-Range": validator, "Accept-Encoding": "identity"} if resume else None
         response = self.client.request("GET", url, accept="application/fhir+ndjson", authorized=requires_token,
                                        stream=True, headers=headers)
-        if response.status_code == 206 and offset:
-            return response, 0
+        if response.status_code == 206 and resume:
+            return response, True
         if response.status_code != 200:
             words = outcome_words(response)
             response.close()
             raise BulkExportError(f"a Bulk output file answered {response.status_code}: {words}", response.status_code)
-        return response, offset
+        return response, False
 
     def small_file(self, url: str, requires_token: bool) -> Iterator[dict]:
         """Each JSON line of a small file (a `deleted` or `error` output), read whole."""
@@ -253,26 +260,27 @@ def transient_outcome(response: requests.Response) -> bool:
     return bool(issues) and all(isinstance(i, dict) and i.get("code") in TRANSIENT_CODES for i in issues)
 
 
-def ndjson_lines(response: requests.Response, skip: int = 0, chunk_size: int = 1 << 14) -> Iterator[tuple[int, bytes]]:
+def ndjson_lines(response: requests.Response, skip: int = 0, chunk_size: int = 1 << 14,
+                 max_line: int = MAX_LINE_BYTES) -> Iterator[tuple[int, bytes]]:
     """The complete lines of a streaming NDJSON body, each with the number of bytes it took
     (newline included), after skipping the first `skip` bytes; a last line without its newline is
-    complete when the body ends. A transfer that breaks off raises FhirUnavailable: what was
-    yielded before stands, the rest is read again from there. (A read that meets the break loses
-    what it had read, so reads are small: a resume repeats little.)"""
-    pending = b""
+    complete when the body ends. Each chunk is searched once for newlines, so a long line costs
+    linear time; a line over `max_line` bytes comes out as an empty `LineTooLong`. A transfer
+    that breaks off raises FhirUnavailable: what was yielded before stands, the rest is read
+    again from there. (A read that meets the break loses what it had read, so reads are small.)"""
     try:
-        for chunk in response.iter_content(chunk_size):
-            if skip:
-                dropped = min(skip, len(chunk))
-                chunk, skip = chunk[dropped:], skip - dropped
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
-            for line in lines:
-                yield len(line) + 1, line
+        yield from split_lines(iter_skipped(response.iter_content(chunk_size), skip), max_line)
     except requests.RequestException as exc:
         raise FhirUnavailable(f"a Bulk output file broke off: {type(exc).__name__}") from exc
-    if pending:
-        yield len(pending), pending
+
+
+def iter_skipped(chunks: Iterator[bytes], skip: int) -> Iterator[bytes]:
+    for chunk in chunks:
+        if skip:
+            dropped = min(skip, len(chunk))
+            chunk, skip = chunk[dropped:], skip - dropped
+        if chunk:
+            yield chunk
 
 
 def group_members(client: FhirClient, group_id: str) -> set[str]:

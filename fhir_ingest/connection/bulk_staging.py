@@ -22,7 +22,7 @@ from .bulk import BulkExport, SinceCheck, ndjson_lines
 from .registry import create_tables, shared_engine
 from ..record.load import LoadReport, checked
 from ..record.normalize import patient_of
-from ..record.reader import RawResource, ReadProblem
+from ..record.reader import MAX_LINE_BYTES, LineTooLong, RawResource, ReadProblem
 
 # Lines parked per transaction: the file's progress (bytes and lines read) is recorded after each,
 # so a broken transfer resumes at most this many lines back.
@@ -119,9 +119,23 @@ class StagedExport:
 
 @dataclass
 class FileProgress:
-    """Where a file's download stands: lines and bytes read and parked."""
+    """Where a file's download stands: lines and bytes read and parked, and the validator (ETag or
+    Last-Modified) of the response they came from, without which the rest cannot be asked for."""
     lines: int = 0
     bytes: int = 0
+    validator: str = ""
+
+
+class FileRestarted(Exception):
+    """A resumed file came whole (it changed, or the EHR does not resume): read from its start."""
+
+
+def validator_of(response) -> str:
+    """What `If-Range` may name: a strong ETag, else Last-Modified (a weak ETag may not be used)."""
+    etag = response.headers.get("ETag", "")
+    if etag and not etag.startswith("W/"):
+        return etag
+    return response.headers.get("Last-Modified", "")
 
 
 def download_file(export: BulkExport, store: StagedExport, round_id: str, file_n: int, url: str, name: str,
@@ -129,17 +143,30 @@ def download_file(export: BulkExport, store: StagedExport, round_id: str, file_n
                   recorded: Callable[[FileProgress], None]) -> FileProgress:
     """Read one output file into the staging from where `start` says it stood, parking checked
     resources a batch at a time and recording the progress after each (`recorded`). A broken
-    transfer raises FhirUnavailable with everything before its last batch kept."""
+    transfer raises FhirUnavailable with everything before its last batch kept; a file that cannot
+    be resumed unchanged raises FileRestarted with what was parked of it removed."""
+    if start.bytes and not start.validator:
+        store.drop_after(round_id, file_n, 0)
+        raise FileRestarted(f"{name} broke off and its first response gave no ETag or Last-Modified to resume it "
+                            f"by: read again from its start")
     store.drop_after(round_id, file_n, start.lines)
-    response, skip = export.open_file(url, requires_token, start.bytes)
-    progress, rows = FileProgress(start.lines, start.bytes), []
+    response, resumed = export.open_file(url, requires_token, start.bytes, start.validator)
+    if start.bytes and not resumed:
+        response.close()
+        store.drop_after(round_id, file_n, 0)
+        raise FileRestarted(f"{name} changed since its transfer broke (the EHR sent it whole): read again from its "
+                            f"start")
+    progress, rows = FileProgress(start.lines, start.bytes, start.validator or validator_of(response)), []
     try:
         with response:
-            for size, line in ndjson_lines(response, skip):
+            for size, line in ndjson_lines(response):
                 progress.lines, progress.bytes = progress.lines + 1, progress.bytes + size
-                if line.strip():
-                    rows += parked_rows(round_id, file_n, progress.lines, f"{name}:{progress.lines}", line, report,
-                                        since)
+                origin = f"{name}:{progress.lines}"
+                if isinstance(line, LineTooLong):
+                    rows += parked_item(round_id, file_n, progress.lines, ReadProblem(origin, too_long_words(line)),
+                                        report, since)
+                elif line.strip():
+                    rows += parked_rows(round_id, file_n, progress.lines, origin, line, report, since)
                 if len(rows) >= BATCH:
                     store.add(rows)
                     rows = []
@@ -149,6 +176,10 @@ def download_file(export: BulkExport, store: StagedExport, round_id: str, file_n
         store.add(rows)
         recorded(progress)
     return progress
+
+
+def too_long_words(line: LineTooLong) -> str:
+    return f"a line of {line.skipped:,} bytes, over the {MAX_LINE_BYTES // 2**20} MB a line may hold: not read"
 
 
 def parked_rows(round_id: str, file_n: int, line_no: int, origin: str, line: bytes, report: LoadReport,
@@ -161,10 +192,14 @@ def parked_rows(round_id: str, file_n: int, line_no: int, origin: str, line: byt
     else:
         item = RawResource(value, origin) if isinstance(value, dict) and "resourceType" in value else \
             ReadProblem(origin, "line is not a FHIR resource")
+    return parked_item(round_id, file_n, line_no, item, report, since)
+
+
+def parked_item(round_id: str, file_n: int, line_no: int, item, report: LoadReport, since: SinceCheck) -> list[dict]:
     rows = []
     for raw in checked([item], report):
         since.see(raw.resource)
         rows.append({"round_id": round_id, "file_n": file_n, "line": line_no, "patient_id": patient_of(raw.resource),
-                     "ref": f"{raw.resource['resourceType']}/{raw.resource['id']}", "origin": origin,
+                     "ref": f"{raw.resource['resourceType']}/{raw.resource['id']}", "origin": raw.origin,
                      "body": packed(raw.resource)})
     return rows

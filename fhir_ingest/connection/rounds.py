@@ -61,6 +61,7 @@ class BulkRound(Base):
     tenant: Mapped[str] = mapped_column(String(40), index=True)
     group_id: Mapped[str] = mapped_column(String(200))
     full: Mapped[bool] = mapped_column(default=False)        # asked without _since: each record whole
+    allow_removals: Mapped[bool] = mapped_column(default=False)   # removals over the budget carried out (--allow-removals)
     since: Mapped[str] = mapped_column(String(40), default="")
     state: Mapped[str] = mapped_column(String(20), default="exporting")
     status_url: Mapped[str] = mapped_column(Text, default="")
@@ -86,6 +87,7 @@ class BulkFile(Base):
     state: Mapped[str] = mapped_column(String(10), default="pending")   # pending | done | failed
     lines: Mapped[int] = mapped_column(Integer, default=0)    # lines read and staged so far
     bytes: Mapped[int] = mapped_column(Integer, default=0)    # ... and the bytes they took: where to resume
+    validator: Mapped[str] = mapped_column(Text, default="")  # ETag or Last-Modified they came with (If-Range)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     error: Mapped[str] = mapped_column(Text, default="")
     report: Mapped[str] = mapped_column(Text, default="{}")   # what reading the file found (counts, skips)
@@ -195,10 +197,12 @@ class Rounds:
                                                     BulkRound.state.in_(OPEN_STATES))
                             .order_by(BulkRound.started_at.desc()))
 
-    def new_round(self, tenant: str, group_id: str, since: str, notes: list[str], lease_holder: str) -> BulkRound:
+    def new_round(self, tenant: str, group_id: str, since: str, notes: list[str], lease_holder: str,
+                  allow_removals: bool = False) -> BulkRound:
         """A round from `since` ("" = a full round: each patient's record is the export's)."""
         now = time.time()
         row = BulkRound(id=uuid.uuid4().hex, tenant=tenant, group_id=group_id, full=not since, since=since,
+                        allow_removals=allow_removals,
                         state="exporting", notes=json.dumps(notes), started_at=now, updated_at=now,
                         lease_holder=lease_holder)
         with Session(self.engine, expire_on_commit=False) as s:
@@ -241,7 +245,7 @@ class Rounds:
         with Session(self.engine) as s:
             for n, (kind, rtype, url) in enumerate(files):
                 s.merge(BulkFile(round_id=round_id, n=n, kind=kind, type=rtype, url=url, state="pending",
-                                 lines=0, bytes=0, attempts=0, error="", report="{}"))
+                                 lines=0, bytes=0, validator="", attempts=0, error="", report="{}"))
             s.commit()
 
     def files(self, round_id: str, kind: str | None = None) -> list[BulkFile]:

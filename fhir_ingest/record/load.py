@@ -1,16 +1,29 @@
 """Files → checked resources grouped by patient, with a report of everything read and skipped.
 
 Evidence, not mention, decides what an input may remove (README, "What an input may remove").
-A document may replace what the index holds for a patient only when it shows itself to be that
-patient's whole record: a Bundle file holding the patient's own Patient, no other patient's, and
-at least one clinical resource of the patient, with every resource of the patient in the input
-coming from it. Even then, unless it is a `Patient/$everything` searchset, it replaces only when
-it confirms at least as many of the resources held as it would remove (`against_held`, at index
-time): a Patient with a result or two never passes for a record. Anything else (an NDJSON export,
-each line its own document; a stray Observation of patient B in patient A's bundle; a bundle of
-several patients) is merged into the patient's held record: nothing is removed, and the report
-says so. The patient's own EHR sync and a full Bulk round are the record source's answer and
-replace what is held as they are.
+One rule, in `against_held`, for files, EHR syncs and Bulk rounds alike: an input removes a held
+resource only when
+
+- it is complete: a whole record (below), unfiltered, every page read, every line of that type
+  parsed (`PatientRecord.partial_types`), no export error;
+- it is not older than what it removes: its own date (`Bundle.timestamp`, the manifest's
+  `transactionTime`, else its newest `meta.lastUpdated`) is not before the held resource's
+  `meta.lastUpdated`;
+- it is for that patient;
+
+and even then not when it would remove more than the removal budget's share of the patient's
+held record (`RemovalBudget`), unless the operator allows it. Anything else merges, and the
+report says why in one line per patient.
+
+A document is a patient's whole record only when it shows itself to be: a Bundle file holding the
+patient's own Patient, no other patient's, and at least one clinical resource of the patient,
+with every resource of the patient in the input coming from it, and not a search page or a
+filtered search (`reader.partial_words`). Unless it is a `Patient/$everything` searchset, it
+replaces only when it confirms at least as many of the resources held as it would remove: a
+Patient with a result or two never passes for a record. Anything else (an NDJSON export, each line
+its own document; a stray Observation of patient B in patient A's bundle; a bundle of several
+patients) is merged. The patient's own EHR sync and a full Bulk round are the record source's
+answer: their versions replace what is held as they are, and what they lack leaves under the rule.
 """
 from __future__ import annotations
 
@@ -27,7 +40,7 @@ from .contract import PatientNotFound
 from .kinds import IGNORED_TYPES, INDEXED_TYPES, SUPPORT_TYPES, clinical_date
 from .normalize import (InvalidResource, binary_ref, check_content,
                         check_identity, checked_later, patient_of, ref_id)
-from .reader import DEFAULT_LIMITS, RawResource, ReadItem, ReadLimits, ReadProblem, ReadWarning, read_path
+from .reader import DEFAULT_LIMITS, Document, RawResource, ReadItem, ReadLimits, ReadProblem, ReadWarning, read_path
 from .staging import PatientStaging, StagedResource
 
 EARLIEST_PLAUSIBLE_YEAR = 1900
@@ -49,6 +62,8 @@ class LoadReport:
     skipped_types: Counter = field(default_factory=Counter) # invalid resources of a known type, by type
     warnings: list[Skipped] = field(default_factory=list)   # indexed, with something a person should know
     added_to: list[str] = field(default_factory=list)       # patients whose input was not their whole record
+    not_removed: list[Skipped] = field(default_factory=list)  # one line per patient: why what it lacks stays
+    held_back: list[Skipped] = field(default_factory=list)  # removals over the budget, not carried out
 
     # A report travels between processes (a Bulk round's files and parts are read on any worker):
     # its lists are kept to this many entries each, with how many there were.
@@ -60,14 +75,16 @@ class LoadReport:
                 "not_indexed": dict(self.not_indexed), "skipped_types": dict(self.skipped_types),
                 "skipped": listed(self.skipped), "skipped_count": len(self.skipped),
                 "warnings": listed(self.warnings), "warnings_count": len(self.warnings),
-                "added_to": self.added_to[:self.KEPT], "added_to_count": len(self.added_to)}
+                "added_to": self.added_to[:self.KEPT], "added_to_count": len(self.added_to),
+                "not_removed": listed(self.not_removed), "not_removed_count": len(self.not_removed),
+                "held_back": listed(self.held_back), "held_back_count": len(self.held_back)}
 
     def merge_dict(self, data: dict) -> None:
         """Another report's dict added to this one (what was left out of its lists is counted)."""
         self.resources_read += data.get("resources_read", 0)
         for name in ("by_type", "ignored", "not_indexed", "skipped_types"):
             getattr(self, name).update(data.get(name) or {})
-        for name in ("skipped", "warnings"):
+        for name in ("skipped", "warnings", "not_removed", "held_back"):
             items = [Skipped(origin, reason) for origin, reason in data.get(name) or []]
             left_out = data.get(f"{name}_count", len(items)) - len(items)
             if left_out > 0:
@@ -99,6 +116,8 @@ class PatientRecord:
     resources: list[dict]
     authority: str = SOURCE
     document: str = ""       # the document a whole record was read in, as the report names it
+    as_of: str = ""          # the input's own date: Bundle.timestamp, a Bulk manifest's transactionTime
+    partial_types: dict[str, str] = field(default_factory=dict)   # type → why the input lacks some of it
     origins: dict[str, str] = field(default_factory=dict)    # Type/id → where it was read, for the report
     strays: set[str] = field(default_factory=set)            # Type/id read in a document not the patient's own
 
@@ -178,18 +197,87 @@ def version_words(resource: dict) -> str:
     return ", ".join(words) or "no version"
 
 
-def against_held(record: PatientRecord, held: list[dict], report: LoadReport | None = None) -> PatientRecord:
+@dataclass(frozen=True)
+class RemovalBudget:
+    """The share of a patient's held record one input may remove, as rsync's `--max-delete`:
+    a removal over it is not carried out but reported, unless the operator allows it
+    (`--allow-removals`). CHARTCITE_MAX_REMOVAL_SHARE sets the share."""
+    share: float = 0.5
+    allowed: bool = False
+
+    def exceeded(self, removing: int, held: int) -> bool:
+        return not self.allowed and removing > self.share * held
+
+
+DEFAULT_BUDGET = RemovalBudget()
+ANY_TYPE = "*"          # in `partial_types`: the input could not read whole a part of unknown type
+
+
+def against_held(record: PatientRecord, held: list[dict], report: LoadReport | None = None,
+                 budget: RemovalBudget = DEFAULT_BUDGET) -> PatientRecord:
     """The record as it is to be indexed, given the resources the index holds for the patient: the
-    record alone when it may replace them, else merged into them (and the report says so). Either
-    way a version older than the one held never replaces it."""
-    if record.authority == SOURCE:
-        return record
-    resources = newer_than_held(record, held, report)
-    if record.authority == EVERYTHING or (record.authority == WHOLE_BUNDLE and confirms_held(record, held, report)):
-        return replace(record, resources=resources)
-    if report is not None and record.authority != MERGE:
-        report.added_to.append(record.patient_id)
-    return replace(record, resources=merge_resources(held, resources), authority=MERGE)
+    record alone when it may replace them, else merged into them, in part or whole (and the report
+    says why). A version older than the one held never replaces it, except from the record source."""
+    resources = record.resources if record.authority == SOURCE else newer_than_held(record, held, report)
+    if record.authority == MERGE or (record.authority == WHOLE_BUNDLE and not confirms_held(record, held, report)):
+        if report is not None and record.authority != MERGE:
+            report.added_to.append(record.patient_id)
+        return replace(record, resources=merge_resources(held, resources), authority=MERGE)
+    present = {ref_of(r) for r in resources}
+    lacking = [r for r in held if ref_of(r) not in present]
+    kept = kept_by_rule(record, lacking, report)
+    removing = len(lacking) - len(kept)
+    if removing and budget.exceeded(removing, len(held)):
+        if report is not None:
+            report.held_back.append(Skipped(record.document or "input", over_budget_words(record, removing, held,
+                                                                                          budget)))
+        return replace(record, resources=merge_resources(held, resources), authority=MERGE)
+    return replace(record, resources=resources + kept)
+
+
+def kept_by_rule(record: PatientRecord, lacking: list[dict], report: LoadReport | None) -> list[dict]:
+    """The held resources the record lacks that it may not remove: of a type it did not read whole,
+    or newer than the record itself. One line per reason says why they stay."""
+    as_of = record_date(record)
+    kept, reasons = [], Counter()
+    for resource in lacking:
+        why = record.partial_types.get(resource["resourceType"]) or record.partial_types.get(ANY_TYPE) or \
+            newer_than_input(resource, as_of)
+        if why:
+            kept.append(resource)
+            reasons[why] += 1
+    if report is not None:
+        for why, count in reasons.items():
+            report.not_removed.append(Skipped(record.document or "input", f"patient {record.patient_id}: {why}: "
+                                                                          f"merged, {count} held resource(s) kept"))
+    return kept
+
+
+def record_date(record: PatientRecord) -> datetime | None:
+    """How recent the input is: its own date when it gives one, else its newest `meta.lastUpdated`."""
+    own = instant_of(record.as_of) if record.as_of else None
+    if own is not None:
+        return own
+    dates = [when for r in record.resources if (when := instant_of(meta_of(r).get("lastUpdated"))) is not None]
+    return max(dates, default=None)
+
+
+def newer_than_input(resource: dict, as_of: datetime | None) -> str:
+    """Why a held resource is too recent for the input to remove, or ''."""
+    updated = instant_of(meta_of(resource).get("lastUpdated")) if meta_of(resource).get("lastUpdated") else None
+    if updated is None:
+        return ""
+    if as_of is None:
+        return f"undated, and the record held is dated ({updated.date()})"
+    if updated > as_of:
+        return f"older than the record held ({as_of.date()} vs {updated.date()})"
+    return ""
+
+
+def over_budget_words(record: PatientRecord, removing: int, held: list[dict], budget: RemovalBudget) -> str:
+    return (f"would remove {removing} of the {len(held)} resources held for patient {record.patient_id}, more than "
+            f"the removal budget of {budget.share:.0%} (CHARTCITE_MAX_REMOVAL_SHARE): not carried out, merged; "
+            f"run again with --allow-removals to carry it out")
 
 
 def newer_than_held(record: PatientRecord, held: list[dict], report: LoadReport | None) -> list[dict]:
@@ -262,13 +350,16 @@ def assembled(items: Iterable[ReadItem], report: LoadReport, directory: str | Pa
         assembler.close()
 
 
-def checked(items: Iterable[ReadItem], report: LoadReport) -> Iterator[RawResource]:
-    """The resources that pass the checks, one at a time; the rest are counted in `report`. A
-    patient's own resources are checked against the FHIR model later (`content_checked`, when
-    the patient's record is assembled): they are counted here as read and uncounted if they fail."""
+def checked(items: Iterable[ReadItem], report: LoadReport, damaged: set[str] | None = None) -> Iterator[RawResource]:
+    """The resources that pass the checks, one at a time; the rest are counted in `report`, and
+    the names of the documents they were read in noted in `damaged` (such a document is not a whole
+    record). A patient's own resources are checked against the FHIR model later (`content_checked`,
+    when the patient's record is assembled): they are counted here as read and uncounted if they fail."""
     for item in items:
         if isinstance(item, ReadProblem):
             report.skipped.append(Skipped(item.origin, item.reason))
+            if damaged is not None:
+                damaged.add(item.origin.split("#", 1)[0])
             continue
         if isinstance(item, ReadWarning):
             report.warnings.append(Skipped(item.origin, item.reason))
@@ -279,6 +370,8 @@ def checked(items: Iterable[ReadItem], report: LoadReport) -> Iterator[RawResour
             check_identity(resource)
         except InvalidResource as exc:
             skip(report, item.origin, resource, str(exc))
+            if damaged is not None:
+                damaged.add(item.document.name)
             continue
         patient = patient_of(resource)
         if not checked_later(resource, patient):
@@ -347,18 +440,29 @@ class RecordAssembler:
         offering PatientStaging's reading methods; by default they are parked in `directory`."""
         self.report = report
         self.staging = staging if staging is not None else PatientStaging(directory or tempfile.gettempdir())
+        self.damaged: set[str] = set()      # names of documents with an entry that could not be read
 
     def add(self, items: Iterable[ReadItem]) -> None:
-        for raw in checked(items, self.report):
+        for raw in checked(items, self.report, self.damaged):
             self.staging.add(raw.resource, patient_of(raw.resource), raw.origin, raw.document)
 
     def patient_ids(self) -> list[str]:
         return self.staging.patient_ids()
 
-    def record(self, patient_id: str, whole: bool = False) -> PatientRecord:
+    def record(self, patient_id: str, whole: bool = False, as_of: str = "",
+               partial_types: dict[str, str] | None = None, name: str = "") -> PatientRecord:
         """The patient's record; `whole` when the caller knows the input is the patient's whole
-        record whatever its documents (a full Bulk Data export without errors)."""
-        staged = [item for item in self.staging.owned(patient_id) if self.passes_content_check(item, patient_id)]
+        record whatever its documents (a full Bulk Data export without errors), dated `as_of`,
+        less the types it could not read whole (`partial_types`: type → why); `name`: what the
+        report calls an input that is not one document (a Bulk round)."""
+        partial_types = dict(partial_types or {})
+        staged = []
+        for item in self.staging.owned(patient_id):
+            resource_type = item.resource["resourceType"]
+            if self.passes_content_check(item, patient_id):
+                staged.append(item)
+            else:       # the copy held, if any, is not removed for a copy that could not be read
+                partial_types.setdefault(resource_type, f"a {resource_type} that could not be read ({item.origin})")
         if not staged:
             return PatientRecord(patient_id, [], MERGE)     # nothing of it passed the checks
         kept = newest_versions(staged, self.report)
@@ -367,11 +471,17 @@ class RecordAssembler:
             medication = self.staging.shared(ref)
             if medication is not None:
                 resources.append(medication)
+        document = self.staging.document(staged[0].document)
         authority = SOURCE if whole else self.authority_of(patient_id, staged)
         if authority == MERGE:
             self.report.added_to.append(patient_id)
+            why = self.partial(document)
+            if why and len({s.document for s in staged}) == 1:
+                self.report.not_removed.append(Skipped(document.name, f"patient {patient_id}: {why}: "
+                                                                      f"merged, nothing removed"))
         foreign = self.staging.foreign_documents(patient_id)
-        return PatientRecord(patient_id, resources, authority, self.staging.document(staged[0].document).name,
+        return PatientRecord(patient_id, resources, authority, document.name or name, as_of or document.as_of,
+                             partial_types,
                              {ref_of(item.resource): item.origin for item in kept},
                              {ref_of(item.resource) for item in kept if item.document in foreign})
 
@@ -398,11 +508,18 @@ class RecordAssembler:
         if len(documents) != 1 or "" in documents:
             return MERGE
         document = self.staging.document(documents.pop())
-        if not document.bundle or self.staging.patients_defined(document.key) != {patient_id}:
+        if not document.bundle or self.partial(document) or self.staging.patients_defined(document.key) != {patient_id}:
             return MERGE
         if not any(s.resource["resourceType"] in INDEXED_TYPES for s in staged):
             return MERGE          # a Patient alone (or with directory data) says nothing of the record
         return EVERYTHING if document.everything_of == patient_id else WHOLE_BUNDLE
+
+    def partial(self, document: Document) -> str:
+        """Why a Bundle is not all of what it answers: it says so itself, or an entry of it could not be read."""
+        if document.partial:
+            return document.partial
+        return "a Bundle with an entry that could not be read" if document.bundle and document.name in self.damaged \
+            else ""
 
     def records(self) -> Iterator[PatientRecord]:
         """Every patient with a resource that passed the checks."""

@@ -76,7 +76,7 @@ class PatientStaging:
             CREATE TABLE shared (ref TEXT PRIMARY KEY, body BLOB NOT NULL);
             CREATE TABLE defines (document TEXT NOT NULL, patient_id TEXT NOT NULL);
             CREATE TABLE documents (key TEXT PRIMARY KEY, name TEXT NOT NULL, bundle INTEGER NOT NULL,
-                                    everything_of TEXT NOT NULL);
+                                    everything_of TEXT NOT NULL, partial TEXT NOT NULL, as_of TEXT NOT NULL);
         """)
         self.resources = 0
 
@@ -93,8 +93,9 @@ class PatientStaging:
         if patient_id:
             self.db.execute("INSERT INTO owned VALUES (?, ?, ?, ?, ?)", (patient_id, ref, origin, document.key, body))
             if document.key:
-                self.db.execute("INSERT OR IGNORE INTO documents VALUES (?, ?, ?, ?)",
-                                (document.key, document.name, int(document.bundle), document.everything_of))
+                self.db.execute("INSERT OR IGNORE INTO documents VALUES (?, ?, ?, ?, ?, ?)",
+                                (document.key, document.name, int(document.bundle), document.everything_of,
+                                 document.partial, document.as_of))
             if resource["resourceType"] == "Patient" and document.key:
                 self.db.execute("INSERT INTO defines VALUES (?, ?)", (document.key, patient_id))
         else:
@@ -133,8 +134,9 @@ class PatientStaging:
         return {row[0] for row in rows}
 
     def document(self, key: str) -> Document:
-        row = self.db.execute("SELECT key, name, bundle, everything_of FROM documents WHERE key = ?", (key,)).fetchone()
-        return Document(row[0], row[1], bool(row[2]), row[3]) if row else NO_DOCUMENT
+        row = self.db.execute("SELECT key, name, bundle, everything_of, partial, as_of FROM documents WHERE key = ?",
+                              (key,)).fetchone()
+        return Document(row[0], row[1], bool(row[2]), row[3], row[4], row[5]) if row else NO_DOCUMENT
 
     def close(self) -> None:
         self.db.close()
