@@ -46,29 +46,38 @@ def test_the_previous_releases_databases_are_upgraded_without_losing_a_row(tmp_p
     assert rounds.cursor("epic-prod", "g1").since == "2026-11-01T00:00:00Z"
     kinds = [e["kind"] for e in audit.entries()]
     assert kinds == ["draft-saved", "ask"] and audit.entries(kind="ask")[0]["evidence"] == ["Observation/1"]
-    for table in ("alembic_version_registry", "alembic_version_rounds"):
-        assert current_revision(registry_url, table) == "0001"
-    assert current_revision(audit_url, "alembic_version_audit") == "0001"
+    for store in ("registry", "rounds"):
+        assert current_revision(registry_url, f"alembic_version_{store}") == head(MIGRATIONS / store)
+    assert current_revision(audit_url, "alembic_version_audit") == head(REPO / "smart_app" / "migrations" / "audit")
+
+
+def head(location: Path) -> str:
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    config = Config()
+    config.set_main_option("script_location", str(location))
+    return ScriptDirectory.from_config(config).get_current_head()
 
 
 def test_a_fresh_database_is_made_at_head_and_a_second_start_changes_nothing(tmp_path):
     url = f"sqlite:///{tmp_path / 'audit.sqlite'}"
     AuditTrail(url).record("ask", "t", "c", "p", "q")
     AuditTrail(url)
-    assert current_revision(url, "alembic_version_audit") == "0001" and rows(tmp_path / "audit.sqlite", "audit") == 1
+    assert current_revision(url, "alembic_version_audit") == head(REPO / "smart_app" / "migrations" / "audit")
+    assert rows(tmp_path / "audit.sqlite", "audit") == 1
 
 
 LATER = '''
 """A later release: an index and a NOT NULL with a rename, as a real revision would be.
 
-Revision ID: 0002
-Revises: 0001
+Revision ID: 9999
 """
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0002"
-down_revision = "0001"
+revision = "9999"
+down_revision = "HEAD"
 
 
 def upgrade():
@@ -83,8 +92,8 @@ def test_a_later_revision_reaches_an_existing_installation(tmp_path):
     shutil.copy(PREVIOUS / "audit.sqlite", tmp_path / "audit.sqlite")
     later = tmp_path / "migrations"
     shutil.copytree(REPO / "smart_app" / "migrations" / "audit", later)
-    (later / "versions" / "0002_later.py").write_text(textwrap.dedent(LATER))
-    assert migrate(url, later, "alembic_version_audit") == "0002"
+    (later / "versions" / "9999_later.py").write_text(textwrap.dedent(LATER).replace("HEAD", head(later)))
+    assert migrate(url, later, "alembic_version_audit") == "9999"
     with sqlite3.connect(tmp_path / "audit.sqlite") as db:
         columns = {r[1]: r[3] for r in db.execute("PRAGMA table_info(audit)")}
         indexes = {r[1] for r in db.execute("PRAGMA index_list(audit)")}
