@@ -726,10 +726,12 @@ def group_cursors(settings, registry: Registry, tenant: str) -> dict[str, dict]:
     rounds = _rounds(registry.engine)
     found = {c.group_id: {"since": c.since, "open_round": "", "last_skipped": None} for c in rounds.cursors(tenant)}
     for round_ in rounds.rounds(tenant, limit=50):       # the newest first
+        if round_.state == "abandoned":
+            continue
         group = found.setdefault(round_.group_id, {"since": "", "open_round": "", "last_skipped": None})
-        if round_.state not in ("done", "abandoned"):
+        if round_.state != "done":
             group["open_round"] = group["open_round"] or round_.state
-        elif round_.state == "done" and group["last_skipped"] is None:
+        elif group["last_skipped"] is None:
             group["last_skipped"] = json.loads(round_.summary or "{}").get("skipped_items", [])
     for group in found.values():
         group["last_skipped"] = group["last_skipped"] or []
