@@ -18,7 +18,10 @@ each process, and the staging database's size. The processor is the first line; 
 scripts: `bulk: patients=… embedded_resources_per_s=… embedded_indexing_resources_per_s=… … cpu="…" cores=… isa=…`.
 
 Usage: python bench/bulk.py --patients 100 [--modes embedded,elastic,workers-1,workers-2]
+                             [--split LINES] [--file-delay SECONDS]
 (Elasticsearch and Redis from CHARTCITE_ES_URL / CHARTCITE_REDIS_URL, as `make test` sets them.)
+`--split` serves each type's file as files of that many lines and `--file-delay` makes each file
+answer that many seconds late: a slow EHR's downloads, which the round reads several at once.
 """
 from __future__ import annotations
 
@@ -264,6 +267,8 @@ def main() -> None:
     parser.add_argument("--patients", type=int, default=100)
     parser.add_argument("--modes", default="embedded,workers-1,workers-2")
     parser.add_argument("--synthea", default=str(SYNTHEA), help="the shared Synthea records (CHARTCITE_SHARED)")
+    parser.add_argument("--split", type=int, default=0, help="lines per output file (0: one file per type)")
+    parser.add_argument("--file-delay", type=float, default=0.0, help="seconds each output file answers late")
     args = parser.parse_args()
     print(header(), flush=True)
     figures = []
@@ -278,6 +283,11 @@ def main() -> None:
             patients, resources = load_population(base, Path(args.synthea), args.patients, folder)
             print(f"loaded {len(patients)} patients ({resources} resources) into sekmet-fhir in "
                   f"{time.perf_counter() - started:.0f} s", flush=True)
+            if args.split or args.file_delay:
+                requests.post(f"{ehr_root}/_test/bulk", json={"split": args.split, "file_delay": args.file_delay},
+                              timeout=30).raise_for_status()
+                print(f"output files of {args.split or 'all'} lines, each answering {args.file_delay:g} s late",
+                      flush=True)
             for mode in args.modes.split(","):
                 result = run_mode(mode, folder, ehr_root)
                 print(report(result), flush=True)

@@ -570,6 +570,9 @@ def list_ehrs(args, settings: Settings, registry) -> int:
               f"frames={' '.join(e['frame_origins']) or '-'}  group={e['group_id'] or '-'}  "
               f"last bulk sync {when(e['last_sync_at'])}: {e['last_sync_status']}  bulk cursors: {cursors}  "
               f"patients synced by launches: {e['patient_syncs']['patients']}, last {when(e['patient_syncs']['last'])}")
+        for group, c in e["bulk_cursors"].items():
+            for item in c["last_skipped"]:
+                print(f"  skipped in the last round of group {group}: {item}")
     if not rows:
         print("no EHR registered: chartcite ehr add --name ... --iss ... --client-id ...")
     return 0
@@ -720,14 +723,19 @@ def sync_round(args, settings: Settings, registry, ehr, progress):
 
 
 def print_sync_summary(summary: dict) -> None:
+    from workers.bulk_round import cursor_words
+
     if summary["state"] == "abandoned":
         print("the round was abandoned: " + "; ".join(n for n in summary["notes"] if n.startswith("abandoned")))
         return
     print(f"synced {summary['patients']} patients ({summary['resources']} resources, {summary['embedded']} chunks "
-          f"embedded of {summary['chunks']}); {summary['deleted']} deleted; {summary['skipped']} skipped; "
+          f"embedded of {summary['chunks']}); {summary['deleted']} deleted at the EHR "
+          f"({summary.get('deletions_applied', 0)} removed here); {summary['skipped']} skipped; "
           f"{summary['export_errors']} export errors; "
           + (f"next sync from {summary['transaction_time']}" if summary["state"] == "done" else
-             f"the cursor stays at {summary['since'] or 'none (the next round is a full one)'}"))
+             f"the cursor stays at {cursor_words(summary)}"))
+    for item in summary.get("skipped_items", []):
+        print(f"skipped: {item}")
     for failed in summary.get("failed_parts", []):
         print(f"failed: {failed}: the round stays open and its cursor where it was; the next sync indexes the "
               "parts left")
@@ -740,7 +748,7 @@ def print_sync_summary(summary: dict) -> None:
     seen = summary.get("since_seen") or {}
     if seen.get("older"):
         why = "the EHR ignored _since and sent its full export" if summary["since_ignored"] else \
-            "the EHR's clocks disagree, or it backdated them"
+            "changes the EHR backdated, clocks that disagree, or an EHR that ignores _since"
         print(f"note: {seen['older']} of the {seen['dated']} resources exported are dated before _since ({why}): they "
               "were merged into what is held and nothing was removed, and the next round asks from further back; "
               "`chartcite sync --full` replaces each record whole, applying deletions the EHR does not list")

@@ -15,7 +15,8 @@ from typing import Callable
 
 import requests
 
-from fhir_ingest.connection.bulk import bulk_types
+from fhir_ingest.connection.bulk import GroupMembers, bulk_types, read_group_members
+from fhir_ingest.connection.client import FhirError
 from fhir_ingest.connection.client_auth import ClientAuthError, ClientSecretBasic, client_auth_for
 from fhir_ingest.record.kinds import PATIENT_SEARCHES
 from fhir_ingest.connection.registry import Ehr, Registry
@@ -231,22 +232,39 @@ class EhrChecker:
                          "register the group the EHR defines for chartcite: `chartcite ehr update NAME --group-id ID`")
         if not self.token:
             return Check("group", "skip", "needs a Backend Services token")
+        # Read by its id, not searched: a server may ignore `_id` in a search and answer every Group.
+        client = self.fhir_client_for(self.ehr, self.auth)
         try:
-            bundle = self.fhir_client_for(self.ehr, self.auth).get_json("Group", {"_id": self.ehr.group_id})
-        except Exception as exc:
-            return fail("group", f"searching for the registered Group failed: {exc}",
+            group = client.get_json(f"Group/{self.ehr.group_id}")
+            members = read_group_members(client, group)
+        except Exception as exc:   # every failure is a finding to print, not a crash
+            if isinstance(exc, FhirError) and exc.status in (404, 410):
+                return fail("group", f"the EHR has no Group {self.ehr.group_id}",
+                            "check --group-id against the EHR's Bulk Data group (`chartcite ehr update NAME --group-id`)")
+            return fail("group", f"reading the registered Group {self.ehr.group_id} failed: {exc}",
                         "check the --group-id and that the system scopes let chartcite read Group")
-        found = [e["resource"] for e in bundle.get("entry") or []
-                 if isinstance(e, dict) and (e.get("resource") or {}).get("resourceType") == "Group"]
-        if not found:
-            return fail("group", f"the EHR has no Group {self.ehr.group_id}",
+        if group.get("resourceType") != "Group" or group.get("id") != self.ehr.group_id:
+            return fail("group", f"the EHR answered Group/{self.ehr.group_id} with another resource "
+                                 f"({group.get('resourceType')}/{group.get('id')})",
                         "check --group-id against the EHR's Bulk Data group (`chartcite ehr update NAME --group-id`)")
-        members = len(found[0].get("member") or []) or int(found[0].get("quantity") or 0)
-        if not members:
-            return fail("group", f"the Group {self.ehr.group_id} has no members: a round would index nobody",
-                        "ask the EHR's team to add the patients chartcite serves to the Group, or register the "
-                        "right one (`chartcite ehr update NAME --group-id`)")
-        return ok("group", f"the registered Group was found ({members} members)")
+        quantity = group.get("quantity") if isinstance(group.get("quantity"), int) else 0
+        return group_members_check(self.ehr.group_id, members, quantity)
+
+
+def group_members_check(group_id: str, members: GroupMembers, quantity: int) -> Check:
+    """A Group of no one fails; members chartcite cannot read as patients are a warning, named."""
+    if not members.patients and not members.unread and not quantity:
+        return fail("group", f"the Group {group_id} has no members: a round would index nobody",
+                    "ask the EHR's team to add the patients chartcite serves to the Group, or register the "
+                    "right one (`chartcite ehr update NAME --group-id`)")
+    if members.unread:
+        return Check("group", "warn", f"the registered Group was found ({len(members.patients)} members); "
+                                      f"{len(members.unread)} member(s) chartcite cannot read as a patient: "
+                                      + "; ".join(members.unread[:5]),
+                     "ask the EHR's team to list each member as a Patient reference or an identifier the EHR's "
+                     "patients carry; deletions of these members' records are not applied meanwhile")
+    count = len(members.patients) or quantity
+    return ok("group", f"the registered Group was found ({count} members)")
 
 
 @dataclass

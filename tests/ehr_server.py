@@ -140,13 +140,17 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
         `delay` seconds of 202 answers after a kick-off (with `progress` as X-Progress and
         `retry_after`), `split` output files of that many lines, `fail_types` (or every
         `fail_every`-th file) listed under `error` as files that could not be generated, `backdate`
-        every exported resource's meta.lastUpdated to that instant (a clock that disagrees),
+        every exported resource's meta.lastUpdated to that instant (a clock that disagrees; only
+        the resources `backdate_only` names, when it is given),
         `cut` the first `times` downloads of a file whose URL holds `cut` in the middle,
         `unknown_groups: "empty"` exporting nothing for a Group it does not have, `no_range`
         ignoring Range requests, `regenerate` serving a file whose URL holds it in another line
         order once it was cut (as an EHR that regenerated it), `no_validators` serving files
         without an ETag, `broken_line` cutting the first line of a file whose URL holds it short
-        (not JSON), and `transaction_time` as the manifest's."""
+        (not JSON), `transaction_time` as the manifest's, `file_delay` seconds before each output
+        file answers, and `members` serving a Group's members as the reference server does
+        (`"urn"`: `urn:uuid:<id>`), as absolute URLs (`"absolute"`) or by the patient's identifier
+        alone (`"identifier"`)."""
         state["bulk"] = request.get_json(force=True)
         state["bulk_cut"] = 0
         return jsonify(ok=True)
@@ -413,9 +417,9 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
             if fault.get("where", "fhir") == where and fault["used"] < fault.get("times", 1) and \
                     fault.get("path", "") in request.full_path:
                 fault["used"] += 1
-                if fault["kind"] == "429":
-                    return Response('{"resourceType":"OperationOutcome"}', 429, {"Retry-After": str(fault.get("retry_after", 1))},
-                                    content_type="application/fhir+json")
+                if fault["kind"] in ("429", "503"):
+                    return Response('{"resourceType":"OperationOutcome"}', int(fault["kind"]),
+                                    {"Retry-After": str(fault.get("retry_after", 1))}, content_type="application/fhir+json")
                 if fault["kind"] == "500":
                     return Response('{"resourceType":"OperationOutcome"}', 500, content_type="application/fhir+json")
                 if fault["kind"] == "status":
@@ -510,7 +514,31 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
             return bulk_file(path)
         if path.startswith("Binary/"):
             return binary(path)
+        if path == "Group" and "_id" in request.args:
+            # As the SMART reference Bulk Data server: `_id` is ignored and every Group answers.
+            request.args = request.args.copy()
+            request.args.poplist("_id")
+        if path.startswith("Group/") and "$export" not in path and (state.get("bulk") or {}).get("members"):
+            return members_as(forward(), state["bulk"]["members"])
         return forward()
+
+    def members_as(response: Response, form: str) -> Response:
+        """A Group read with its members' references written in another form."""
+        if response.status_code != 200:
+            return response
+        group = json.loads(response.get_data())
+        for member in group.get("member") or []:
+            pid = member["entity"]["reference"].split("/")[-1]
+            if form == "urn":
+                member["entity"] = {"reference": f"urn:uuid:{pid}"}
+            elif form == "absolute":
+                member["entity"] = {"reference": f"{base()}/Patient/{pid}/_history/1"}
+            elif form == "identifier":
+                patient = requests.get(f"{upstream}/Patient/{pid}", timeout=30).json()
+                identifier = next(i for i in patient.get("identifier") or [] if i.get("value"))
+                member["entity"] = {"identifier": {"system": identifier.get("system"), "value": identifier["value"]}}
+        response.set_data(json.dumps(group))
+        return response
 
     def binary(path: str) -> Response:
         """Strict, like the reference SMART server: a Binary is served only as FHIR JSON; an Accept
@@ -552,8 +580,9 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
         job, bulk = path.split("/")[1], state.get("bulk") or {}
         started = state.get("kickoffs", {}).get(job, 0.0)
         if request.method == "GET" and time.time() - started < float(bulk.get("delay", 0)):
-            return Response("", 202, {"X-Progress": bulk.get("progress", "in progress"),
-                                      "Retry-After": str(bulk.get("retry_after", 1))})
+            wait = bulk.get("retry_after", 1)          # None: no Retry-After at all
+            return Response("", 202, {"X-Progress": bulk.get("progress", "in progress")}
+                            | ({"Retry-After": str(wait)} if wait is not None else {}))
         if job.startswith("empty-"):
             return Response(json.dumps({"transactionTime": datetime.utcnow().isoformat() + "Z", "request": "",
                                         "requiresAccessToken": True, "output": [], "error": []}), 200,
@@ -613,6 +642,7 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
     def bulk_file(path: str) -> Response:
         """An output file: a part of it when split, its resources backdated when asked, resumed
         from a Range, or cut off in the middle to test resuming."""
+        time.sleep(float((state.get("bulk") or {}).get("file_delay", 0)))
         upstream_file = requests.get(f"{upstream}/{path}", headers={"Accept": "application/fhir+ndjson"}, timeout=300)
         if upstream_file.status_code != 200:
             return Response(upstream_file.content, upstream_file.status_code, content_type="application/fhir+json")
@@ -621,7 +651,9 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
             size, part = int(request.args["lines"]), int(request.args.get("part", 0))
             lines = lines[part * size:(part + 1) * size]
         if bulk.get("backdate"):
-            lines = [backdated(line, bulk["backdate"]) for line in lines]
+            only = set(bulk.get("backdate_only") or [])
+            lines = [backdated(line, bulk["backdate"]) if not only or resource_ref(line) in only else line
+                     for line in lines]
         if bulk.get("regenerate") and bulk["regenerate"] in request.path and state.get("bulk_cut", 0):
             lines = [line if line.endswith(b"\n") else line + b"\n" for line in reversed(lines)]
         if bulk.get("broken_line") and bulk["broken_line"] in request.path and lines:
@@ -640,6 +672,10 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
             state["bulk_cut"] = state.get("bulk_cut", 0) + 1
             return cut_off(body, validators)
         return Response(body, 200, validators, content_type="application/fhir+ndjson")
+
+    def resource_ref(line: bytes) -> str:
+        resource = json.loads(line)
+        return f"{resource.get('resourceType')}/{resource.get('id')}"
 
     def backdated(line: bytes, when: str) -> bytes:
         resource = json.loads(line)

@@ -9,6 +9,13 @@ Services). Each test is one way a round used to lose a record, skip a change, or
 - fixed types and scopes were refused by an EHR that holds less, and its words were dropped;
 - `ehr check` failed a server for Backend Services only and passed a Group of no one;
 - status polling ignored the EHR's pacing.
+- deletions never applied to members a Group names as `urn:uuid:`, by absolute URL or by identifier;
+  `ehr check` passed a Group that does not exist on a server that ignores `_id`;
+- a backdated resource widened every later round for a day; the messages said what was not so
+  ("ignored _since" for one resource, "the cursor stays at none", "3 skipped" unnamed, an open
+  round left behind by a Group that does not exist);
+- files were downloaded one at a time, status polls ran up to a minute late, and a file read again
+  after its retries ran out did not wait for the EHR's Retry-After.
 """
 from __future__ import annotations
 
@@ -94,6 +101,7 @@ def test_a_backdated_change_is_merged_and_only_makes_the_next_round_reach_back(s
         stack.test_api("clear-log")
         round_ = stack.cli("sync", "--tenant", TENANT)
     assert round_.returncode == 0, round_.stderr
+    assert "ignored _since" not in round_.stdout and "backdated" in round_.stdout, round_.stdout
     assert held_count(stack, PID) == before + 1, round_.stdout
     assert held_resource(stack, PID, f"Condition/{CONDITION}")["code"]["text"] == "Backdated tinnitus"
     consistent(stack)
@@ -195,6 +203,8 @@ def test_a_group_the_ehr_does_not_have_is_an_error_with_a_sentence(stack):
         missing = stack.cli("sync", "--tenant", TENANT, "--group", "no-such-group")
     assert missing.returncode == 1 and "Traceback" not in missing.stderr
     assert "the EHR has no Group no-such-group" in missing.stderr and "--group-id" in missing.stderr
+    listed = json.loads(stack.cli("ehr", "list", "--json").stdout)[0]["bulk_cursors"]
+    assert "no-such-group" not in listed, listed      # its round is closed, not left "exporting" for good
 
 
 # --- one sync at a time ---------------------------------------------------------------------------------
@@ -327,17 +337,31 @@ def test_ehr_check_passes_a_backend_only_server_and_fails_a_group_of_no_one(stac
 
 # --- polite polling -------------------------------------------------------------------------------------
 
-def test_status_polling_honours_retry_after_backs_off_and_shows_x_progress(stack):
-    """An export that takes 12 s and asks for a poll every second: polled a handful of times (each
-    wait half as long again as the last), not twelve; its X-Progress is in the progress bar."""
-    with bulk_misbehaving(stack, delay=12, retry_after=1, progress="42% (test)"):
+def status_polls(stack: Stack) -> list[dict]:
+    return [e for e in stack.ehr_log() if "/bulk-status/" in e["path"] and e["method"] == "GET"]
+
+
+def test_status_polling_follows_retry_after_and_sees_the_end_of_an_export_within_seconds(stack):
+    """An export that takes 8 s and asks for a poll every second is polled every second (never
+    sooner) and its end seen within about a second, where polls used to back off to once a minute;
+    its X-Progress is in the progress bar. An EHR that names no wait is polled ever less often, but
+    no more than a few seconds apart while the export is young."""
+    with bulk_misbehaving(stack, delay=8, retry_after=1, progress="42% (test)"):
         stack.test_api("clear-log")
         synced = stack.cli("sync", "--tenant", TENANT)
+        kicked = kickoffs(stack)[-1]["at"]
     assert synced.returncode == 0, synced.stderr
-    polls = [e for e in stack.ehr_log() if "/bulk-status/" in e["path"] and e["method"] == "GET"]
+    polls = status_polls(stack)
     gaps = [b["at"] - a["at"] for a, b in zip(polls, polls[1:])]
-    assert len(polls) <= 7 and all(later >= earlier * 1.2 for earlier, later in zip(gaps, gaps[1:])), gaps
+    assert all(0.95 <= gap < 1.6 for gap in gaps), gaps                 # every second, as asked
+    assert polls[-1]["at"] - (kicked + 8) < 1.6, gaps                    # the end seen within a poll
     assert "42% (test)" in synced.stderr
+    with bulk_misbehaving(stack, delay=14, retry_after=None):
+        stack.test_api("clear-log")
+        assert stack.cli("sync", "--tenant", TENANT).returncode == 0
+    gaps = [b["at"] - a["at"] for a, b in zip(status_polls(stack), status_polls(stack)[1:])]
+    assert len(gaps) <= 7 and gaps[0] >= 0.9 and all(earlier <= later + 0.2 for earlier, later in zip(gaps, gaps[1:]))
+    assert max(gaps) < 5.6, gaps
 
 
 def test_a_part_that_failed_for_good_ends_the_wait_and_a_retried_one_does_not(tmp_path):
@@ -484,3 +508,132 @@ def test_a_round_that_stops_making_progress_lets_its_lease_go(tmp_path):
         assert rounds.take_lease(TENANT, "stuck", "worker-2", 60) is None, "a stuck round's lease went to another"
         assert rounds.take_lease(TENANT, "moving", "worker-2", 60) is not None, "a moving round kept its lease"
     assert stuck.stalled.is_set() and not moving.stalled.is_set() and len(said) == 1
+# --- group members, deletions and ehr check (issue 44) ---------------------------------------------------
+
+def observations_of(stack: Stack, patient: str, count: int) -> list[str]:
+    bundle = requests.get(f"{stack.upstream}/Observation", params={"patient": patient, "_count": str(count)},
+                          timeout=30).json()
+    return [f"Observation/{e['resource']['id']}" for e in bundle["entry"]]
+
+
+def test_deletions_apply_to_members_however_the_group_names_them(stack):
+    """The SMART reference server names members `urn:uuid:<id>`; others write absolute URLs, or
+    only the patient's identifier. A deleted resource of a member with nothing else in the round
+    was kept (and the round said "1 deleted"); now it is removed, in each form."""
+    assert stack.cli("sync", "--tenant", TENANT).returncode == 0
+    refs = observations_of(stack, PID, 3)
+    for form, ref in zip(("urn", "absolute", "identifier"), refs):
+        assert held_resource(stack, PID, ref) is not None
+        stack.test_api("delete", {"ref": ref})
+        with bulk_misbehaving(stack, members=form):
+            synced = stack.cli("sync", "--tenant", TENANT)
+        assert synced.returncode == 0, synced.stdout + synced.stderr
+        assert held_resource(stack, PID, ref) is None, (form, synced.stdout)
+        assert "1 deleted at the EHR (1 removed here)" in synced.stdout, synced.stdout
+    consistent(stack)
+
+
+def test_ehr_check_reads_the_group_by_its_id_and_names_one_the_ehr_does_not_have(stack):
+    """This server, like the reference one, ignores `_id` in a Group search and answers every
+    Group: `ehr check` passed a Group that does not exist and counted another group's members."""
+    put(stack, {"resourceType": "Group", "id": "a-larger-group", "type": "person", "actual": True,
+                "member": [{"entity": {"reference": f"Patient/{p}"}} for p in (PID, OTHER, PID)]})
+    assert stack.cli("ehr", "update", TENANT, "--group-id", "NoSuchGroup").returncode == 0
+    try:
+        missing = stack.cli("ehr", "check", TENANT)
+    finally:
+        assert stack.cli("ehr", "update", TENANT, "--group-id", GROUP).returncode == 0
+    assert missing.returncode == 1 and "[FAIL] group" in missing.stdout, missing.stdout
+    assert "the EHR has no Group NoSuchGroup" in missing.stdout
+    with bulk_misbehaving(stack, members="urn"):
+        checked = json.loads(stack.cli("ehr", "check", TENANT, "--json").stdout)
+    group = next(c for c in checked if c["name"] == "group")
+    assert group["status"] == "ok" and group["detail"] == "the registered Group was found (2 members)", group
+
+
+def test_a_failed_full_round_says_where_the_cursor_really_stays(stack):
+    """An incomplete `--full` round said "the cursor stays at none (the next round is a full one)";
+    the cursor kept its value and the next round was incremental."""
+    assert stack.cli("sync", "--tenant", TENANT).returncode == 0
+    cursor = cursor_of(stack)
+    with bulk_misbehaving(stack, fail_types=["Condition"]):
+        failed = stack.cli("sync", "--tenant", TENANT, "--full")
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert f"the cursor stays at {cursor}" in failed.stdout and "none" not in failed.stdout, failed.stdout
+    status = json.loads(stack.cli("ehr", "list", "--json").stdout)[0]["last_sync_status"]
+    assert f"the cursor stays at {cursor}," in status, status
+    stack.test_api("clear-log")
+    assert stack.cli("sync", "--tenant", TENANT).returncode == 0
+    assert kickoffs(stack)[-1]["args"]["_since"] == [cursor]
+
+
+def test_every_skipped_resource_is_named_in_the_round_and_in_ehr_list(stack):
+    """A note whose text lives only at a URL cannot be read in a Bulk round: the round said
+    "1 skipped" and never which."""
+    note = {"resourceType": "DocumentReference", "id": "bulk-url-note", "status": "current",
+            "subject": {"reference": f"Patient/{PID}"}, "date": "2024-05-02T10:00:00Z",
+            "type": {"text": "Progress note"},
+            "content": [{"attachment": {"contentType": "application/pdf", "url": "https://elsewhere.example/n.pdf"}}]}
+    put(stack, note)
+    synced = stack.cli("sync", "--tenant", TENANT)
+    assert synced.returncode == 0, synced.stdout + synced.stderr
+    assert "skipped: DocumentReference/bulk-url-note: note text could not be read" in synced.stdout, synced.stdout
+    listed = stack.cli("ehr", "list")
+    assert f"skipped in the last round of group {GROUP}: DocumentReference/bulk-url-note" in listed.stdout, listed.stdout
+    status = json.loads(stack.cli("ehr", "list", "--json").stdout)[0]["last_sync_status"]
+    assert "1 skipped: DocumentReference/bulk-url-note" in status, status
+
+
+def test_a_backdated_resource_widens_the_next_round_once(stack):
+    """The EHR sends one resource dated before `_since` in every round that reaches back to its
+    real change: each round reached back a day again, re-exporting everything changed that day.
+    Now the round that meets it a second time does not widen the next one."""
+    assert stack.cli("sync", "--tenant", TENANT).returncode == 0
+    put(stack, condition("bulk-once-condition", OTHER, "Backdated once"))
+    with bulk_misbehaving(stack, backdate="2001-01-01T00:00:00Z", backdate_only=["Condition/bulk-once-condition"]):
+        assert stack.cli("sync", "--tenant", TENANT).returncode == 0        # meets it: reaches back
+        stack.test_api("clear-log")
+        again = stack.cli("sync", "--tenant", TENANT)                       # meets it again
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert kickoffs(stack)[-1]["args"]["_since"][0] < cursor_of(stack)
+        cursor = cursor_of(stack)
+        stack.test_api("clear-log")
+        assert stack.cli("sync", "--tenant", TENANT).returncode == 0
+    assert kickoffs(stack)[-1]["args"]["_since"] == [cursor]                # no reach back a second time
+    assert held_resource(stack, OTHER, "Condition/bulk-once-condition")["code"]["text"] == "Backdated once"
+
+
+# --- pacing and concurrent downloads ---------------------------------------------------------------------
+
+def file_reads(stack: Stack, name: str = "") -> list[dict]:
+    return [e for e in stack.ehr_log() if "/bulk-files/" in e["path"] and name in e["path"]]
+
+
+def test_a_file_read_again_after_its_retries_waits_for_the_ehrs_retry_after(stack):
+    """A file that answers 503 with Retry-After 1 until the client's retries run out is read again
+    by the round; that next series began 0.01 s after the last 503."""
+    stack.test_api("faults", {"kind": "503", "retry_after": 1, "path": "Condition.ndjson", "times": 6})
+    try:
+        stack.test_api("clear-log")
+        synced = stack.cli("sync", "--tenant", TENANT, "--full")
+    finally:
+        stack.test_api("clear-faults")
+    assert synced.returncode == 0, synced.stdout + synced.stderr
+    reads = file_reads(stack, "Condition.ndjson")
+    gaps = [b["at"] - a["at"] for a, b in zip(reads, reads[1:])]
+    assert len(reads) == 7 and all(gap >= 0.95 for gap in gaps), gaps
+
+
+def test_output_files_download_at_once_within_the_request_budget(stack):
+    """Ten files each answering after 1.5 s took 15 s and more, one after another. Now as many
+    download at once as the EHR's budget allows in flight (2 here), never more."""
+    with bulk_misbehaving(stack, split=10, file_delay=1.5):
+        stack.test_api("clear-log")
+        synced = stack.cli("sync", "--tenant", TENANT, "--full")
+    assert synced.returncode == 0, synced.stdout + synced.stderr
+    starts = sorted(e["at"] for e in file_reads(stack))
+    assert len(starts) >= 6, len(starts)
+    overlapping = [b - a for a, b in zip(starts, starts[1:]) if b - a < 1.0]
+    assert overlapping, starts                                     # two began within one file's delay
+    assert all(c - a >= 1.4 for a, c in zip(starts, starts[2:])), starts    # never three at once
+    consistent(stack)

@@ -54,6 +54,11 @@ Say = Callable[..., None]          # phase, done, total, note
 FILE_ATTEMPTS = 3
 # A round that finds resources dated before its `_since` reaches back at most this far next time.
 MAX_REACH_BACK = 24 * 3600.0
+# "The EHR ignored _since" is said only when most of at least this many dated resources predate it:
+# fewer cannot tell an EHR that ignores it from one that backdated a change or two.
+SINCE_EVIDENCE = 20
+# Skipped resources named on the registration's one-line status (the round's report names them all).
+STATUS_SKIPPED = 5
 
 
 class SyncRunning(RuntimeError):
@@ -310,17 +315,26 @@ def export_round(deps: RoundDeps, ehr: Ehr, round_: BulkRound, say: Say) -> None
     for line in left_out + not_granted:
         deps.rounds.add_note(round_.id, f"not exported: {line}")
     export = BulkExport(client)
-    status_url = round_.status_url
-    if not status_url:
-        check_group(client, round_.group_id)
-        status_url = export.kickoff(round_.group_id, types, round_.since)
-        deps.rounds.update_round(round_.id, status_url=status_url, types=",".join(types))
+    status_url = round_.status_url or start_export(deps, client, export, round_, types)
     try:
         manifest = export.wait(status_url, progress=say)
     except BulkExportError as exc:
         abandon(deps, round_, f"the EHR's export failed: {exc}")
         raise
     record_manifest(deps, round_.id, export, manifest)
+
+
+def start_export(deps: RoundDeps, client: FhirClient, export: BulkExport, round_: BulkRound, types: list[str]) -> str:
+    """The kick-off, after checking the Group exists; a refusal (no such Group, a kick-off the EHR
+    turns down) ends the round there, so no round stays open for an export that never began."""
+    try:
+        check_group(client, round_.group_id)
+        status_url = export.kickoff(round_.group_id, types, round_.since)
+    except BulkExportError as exc:
+        abandon(deps, round_, f"the export could not start: {exc}")
+        raise
+    deps.rounds.update_round(round_.id, status_url=status_url, types=",".join(types))
+    return status_url
 
 
 def check_group(client: FhirClient, group: str) -> None:
@@ -358,13 +372,42 @@ def download_round(deps: RoundDeps, ehr: Ehr, round_: BulkRound, say: Say) -> No
                                  statement)
     manifest = Manifest.from_json(json.loads(round_.manifest))
     files = deps.rounds.files(round_.id, "output")
-    for done, file in enumerate(files, start=1):
-        if file.state != "done":
-            read_file(deps, BulkExport(client), round_, manifest, file, say)
-        say("downloading", done, len(files), "files")
+    read_files(deps, BulkExport(client), round_, manifest, [f for f in files if f.state != "done"],
+               lambda done: say("downloading", done, len(files), "files"), len(files), say)
     if any(f.state != "done" for f in deps.rounds.files(round_.id, "output")):
         return
     make_parts(deps, client, round_)
+
+
+def read_files(deps: RoundDeps, export: BulkExport, round_: BulkRound, manifest: Manifest, files: list,
+               said: Callable[[int], None], total: int, say: Say | None = None) -> None:
+    """The files read several at once, as many as the EHR's request budget lets run in flight (a
+    file's body streams outside the budget's slot, so the pool is what keeps downloads within it);
+    one file's parsing overlaps another's transfer. A file that ends the round stops the rest.
+    `say` hears each file's lines as they come, which is the progress that keeps the lease."""
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+    done = total - len(files)
+    said(done)
+    if not files:
+        return
+    with ThreadPoolExecutor(max_workers=download_slots(deps.settings, len(files)),
+                            thread_name_prefix="chartcite-bulk-file") as pool:
+        pending = {pool.submit(read_file, deps, export, round_, manifest, file, say) for file in files}
+        while pending:
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in finished:
+                if future.exception() is not None:
+                    for other in pending:
+                        other.cancel()
+                    raise future.exception()
+                done += 1
+                said(done)
+
+
+def download_slots(settings, files: int) -> int:
+    """Files downloaded at once: the requests the EHR's budget allows in flight, at least one."""
+    return max(1, min(files, int(settings.fhir_max_concurrency)))
 
 
 def read_file(deps: RoundDeps, export: BulkExport, round_: BulkRound, manifest: Manifest, file,
@@ -372,10 +415,9 @@ def read_file(deps: RoundDeps, export: BulkExport, round_: BulkRound, manifest: 
     """One output file, resumed from its recorded progress when the EHR shows it unchanged, else
     read again from its start; expired files abandon the round."""
     saved = json.loads(file.report or "{}")
-    report, since = LoadReport(), SinceCheck(round_.since)
+    report, since = LoadReport(), SinceCheck(round_.since, backdated_before(deps, round_))
     report.merge_dict(saved.get("load") or {})
-    since.dated, since.older, since.earliest = (saved.get("since") or {}).get("dated", 0), \
-        (saved.get("since") or {}).get("older", 0), (saved.get("since") or {}).get("earliest")
+    since.resume(saved.get("since") or {})
 
     def recorded(progress: FileProgress) -> None:
         deps.rounds.update_file(round_.id, file.n, lines=progress.lines, bytes=progress.bytes,
@@ -394,7 +436,7 @@ def read_file(deps: RoundDeps, export: BulkExport, round_: BulkRound, manifest: 
         except FileRestarted as exc:
             # What was read of it came from another version of the file: it counts for nothing.
             deps.rounds.add_note(round_.id, str(exc))
-            report, since, progress = LoadReport(), SinceCheck(round_.since), FileProgress()
+            report, since, progress = LoadReport(), SinceCheck(round_.since, backdated_before(deps, round_)), FileProgress()
             recorded(progress)
         except (FhirUnavailable, BulkExportError) as exc:
             if exc.status in (404, 410):
@@ -408,6 +450,16 @@ def read_file(deps: RoundDeps, export: BulkExport, round_: BulkRound, manifest: 
                 error[:200])
 
 
+def backdated_before(deps: RoundDeps, round_: BulkRound) -> set[str]:
+    """The resources the group's last completed round found dated before its `_since`."""
+    for earlier in deps.rounds.rounds(round_.tenant, limit=50):          # the newest first
+        if earlier.group_id == round_.group_id and earlier.state == "done" and earlier.id != round_.id:
+            summary = json.loads(earlier.summary or "{}")
+            if summary.get("state") == "done":
+                return set((summary.get("since_seen") or {}).get("backdated") or [])
+    return set()
+
+
 def file_name(file) -> str:
     """How the report names a file's lines: its type and its place in the manifest."""
     return f"{file.type or 'output'}.{file.n}.ndjson"
@@ -416,13 +468,14 @@ def file_name(file) -> str:
 def make_parts(deps: RoundDeps, client: FhirClient, round_: BulkRound) -> None:
     """Every file read: the deletions applied, and the patients split into parts."""
     patients = deps.staging.patients(round_.id)
-    removed, notes = apply_deletions(deps.service, client, round_.tenant, round_.group_id,
-                                     json.loads(round_.deleted), patients)
+    removed, applied, notes = apply_deletions(deps.service, client, round_.tenant, round_.group_id,
+                                              json.loads(round_.deleted), patients)
     size = max(1, int(deps.settings.bulk_patients_per_part))
     parts = [patients[start:start + size] for start in range(0, len(patients), size)]
     deps.rounds.add_parts(round_.id, parts)
     deps.rounds.update_round(round_.id, state="indexing" if parts else "finishing",
-                             summary=json.dumps({"deletion_removed": removed, "deletion_notes": notes}))
+                             summary=json.dumps({"deletion_removed": removed, "deletion_applied": applied,
+                                                 "deletion_notes": notes}))
 
 
 # --- deletions ------------------------------------------------------------------------------------------
@@ -468,25 +521,32 @@ def round_patients(client: FhirClient, group_id: str, exported: list[str]) -> tu
     """The patients a round is about (the Group's members and whoever the export holds), and a
     note when the Group could not be read."""
     try:
-        return group_members(client, group_id) | set(exported), []
+        members = group_members(client, group_id)
     except FhirUnavailable:
         raise
     except FhirError as exc:
         return None, [f"the Group {group_id} could not be read ({exc}): a deleted resource was removed only where "
                       f"a single patient held it"]
+    notes = [f"the Group {group_id} has {len(members.unread)} member(s) chartcite cannot read as a patient: "
+             f"{'; '.join(members.unread[:5])}; a deleted resource is removed only for the members it can read"
+             ] if members.unread else []
+    if members.unread:
+        log.warning("a Bulk Data Group has %d member(s) chartcite cannot read as a patient", len(members.unread))
+    return members.patients | set(exported), notes
 
 
 def apply_deletions(service, client: FhirClient, tenant: str, group_id: str, deleted: list[str],
-                    exported: list[str]) -> tuple[int, list[str]]:
+                    exported: list[str]) -> tuple[int, int, list[str]]:
     """The round's `deleted` list applied, each resource for the patient(s) of the round holding
-    it, the summaries counting without them (in the same write). Returns the chunks removed and
-    the report's notes."""
+    it, the summaries counting without them (in the same write). Returns the chunks removed, how
+    many of the listed resources were removed for someone, and the report's notes."""
     if not deleted:
-        return 0, []
+        return 0, 0, []
     members, notes = round_patients(client, group_id, exported)
     deletions = scoped_deletions(deleted, service.holders(tenant, deleted), members)
     removed = sum(service.delete_resources(tenant, pid, refs) for pid, refs in deletions.by_patient.items())
-    return removed, notes + deletions.notes
+    applied = len({ref for refs in deletions.by_patient.values() for ref in refs})
+    return removed, applied, notes + deletions.notes
 
 
 # --- parts ----------------------------------------------------------------------------------------------
@@ -575,6 +635,7 @@ def index_patients(deps: RoundDeps, round_: BulkRound, patients: list[str], say:
         deps.registry.mark_patient_synced(round_.tenant, pid, synced_at)
     return {"patients": totals.patients, "resources": totals.resources, "chunks": totals.chunks,
             "embedded": totals.embedded, "removed": totals.removed, "problems": len(totals.problems),
+            "problem_list": [[p.ref, p.reason] for p in totals.problems[:LoadReport.KEPT]],
             "report": report.to_dict()}
 
 
@@ -634,10 +695,11 @@ def ahead_of_clock(transaction_time: str, now: float | None = None) -> str:
 
 def reach_back(summary: dict) -> float:
     """How far before its cursor the next round asks: as far back as this round's resources dated
-    before its `_since` went (clocks that disagree), at most a day."""
+    before its `_since` went (clocks that disagree), at most a day; resources the round before
+    already found backdated do not count again (`SinceCheck`), so one reaches back once."""
     seen = summary.get("since_seen") or {}
     start = instant(summary.get("since") or "")
-    if not seen.get("older") or seen.get("earliest") is None or start is None:
+    if seen.get("earliest") is None or start is None:
         return 0.0
     return min(MAX_REACH_BACK, max(0.0, start - seen["earliest"]))
 
@@ -660,19 +722,35 @@ def round_summary(deps: RoundDeps, round_: BulkRound) -> dict:
     early = json.loads(round_.summary or "{}")
     seen = SinceCheck.summed([json.loads(f.report or "{}").get("since") or {} for f in files])
     errors = json.loads(round_.export_errors)
+    cursor = deps.rounds.cursor(round_.tenant, round_.group_id)
     return {"round": round_.id, "group": round_.group_id, "state": open_state(round_, files, parts),
             "patients": total("patients"), "resources": report.resources_read, "chunks": total("chunks"),
             "embedded": total("embedded"), "deleted": len(json.loads(round_.deleted)),
+            "deletions_applied": early.get("deletion_applied", 0),
             "removed_chunks": total("removed") + early.get("deletion_removed", 0),
-            "skipped": len(report.skipped) + total("problems"), "export_errors": len(errors),
+            "skipped": len(report.skipped) + total("problems"), "skipped_items": skipped_items(report, results),
+            "export_errors": len(errors),
             "export_error_words": errors[:5], "failed_files": [f"{file_name(f)}: {f.error}" for f in files
                                                                if f.state == "failed"],
             "transaction_time": round_.transaction_time, "since": round_.since, "full_export": round_.full,
-            "since_ignored": bool(seen["dated"]) and seen["older"] * 2 > seen["dated"], "since_seen": seen,
+            "cursor": cursor.since if cursor is not None else "",
+            "since_ignored": since_ignored(seen), "since_seen": seen,
             "deletion_notes": early.get("deletion_notes", []), "notes": json.loads(round_.notes),
             "held_back": [f"{i.origin}: {i.reason}" for i in report.held_back],
             "not_removed": [f"{i.origin}: {i.reason}" for i in report.not_removed],
             "parts": len(parts), "parts_done": sum(p.state == "done" for p in parts)}
+
+
+def skipped_items(report: LoadReport, part_results: list[dict]) -> list[str]:
+    """Every resource the round left out, with where it was read or its reference, and why."""
+    return [f"{s.origin}: {s.reason}" for s in report.skipped] + \
+        [f"{ref}: {reason}" for result in part_results for ref, reason in result.get("problem_list") or []]
+
+
+def since_ignored(seen: dict) -> bool:
+    """Whether the export shows the EHR ignored `_since`: most of what it dated predates it, over
+    enough resources to tell that from a few backdated changes."""
+    return seen["dated"] >= SINCE_EVIDENCE and seen["older"] * 2 > seen["dated"]
 
 
 def open_state(round_: BulkRound, files: list, parts: list) -> str:
@@ -690,13 +768,17 @@ def bulk_status(summary: dict) -> str:
     if summary["state"] == "incomplete":
         words = "; ".join(summary["failed_files"][:3] or summary["export_error_words"][:3])
         return (f"incomplete: {summary['patients']} patients indexed, but part of the export is missing ({words}); "
-                f"the cursor stays at {summary['since'] or 'none (a full round)'}, so the next sync asks again")
-    counts = f"{summary['patients']} patients, {summary['resources']} resources, {summary['deleted']} deleted"
+                f"the cursor stays at {cursor_words(summary)}, so the next sync asks again")
+    counts = (f"{summary['patients']} patients, {summary['resources']} resources, {summary['deleted']} deleted at "
+              f"the EHR ({summary.get('deletions_applied', 0)} removed here)")
     if summary["since_ignored"]:
         counts += (" (the EHR ignored _since and sent everything: merged, nothing removed; `chartcite sync --full` "
                    "applies deletions it does not list)")
     if summary["skipped"]:
-        counts += f", {summary['skipped']} skipped"
+        items = summary.get("skipped_items") or []
+        counts += f", {summary['skipped']} skipped: " + "; ".join(items[:STATUS_SKIPPED]) + \
+            (f"; and {summary['skipped'] - STATUS_SKIPPED} more (`chartcite ehr list` names them)"
+             if summary["skipped"] > STATUS_SKIPPED else "")
     warnings = round_warnings(summary)
     if summary.get("held_back"):
         return f"held back: {counts}; " + "; ".join(warnings)
@@ -713,6 +795,11 @@ def round_warnings(summary: dict) -> list[str]:
     if summary.get("cursor_refused"):
         warnings.append(summary["cursor_refused"])
     return warnings
+
+
+def cursor_words(summary: dict) -> str:
+    """Where the group's cursor stays after a round that did not complete: its value, or none."""
+    return summary.get("cursor") or "none (the next round is a full one)"
 
 
 # --- the registration's use case ------------------------------------------------------------------------
@@ -754,13 +841,20 @@ def forget_registration(settings, registry: Registry, tenant: str) -> None:
 
 
 def group_cursors(settings, registry: Registry, tenant: str) -> dict[str, dict]:
-    """Each group's cursor and the state of its open round, if any (`ehr list`)."""
+    """Each group's cursor, the state of its open round, if any, and what its last finished round
+    skipped (`ehr list`)."""
     rounds = _rounds(registry.engine)
-    found = {c.group_id: {"since": c.since, "open_round": ""} for c in rounds.cursors(tenant)}
-    for round_ in rounds.rounds(tenant, limit=50):
-        if round_.state not in ("done", "abandoned"):
-            found.setdefault(round_.group_id, {"since": "", "open_round": ""})
-            found[round_.group_id]["open_round"] = found[round_.group_id]["open_round"] or round_.state
+    found = {c.group_id: {"since": c.since, "open_round": "", "last_skipped": None} for c in rounds.cursors(tenant)}
+    for round_ in rounds.rounds(tenant, limit=50):       # the newest first
+        if round_.state == "abandoned":
+            continue
+        group = found.setdefault(round_.group_id, {"since": "", "open_round": "", "last_skipped": None})
+        if round_.state != "done":
+            group["open_round"] = group["open_round"] or round_.state
+        elif group["last_skipped"] is None:
+            group["last_skipped"] = json.loads(round_.summary or "{}").get("skipped_items", [])
+    for group in found.values():
+        group["last_skipped"] = group["last_skipped"] or []
     return found
 
 

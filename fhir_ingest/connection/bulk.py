@@ -40,10 +40,12 @@ Progress = Callable[[str, int, int, str], None]     # phase, done, total, note
 # the Medications orders point at. A note's Binary is not exported (a Group export of Binary is
 # every attachment of the EHR); notes carry their text or are read at a launch.
 BULK_TYPES = ("Patient", *PATIENT_SEARCHES, *(t for t in REFERENCED_TYPES if t not in ("Patient", "Binary")))
-# The status URL is polled no sooner than the EHR's Retry-After, and ever less often: first after
-# POLL_FIRST seconds, each wait half as long again as the one before, up to POLL_MAX; a Retry-After
-# longer than that is honoured up to POLL_LONGEST.
-POLL_FIRST, POLL_MAX, POLL_LONGEST = 2.0, 60.0, 600.0
+# The status URL is polled as the EHR's Retry-After says (never sooner, nor sooner than POLL_FLOOR,
+# and up to POLL_LONGEST). Without one, the first wait is POLL_FIRST seconds and each half as long
+# again as the one before, up to a ceiling of POLL_SHORT seconds while the export is young, then a
+# tenth of the time it has run, up to POLL_MAX: a short export is seen done within seconds and a
+# long one costs a few dozen polls, not thousands.
+POLL_FIRST, POLL_FLOOR, POLL_SHORT, POLL_MAX, POLL_LONGEST = 1.0, 0.5, 5.0, 60.0, 600.0
 # OperationOutcome issue codes a server uses for "poll again later" (Bulk Data: "a transient code").
 TRANSIENT_CODES = {"transient", "lock-error", "no-store", "exception", "timeout", "incomplete", "throttled"}
 
@@ -121,7 +123,7 @@ def granted_types(types: list[str], granted: str) -> tuple[list[str], list[str]]
 
 class BulkExport:
     def __init__(self, client: FhirClient, poll_first: float = POLL_FIRST, poll_max: float = POLL_MAX,
-                 give_up_after: float = 6 * 3600):
+                 give_up_after: float = 6 * 3600.0):
         self.client = client
         self.poll_first = poll_first
         self.poll_max = poll_max
@@ -145,7 +147,7 @@ class BulkExport:
     def poll(self, status_url: str) -> Poll:
         """One look at the status URL. 429 and 503 are waited out inside the client (Retry-After);
         a 4xx or 5xx whose OperationOutcome is transient is "not yet", any other means the export
-        failed, said in the EHR's words."""
+        failed, said in the EHR's words. `retry_after` is 0 when the EHR named no wait."""
         response = self.client.request("GET", status_url, retry_statuses={429, 502, 503, 504})
         if response.status_code == 200:
             return Poll(Manifest.from_json(response.json()))
@@ -159,8 +161,7 @@ class BulkExport:
 
     def wait(self, status_url: str, progress: Progress | None = None,
              sleep: Callable[[float], None] = time.sleep) -> Manifest:
-        """Poll until the manifest: never sooner than the EHR's Retry-After, and each wait longer
-        than the last (up to `poll_max`), so a long export costs a few dozen polls, not thousands."""
+        """Poll until the manifest, as the EHR's Retry-After says, else backing off (`poll_wait`)."""
         delay, started = self.poll_first, time.monotonic()
         while True:
             poll = self.poll(status_url)
@@ -168,10 +169,12 @@ class BulkExport:
                 return poll.manifest
             if progress:
                 progress("exporting", 0, 0, poll.progress)
-            if time.monotonic() - started > self.give_up_after:
+            elapsed = time.monotonic() - started
+            if elapsed > self.give_up_after:
                 raise BulkExportError(f"the EHR's export did not finish in {self.give_up_after / 3600:.0f} hours")
-            sleep(min(POLL_LONGEST, max(poll.retry_after, delay)))
-            delay = min(self.poll_max, delay * 1.5)
+            wait = poll_wait(poll.retry_after, delay, elapsed, self.poll_max)
+            sleep(wait)
+            delay = wait * 1.5
 
     def cancel(self, status_url: str) -> None:
         try:
@@ -251,6 +254,15 @@ class BulkExport:
         return errors, warnings
 
 
+def poll_wait(retry_after: float, delay: float, elapsed: float, poll_max: float = POLL_MAX) -> float:
+    """How long to wait before the next status poll: the EHR's Retry-After when it gave one (it
+    knows when its export ends; the Bulk Data spec asks clients to follow it); else our own
+    back-off `delay`, capped at a few seconds for a young export and a tenth of its age after."""
+    if retry_after > 0:
+        return min(POLL_LONGEST, max(POLL_FLOOR, retry_after))
+    return max(POLL_FLOOR, min(delay, poll_max, max(POLL_SHORT, elapsed / 10)))
+
+
 def transient_outcome(response: requests.Response) -> bool:
     try:
         body = response.json()
@@ -283,12 +295,88 @@ def iter_skipped(chunks: Iterator[bytes], skip: int) -> Iterator[bytes]:
             yield chunk
 
 
-def group_members(client: FhirClient, group_id: str) -> set[str]:
-    """The patients a Group names (`member.entity`): the patients a Group export is about."""
-    group = client.get_json(f"Group/{group_id}")
+@dataclass
+class GroupMembers:
+    """The patients a Group names, and, one line each, the members chartcite could not read as a
+    patient (a reference to another type, an identifier no patient or several patients carry)."""
+    patients: set[str] = field(default_factory=set)
+    unread: list[str] = field(default_factory=list)
+
+
+# Identifiers resolved per Patient search (token OR-search: `identifier=a,b,c`).
+IDENTIFIERS_PER_SEARCH = 50
+
+
+def group_members(client: FhirClient, group_id: str) -> GroupMembers:
+    """The patients a Group names (`member.entity`), in every form a server writes them:
+    `Patient/<id>`, an absolute URL, `urn:uuid:<id>` (the SMART reference server), or only the
+    patient's identifier, resolved by a Patient search."""
+    return read_group_members(client, client.get_json(f"Group/{group_id}"))
+
+
+def read_group_members(client: FhirClient, group: dict) -> GroupMembers:
     members = group.get("member") if isinstance(group.get("member"), list) else []
-    refs = (ref_id(m.get("entity")) for m in members if isinstance(m, dict))
-    return {ref.split("/", 1)[1] for ref in refs if ref.startswith("Patient/")}
+    found, by_identifier = GroupMembers(), []
+    for member in members:
+        entity = member.get("entity") if isinstance(member, dict) else None
+        entity = entity if isinstance(entity, dict) else {}
+        patient = member_patient_id(entity)
+        if patient:
+            found.patients.add(patient)
+        elif identifier_key(entity.get("identifier")):
+            by_identifier.append(identifier_key(entity["identifier"]))
+        else:
+            found.unread.append(f"a member that is not a patient reference ({entity.get('reference') or 'no reference'})")
+    resolved, unread = patients_by_identifier(client, by_identifier)
+    found.patients |= resolved
+    found.unread += unread
+    return found
+
+
+def member_patient_id(entity: dict) -> str:
+    """The Patient id a member's reference names, or '' when it names something else."""
+    reference = entity.get("reference")
+    if not isinstance(reference, str) or not reference or "?" in reference:
+        return ""
+    if reference.startswith("urn:uuid:"):
+        # A bare id names no type: it is a patient when the member says so or says nothing.
+        return reference[9:] if entity.get("type", "Patient") == "Patient" else ""
+    parts = reference.rstrip("/").split("/")
+    if "_history" in parts:
+        parts = parts[:parts.index("_history")]
+    return parts[-1] if len(parts) >= 2 and parts[-2] == "Patient" else ""
+
+
+def identifier_key(identifier) -> tuple[str, str] | None:
+    """(system, value) of an Identifier; None without a value."""
+    if not isinstance(identifier, dict) or not isinstance(identifier.get("value"), str) or not identifier["value"]:
+        return None
+    return str(identifier.get("system") or ""), identifier["value"]
+
+
+def patients_by_identifier(client: FhirClient, keys: list[tuple[str, str]]) -> tuple[set[str], list[str]]:
+    """The patient each identifier names (a Patient search, a batch at a time); an identifier that
+    no patient or several patients carry is said, not guessed."""
+    found: dict[tuple[str, str], set[str]] = {key: set() for key in keys}
+    for start in range(0, len(keys), IDENTIFIERS_PER_SEARCH):
+        batch = keys[start:start + IDENTIFIERS_PER_SEARCH]
+        asked = ",".join(f"{system}|{value}" if system else value for system, value in batch)
+        for patient in client.search("Patient", {"identifier": asked}):
+            for key in batch:
+                if carries_identifier(patient, key):
+                    found[key].add(str(patient.get("id", "")))
+    resolved = {next(iter(ids)) for ids in found.values() if len(ids) == 1}
+    # The identifier's value (an MRN, often) is left out: these lines reach reports and logs.
+    unread = [f"a member known only by an identifier of system {system or '(none)'} that "
+              f"{'no patient' if not ids else f'{len(ids)} patients'} of the EHR carry"
+              for (system, _value), ids in found.items() if len(ids) != 1]
+    return resolved, unread
+
+
+def carries_identifier(patient: dict, key: tuple[str, str]) -> bool:
+    system, value = key
+    return any(identifier_key(i) == key or (not system and identifier_key(i) and identifier_key(i)[1] == value)
+               for i in patient.get("identifier") or [])
 
 
 class SinceCheck:
@@ -296,12 +384,20 @@ class SinceCheck:
     after `_since`; older ones mean the EHR ignores `_since` (most of them: Epic's export is not
     incremental) or dates changes by another clock than its transactionTime. Either way this only
     widens what later rounds ask for (`reach_back`); it never decides that the export is a whole
-    record, which would remove what it does not hold."""
+    record, which would remove what it does not hold.
 
-    def __init__(self, since: str):
+    Each such resource is kept as `Type/id@lastUpdated` (`backdated`), so that the next round,
+    which reaches back and meets the same resource again, is not widened by it a second time:
+    only a backdated resource not `known` from the round before moves `earliest`."""
+
+    KEPT = 1000          # backdated resources remembered per file (an EHR ignoring _since has thousands)
+
+    def __init__(self, since: str, known: set[str] | frozenset[str] = frozenset()):
         self.since = instant(since) if since else None
+        self.known = known
         self.dated = self.older = 0
-        self.earliest = None             # the oldest lastUpdated among those before _since
+        self.earliest = None             # the oldest lastUpdated among those before _since not known
+        self.backdated: list[str] = []
 
     def see(self, resource: dict) -> None:
         if self.since is None:
@@ -313,16 +409,26 @@ class SinceCheck:
         self.dated += 1
         if updated < self.since:
             self.older += 1
-            self.earliest = updated if self.earliest is None else min(self.earliest, updated)
+            key = f"{resource.get('resourceType')}/{resource.get('id')}@{meta.get('lastUpdated')}"
+            if len(self.backdated) < self.KEPT:
+                self.backdated.append(key)
+            if key not in self.known:
+                self.earliest = updated if self.earliest is None else min(self.earliest, updated)
+
+    def resume(self, saved: dict) -> None:
+        """Counts recorded before a download broke off, taken up again."""
+        self.dated, self.older = saved.get("dated", 0), saved.get("older", 0)
+        self.earliest, self.backdated = saved.get("earliest"), list(saved.get("backdated") or [])
 
     def to_dict(self) -> dict:
-        return {"dated": self.dated, "older": self.older, "earliest": self.earliest}
+        return {"dated": self.dated, "older": self.older, "earliest": self.earliest, "backdated": self.backdated}
 
     @staticmethod
     def summed(seen: list[dict]) -> dict:
         earliest = [s["earliest"] for s in seen if s.get("earliest") is not None]
         return {"dated": sum(s.get("dated", 0) for s in seen), "older": sum(s.get("older", 0) for s in seen),
-                "earliest": min(earliest) if earliest else None}
+                "earliest": min(earliest) if earliest else None,
+                "backdated": [key for s in seen for key in s.get("backdated") or []]}
 
 
 def instant(text: str) -> float | None:

@@ -108,6 +108,9 @@ class FhirClient:
         self.on_status = on_status or (lambda status: None)   # each answer's status, for the metrics
         self.http = requests.Session()
         self.requests_made = 0
+        # A Retry-After holds every later request to the EHR until it has passed, whichever series
+        # of retries (a file read again, a status poll, another file) asks next.
+        self.not_before = 0.0
 
     def url(self, path_or_url: str) -> str:
         return path_or_url if "://" in path_or_url else urljoin(self.base_url, path_or_url.lstrip("/"))
@@ -134,6 +137,7 @@ class FhirClient:
                 token = self.auth.token()
                 if token:
                     sent["Authorization"] = f"Bearer {token}"
+            self._wait_for_retry_after()
             try:
                 with self.budget.slot():
                     self.requests_made += 1
@@ -157,19 +161,31 @@ class FhirClient:
             if response.status_code == 401:
                 raise AuthExpired(f"{method} {_path(url)} refused the refreshed token", 401)
             if response.status_code in retry_statuses and (idempotent or asked_to_retry(response)):
+                self._hold_off(attempt, response.headers.get("Retry-After"))
                 if attempt == self.retries:
                     raise FhirUnavailable(f"{method} {_path(url)} still answers {response.status_code} after "
                                           f"{self.retries} retries", response.status_code)
-                self._sleep(attempt, response.headers.get("Retry-After"))
                 continue
             return response
         raise FhirUnavailable(f"{method} {_path(url)} failed")   # not reached
 
     def _sleep(self, attempt: int, retry_after: str | None) -> None:
+        time.sleep(self._wait_seconds(attempt, retry_after))
+
+    def _wait_seconds(self, attempt: int, retry_after: str | None) -> float:
         default = self.backoff * (2 ** attempt) * (1 + random.random() / 4)
         wait = min(self.max_wait, retry_after_seconds(retry_after, default))
         log.info("EHR asked to wait: retrying in %.1f s", wait)
-        time.sleep(wait)
+        return wait
+
+    def _hold_off(self, attempt: int, retry_after: str | None) -> None:
+        """No request to the EHR before its Retry-After (else the back-off) has passed."""
+        self.not_before = max(self.not_before, time.monotonic() + self._wait_seconds(attempt, retry_after))
+
+    def _wait_for_retry_after(self) -> None:
+        wait = self.not_before - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
 
     def get_json(self, path_or_url: str, params: dict | None = None) -> dict:
         """GET a JSON resource; a truncated or garbled body is retried like a 503."""
