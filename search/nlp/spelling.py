@@ -97,13 +97,14 @@ def correct(word: str) -> tuple[str, float] | None:
     known, targets, drug_words = _spelling()
     limit = 1 if len(w) < 8 else 2
     hits = process.extract(w, targets, scorer=OSA.distance, score_cutoff=limit, limit=None)
-    hits = [(t, d) for t, d, _ in hits if t[0] == w[0] and abs(len(t) - len(w)) <= limit]
+    hits = [(form, d) for form, d, _ in hits if form[0] == w[0] and abs(len(form) - len(w)) <= limit]
     if not hits:
         return None
     best = min(d for _, d in hits)
-    closest = sorted({t for t, d in hits if d == best})
+    closest = sorted({form for form, d in hits if d == best})
     if len(closest) != 1:
-        candidates = {frozenset(t.ingredients_of(t)) or t for t in closest}
+        # a tie is no tie when every closest word names the same drug (a brand and its ingredient)
+        candidates = {t.ingredients_of(form) or form for form in closest}
         if len(candidates) != 1:
             return None
     target = closest[0]
