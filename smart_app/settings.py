@@ -39,6 +39,9 @@ class Settings:
     llm_timeout_seconds: float = 60.0
     rate_limit_clinician: str = "30/minute"   # questions per clinician (flask-limiter syntax)
     rate_limit_tenant: str = "600/minute"     # questions per tenant (EHR)
+    rate_limit_syncs: str = "3/minute"        # Refresh syncs started per frame session (a Refresh joins a running one)
+    rate_limit_reads: str = "240/minute"      # every other frame API request per frame session
+    rate_limit_admin_refusals: str = "20/minute"   # wrong admin tokens per client address before all are refused
     backend: str = "embedded"             # embedded | elasticsearch
     tenant: str = "default"
     demo_source: Path = field(default_factory=lambda: REPO_ROOT / "examples" / "synthea")
@@ -128,8 +131,9 @@ class Settings:
         self.prepare_data_dir()
         key_file = self.data_dir / "secret.key"
         if not key_file.exists():
-            key_file.write_text(secrets.token_hex(32))
-            key_file.chmod(0o600)
+            from search.files import write_file
+
+            write_file(key_file, secrets.token_hex(32), mode=0o600)
         self.secret_key = key_file.read_text().strip()
         return self.secret_key
 
@@ -142,8 +146,9 @@ class Settings:
         self.prepare_data_dir()
         key_file = self.data_dir / "token.key"
         if not key_file.exists():
-            key_file.write_bytes(Fernet.generate_key())
-            key_file.chmod(0o600)
+            from search.files import write_file
+
+            write_file(key_file, Fernet.generate_key(), mode=0o600)
         self.token_key = key_file.read_text().strip()
         return self.token_key
 
