@@ -61,7 +61,7 @@ def test_a_misspelling_between_two_equally_close_words_is_read_not_crashed():
 
     for question in ("any diabetis?", "does he have diabetis"):
         corrected, corrections = spelled(question)
-        assert corrections == [] or corrections[0][0] == "diabetis"
+        assert corrections == [("diabetis", "diabetes")] and "diabetes" in corrected
 
 
 def test_every_question_misspelt_still_reads_and_most_read_as_meant():
@@ -70,7 +70,7 @@ def test_every_question_misspelt_still_reads_and_most_read_as_meant():
     from search.nlp.spelling import spelled
 
     cases = misspelt_questions()
-    assert len(cases) > 300
+    assert len(cases) > 100
     meant = 0
     for _question, typed, word in cases:
         corrected, corrections = spelled(typed)
@@ -91,12 +91,12 @@ def small_app(tmp_path_factory, synthea_dir, embedder):
 
 
 def test_misspelt_questions_answer_over_http_as_the_right_spelling_does(small_app):
-    """A deterministic sample of the misspelt questions (every 40th) asked through /api/ask: each
+    """A deterministic sample of the misspelt questions (every 8th) asked through /api/ask: each
     answers 200, and most answer exactly as the correctly spelt question does."""
     client = small_app.test_client()
     handle = demo_launch(client, SMALL)
     ask = lambda q: client.post("/api/ask", json={"question": q}, headers={"X-Chartcite-Session": handle})  # noqa: E731
-    sample = misspelt_questions()[::40] + [("any diabetes?", "any diabetis?", "diabetes"),
+    sample = misspelt_questions()[::8] + [("any diabetes?", "any diabetis?", "diabetes"),
                                             ("does he have diabetes", "does he have diabetis", "diabetes")]
     same = 0
     for question, typed, _ in sample:
@@ -157,10 +157,11 @@ def assert_lexical_work_is_the_patients_own(backend) -> None:
     from search.backends.base import Scope
 
     scope = Scope(tenant="t", patient_id="A")
-    work = {word: (vm_steps(backend, lambda: backend.search_text(scope, word, 20)),
-                   vm_steps(backend, lambda: backend.has_terms("t", "A", [word])),
-                   vm_steps(backend, lambda: backend.has_terms("t", "A", [word[:5]], prefix=True)))
-            for word in ("quixotine", "quinotixe")}
+    calls = lambda word: (lambda: backend.search_text(scope, word, 20), lambda: backend.has_terms("t", "A", [word]),  # noqa: E731
+                          lambda: backend.has_terms("t", "A", [word[:5]], prefix=True))
+    for call in calls("warming"):          # the first query on a connection reads the schema
+        call()
+    work = {word: tuple(vm_steps(backend, call) for call in calls(word)) for word in ("quixotine", "quinotixe")}
     held, nobody = work["quixotine"], work["quinotixe"]
     assert all(abs(a - b) <= 5 for a, b in zip(held, nobody)), work
     assert backend.search_text(scope, "quixotine", 20) == [] and not backend.has_terms("t", "A", ["quixotine"])
@@ -193,7 +194,7 @@ def test_an_index_of_the_earlier_layout_is_migrated_on_opening(tmp_path):
     db.close()
     reopened = EmbeddedBackend(path, "test-model", 4)
     assert_lexical_work_is_the_patients_own(reopened)
-    assert not reopened.check("t").problems
+    assert not [p for p in reopened.check("t").problems if "lexical" in p]      # no summaries: none written
 
 
 # --- the audit trail never loses an answer -----------------------------------------------------
@@ -468,6 +469,7 @@ def test_planted_symlinks_in_the_cache_are_never_written_through(tmp_path, monke
     monkeypatch.setattr(onnx_embed, "calibrate", lambda *args: {"variant": "dynamic"})
     assert onnx_embed.chosen_variant(MODEL, cache) == "dynamic"
     assert victim.read_text() == "keep me"
+    (cache / ".choice.lock").unlink()
     (cache / ".choice.lock").symlink_to(victim)
     choice.unlink()
     with pytest.raises(OSError, match="symlink"):

@@ -103,9 +103,8 @@ def correct(word: str) -> tuple[str, float] | None:
     best = min(d for _, d in hits)
     closest = sorted({form for form, d in hits if d == best})
     if len(closest) != 1:
-        # a tie is no tie when every closest word names the same drug (a brand and its ingredient)
-        candidates = {t.ingredients_of(form) or form for form in closest}
-        if len(candidates) != 1:
+        closest = resolve_tie(w, closest)
+        if closest is None:
             return None
     target = closest[0]
     # the typed word may itself be a drug the tables lack: never trade it for a neighbour of the
@@ -114,3 +113,27 @@ def correct(word: str) -> tuple[str, float] | None:
         return None
     return target, round(1 - best / max(len(w), len(target)), 2)
 
+
+def resolve_tie(typed: str, closest: list[str]) -> list[str] | None:
+    """Equally close words that are one: the same drug (a brand and its ingredient), or endings
+    of one stem ("diabetis": diabetes, diabetic), where the word keeping the typed ending wins (a
+    slip is rarely in the ending). None for a real tie, which is left uncorrected."""
+    if len({t.ingredients_of(form) or form for form in closest}) == 1:
+        return closest
+    if len({_stemmer().stemWord(form) for form in closest}) == 1:
+        return [max(closest, key=lambda form: (_common_ending(form, typed), form))]
+    return None
+
+
+def _common_ending(a: str, b: str) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
+        n += 1
+    return n
+
+
+@lru_cache(maxsize=1)
+def _stemmer():
+    import snowballstemmer      # the stemmer the index uses (search/nlp/vocabulary.py)
+
+    return snowballstemmer.stemmer("porter")
