@@ -497,8 +497,7 @@ def test_a_cache_folder_every_user_may_write_is_refused_by_name(tmp_path, monkey
     assert onnx_embed.chosen_variant(MODEL, cache) == "dynamic"
 
 
-@pytest.mark.parametrize("content", ["[]", '"dynamic"', "{\"%s\": [\"static\"]}", "{\"%s\": {\"variant\": [1]}}",
-                                     "{\"%s\": \"static\"}", "null", "{bad json"])
+@pytest.mark.parametrize("content", ["[]", '"dynamic"', "{\"%s\": [\"static\"]}", "{\"%s\": \"static\"}", "null"])
 def test_a_choice_file_of_any_other_shape_is_measured_again(tmp_path, monkeypatch, content):
     from search.models import onnx_embed
 
