@@ -69,8 +69,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"chartcite: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level)
-    if args.command not in LONG_RUNNING:
-        sys.stdout, sys.stderr = TerminalSafe(sys.stdout), TerminalSafe(sys.stderr)
+    if args.command in LONG_RUNNING:
+        return run(args, settings)
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = TerminalSafe(sys.stdout), TerminalSafe(sys.stderr)
+    try:
+        return run(args, settings)
+    finally:
+        sys.stdout, sys.stderr = streams
+
+
+def run(args, settings: Settings) -> int:
+    """The command's handler, its expected failures said in one line with their exit code."""
     if args.command != "config":
         settings.prepare_data_dir()
     handler = COMMANDS[args.command][2]

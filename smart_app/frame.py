@@ -329,7 +329,7 @@ def write_back_draft():
     entry = audit().get(body.saved)
     if not entry or entry["kind"] != "draft-saved" or entry["patient_id"] != context.patient_id \
             or entry["tenant"] != context.tenant or entry["clinician"] != context.clinician:
-        return jsonify(error="save the draft first; only this patient's saved drafts can be written back"), 404
+        return jsonify(error="save the draft first; only drafts you saved for this patient can be written back"), 404
     from fhir_ingest.connection.client import AuthExpired, FhirError
     from fhir_ingest.connection.writeback import create_document, draft_document
 
