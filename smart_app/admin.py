@@ -5,8 +5,9 @@ import hashlib
 import hmac
 import ipaddress
 
-from flask import Blueprint, abort, render_template, request
+from flask import Blueprint, abort, jsonify, make_response, render_template, request
 
+from .limits import spent, take
 from .registration import registration_info
 from .services import audit, public_url, registry, settings
 
@@ -18,14 +19,22 @@ def require_admin() -> str:
     CHARTCITE_ADMIN_TOKEN as "default"), recorded in the audit; 403 without a matching one. Only the
     demo, which holds no real patient, lets loopback in without one: behind a TLS proxy on the same
     host every client is loopback."""
+    limit, address = settings().rate_limit_admin_refusals, request.remote_addr or ""
+    if spent(limit, "admin-refusals", address):
+        # Guessing stops here: while the address is locked out even the right token is refused.
+        abort(make_response(jsonify(error=f"Too many refused admin requests from this address (at most {limit}); "
+                                          "wait and try again."), 429))
     credentials = settings().admin_credentials()
     if credentials:
         name = token_name(request.headers.get("Authorization", ""), credentials)
-    elif settings().demo_launch and ipaddress.ip_address(request.remote_addr or "0.0.0.0").is_loopback:
+    elif settings().demo_launch and ipaddress.ip_address(address or "0.0.0.0").is_loopback:
         name = "loopback (demo)"
     else:
         name = None
     if name is None:
+        take(limit, "admin-refusals", address)
+        audit().record("admin-refused", "", f"address {address}", "", request=f"{request.method} {request.path}",
+                       sent_token=bool(request.headers.get("Authorization")))
         abort(403)
     audit().record("admin", "", f"admin token {name}", "", token=name, request=f"{request.method} {request.path}")
     return name

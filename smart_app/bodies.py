@@ -63,7 +63,7 @@ class SaveDraftBody(Body):
 
 
 class WriteBackBody(Body):
-    saved: int = Field(ge=1)
+    saved: str = Field(min_length=1, max_length=40)   # the saved entry's audit ref
 
 
 class SyncBody(Body):

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from .logs import configure_logging, keep_chartcite_logging_in_celery
+from .terminal import TerminalSafe, shown
 from .settings import Settings, SettingsError, mask_url_password
 
 log = logging.getLogger("chartcite")
@@ -70,10 +71,23 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(settings.log_level)
     settings.log_warnings(logging.getLogger("chartcite"))
     settings.apply_tls_trust()
+    if args.command in LONG_RUNNING:
+        return run(args, settings)
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = TerminalSafe(sys.stdout), TerminalSafe(sys.stderr)
+    try:
+        return run(args, settings)
+    finally:
+        sys.stdout, sys.stderr = streams
+
+
+def run(args, settings: Settings) -> int:
+    """The command's handler, its expected failures said in one line with their exit code."""
     if args.command != "config":
         settings.prepare_data_dir()
     handler = COMMANDS[args.command][2]
     from search.backends.base import BackendError
+    from search.files import UnsafeFolder
     from search.models.embed import ModelNotFound
 
     try:
@@ -82,13 +96,17 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except BrokenPipeError:
         return reader_went_away()
-    except (BackendError, ModelNotFound, SettingsError, FileNotFoundError) as exc:
+    except (BackendError, ModelNotFound, SettingsError, FileNotFoundError, UnsafeFolder) as exc:
         print(f"chartcite: {exc}", file=sys.stderr)
         return 2
     except redis_unreachable_errors() as exc:
         print(f"chartcite: Redis at {mask_url_password(settings.redis_url)} cannot be reached ({exc}); start it, or "
               f"correct CHARTCITE_REDIS_URL", file=sys.stderr)
         return EXIT_FAILED
+
+
+# Commands that hand the process to gunicorn or Celery, which manage their own streams.
+LONG_RUNNING = {"serve", "worker", "beat"}
 
 
 def reader_went_away() -> int:
@@ -163,20 +181,20 @@ def format_index_summary(summary, elapsed: float) -> str:
     report, total = summary.load, summary.result
     lines = [f"resources read: {report.resources_read}  ({', '.join(f'{k} {v}' for k, v in report.by_type.most_common())})",
              f"  {'type':28} {'read':>7} {'skipped':>8}  what became of it"]
-    lines += [f"  {rt:28} {read:>7} {skipped:>8}  {fate}" for rt, read, skipped, _, fate in report.type_rows()]
+    lines += [f"  {shown(rt):28} {read:>7} {skipped:>8}  {shown(fate)}" for rt, read, skipped, _, fate in report.type_rows()]
     lines.append(f"patients: {total.patients}  chunks written: {total.embedded}  unchanged: {total.unchanged}  "
                  f"removed: {total.removed}  total chunks: {total.chunks}  in {elapsed:.1f}s")
     if report.added_to:
         lines.append(f"added to the records held (this input is not their whole record, so nothing of theirs was "
-                     f"removed): {len(report.added_to)} patient(s): {', '.join(report.added_to[:20])}"
+                     f"removed): {len(report.added_to)} patient(s): {', '.join(map(shown, report.added_to[:20]))}"
                      + (" ..." if len(report.added_to) > 20 else ""))
     lines += removal_lines(report)
     lines.append(f"skipped: {len(report.skipped) + len(total.problems)}")
-    lines += [f"  {s.origin}: {s.reason}" for s in report.skipped]
-    lines += [f"  {p.ref}: {p.reason}" for p in total.problems]
+    lines += [f"  {shown(s.origin)}: {shown(s.reason)}" for s in report.skipped]
+    lines += [f"  {shown(p.ref)}: {shown(p.reason)}" for p in total.problems]
     if report.warnings:
         lines.append(f"warnings: {len(report.warnings)} (indexed)")
-        lines += [f"  {w.origin}: {w.reason}" for w in report.warnings]
+        lines += [f"  {shown(w.origin)}: {shown(w.reason)}" for w in report.warnings]
     return "\n".join(lines)
 
 
@@ -203,11 +221,11 @@ def cmd_check(args, settings: Settings) -> int:
     else:
         print(f"tenant {tenant}: " + ", ".join(f"{name} {n}" for name, n in result.counts.items()))
         print("consistent" if not result.problems else "INCONSISTENT:")
-        print("\n".join(f"  {p}" for p in result.problems))
+        print("\n".join(f"  {shown(p)}" for p in result.problems))
         if held_back:
             print(f"removals held back (over the removal budget; run the input again with --allow-removals to "
                   f"carry one out): {len(held_back)}")
-            print("\n".join(f"  {line}" for line in held_back))
+            print("\n".join(f"  {shown(line)}" for line in held_back))
     return EXIT_FAILED if result.problems else EXIT_OK
 
 
@@ -224,10 +242,10 @@ def cmd_patients(args, settings: Settings) -> int:
     header = f"{'patient_id':38} {'age':>4} {'sex':7} {'resources':>9} {'chunks':>7}" + ("  name" if args.show_names else "")
     print(header)
     for row in rows:
-        line = (f"{row['patient_id']:38} {row.get('age') if row.get('age') is not None else '?':>4} "
-                f"{row.get('gender', ''):7} {sum(row.get('resource_counts', {}).values()):>9} "
+        line = (f"{shown(row['patient_id']):38} {row.get('age') if row.get('age') is not None else '?':>4} "
+                f"{shown(row.get('gender', '')):7} {sum(row.get('resource_counts', {}).values()):>9} "
                 f"{sum(row.get('chunk_counts', {}).values()):>7}")
-        print(line + (f"  {row.get('name', '')}" if args.show_names else ""))
+        print(line + (f"  {shown(row.get('name', ''))}" if args.show_names else ""))
     return 0
 
 
@@ -260,7 +278,7 @@ def format_context(bundle: dict) -> str:
     }
     for key, render in show.items():
         lines.append(f"{key.upper()} ({len(bundle[key])})")
-        lines += [f"  {render(item)}  [{item['ref']}]" for item in bundle[key]] or ["  none recorded"]
+        lines += [f"  {shown(render(item))}  [{shown(item['ref'])}]" for item in bundle[key]] or ["  none recorded"]
     return "\n".join(lines)
 
 
@@ -287,7 +305,7 @@ def cmd_ask(args, settings: Settings) -> int:
         print(result["answer"])
         print(f"\nconfidence: {result['confidence']}")
         for c in result["citations"]:
-            print(f"  [{c['n']}] {c['label']}  ({c['ref']})")
+            print(f"  [{c['n']}] {shown(c['label'])}  ({shown(c['ref'])})")
     if args.explain:
         print_plan(result["diagnostics"])
         print_stage_table(result["diagnostics"]["stages"])
@@ -628,9 +646,9 @@ def cmd_audit(args, settings: Settings) -> int:
         return 0
     for e in entries:
         detail = e.get("answer") or e.get("reason") or e.get("kind")
-        print(f"{e['when']}  {e['kind']:12} {e['tenant']:12} {e['clinician'][-40:]:40} patient={e['patient_id']}  "
-              f"q={e['question'][:60]!r}  cites={len(e.get('citations', []))}  removed={e.get('removed_statements', 0)}  "
-              f"{str(detail)[:60]}")
+        print(f"{e['when']}  {shown(e['kind']):12} {shown(e['tenant']):12} {shown(e['clinician'][-40:]):40} "
+              f"patient={shown(e['patient_id'])}  q={shown(repr(e['question'][:60]))}  cites={len(e.get('citations', []))}  "
+              f"removed={e.get('removed_statements', 0)}  {shown(str(detail)[:60])}")
     if not entries:
         print("no audit entries match")
     return 0

@@ -22,6 +22,8 @@ from fhir_ingest.record.kinds import PATIENT_SEARCHES
 from fhir_ingest.connection.registry import Ehr, Registry
 from fhir_ingest.connection.smart_auth import BackendServicesToken, BackendSignInRefused, forget_discovery
 
+from .terminal import shown
+
 TIMEOUT = 10
 
 
@@ -162,11 +164,18 @@ class EhrChecker:
             return fail("client", str(exc), "see above")
         if probe.refused and isinstance(auth, ClientSecretBasic):
             other = ClientSecretBasic(auth.client_id, auth.secret, "raw" if auth.encoding == "form" else "form")
-            if not self.probe(other).refused:
+            second = self.probe(other)
+            # Only an answer that authenticated the client proves the other encoding: a 503 or a
+            # timeout says nothing about it, and switching on one would break a working registration.
+            if second.accepted:
                 self.ehr = self.registry.update_ehr(self.ehr.name, secret_encoding=other.encoding)
                 return ok("client", f"the EHR refused the secret {auth.encoding}-encoded and accepts it "
                                     f"{other.encoding}: the registration now sends it {other.encoding} "
                                     f"(--secret-encoding {other.encoding})")
+            if not second.refused:
+                return Check("client", "warn", f"the EHR refused the secret {auth.encoding}-encoded ({probe.words}); "
+                             f"{other.encoding}-encoded could not be verified ({second.words}), so the registration "
+                             "is unchanged", "run `chartcite ehr check` again when the EHR answers")
         if probe.refused:
             return fail("client", f"the token endpoint refused chartcite's {auth.method} credentials "
                                   f"({probe.words})", auth.refusal_hint(jwks_url))
@@ -286,7 +295,7 @@ def format_checks(checks: list[Check]) -> str:
     marks = {"ok": "ok  ", "fail": "FAIL", "warn": "warn", "skip": "skip"}
     lines = []
     for check in checks:
-        lines.append(f"[{marks[check.status]}] {check.name:13} {check.detail}")
+        lines.append(f"[{marks[check.status]}] {check.name:13} {shown(check.detail)}")
         if check.fix:
-            lines.append(f"       {'':13} fix: {check.fix}")
+            lines.append(f"       {'':13} fix: {shown(check.fix)}")
     return "\n".join(lines)

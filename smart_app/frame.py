@@ -202,11 +202,21 @@ def last_synced(context, indexed: dict | None) -> float | None:
 @bp.post("/api/sync")
 @launched(SyncBody)
 def sync_now():
-    """"Refresh from the EHR": queue a sync of the launched patient (incremental after the first)."""
+    """"Refresh from the EHR": queue a sync of the launched patient (incremental after the first).
+    A Refresh while a sync of the patient is queued or running joins it; a new one costs the frame
+    session one of its syncs a minute (one sync is some 27 requests to the EHR)."""
+    from .limits import take
+
     context = g.launch
+    job = runner().jobs.get(context.tenant, context.patient_id)
+    if job is not None and job.state in ("queued", "running"):
+        return jsonify(queued=False, joined=True), 202
+    if not take(settings().rate_limit_syncs, "syncs", context.session_id):
+        return jsonify(error=f"This record was refreshed several times in the last minute (at most "
+                             f"{settings().rate_limit_syncs.replace('/', ' a ')}). Please wait a moment."), 429
     queued = runner().enqueue_sync(context.tenant, context.patient_id,
                                    context.session_id if context.mode != "demo" else None)
-    return jsonify(queued=queued), 202
+    return jsonify(queued=queued, joined=not queued), 202
 
 
 @bp.post("/api/ask")
@@ -224,16 +234,31 @@ def ask():
         metrics().observe_failure()
         raise
     metrics().observe_answer(result, time.perf_counter() - started)
-    result["audit_id"] = audit().record(
+    result["audit_id"] = recorded(lambda: audit().record(
         "ask", context.tenant, context.clinician, context.patient_id, question, pipeline=body.pipeline,
         answer=result["answer"], abstained=result["abstained"], confidence=result.get("confidence"),
         citations=[c["ref"] for c in result["citations"]],
         evidence=[e["ref"] for e in result.get("evidence", [])],
         stages=result["diagnostics"].get("stages", []), removed_statements=result.get("removed_statements", 0),
         removed=result.get("removed", []),
-        generator=result.get("generator", "extractive"))
+        generator=result.get("generator", "extractive")))
     log.info("answered a question: %s citations, abstained=%s", len(result["citations"]), result["abstained"])
     return jsonify(result)
+
+
+def recorded(write):
+    """The audit ref `write` returns; when the trail cannot be written even after its retries, the
+    request ends with 503 and says why, and /metrics counts it: an answer nobody can later account
+    for is not shown."""
+    from .audit import AuditUnavailable
+
+    try:
+        return write()
+    except AuditUnavailable:
+        metrics().observe_audit_failure()
+        abort(make_response(jsonify(error="The answer was found but could not be recorded in the audit trail, so it "
+                                          "is not shown. Please ask again in a moment; if this persists, tell IT."),
+                            503))
 
 
 @bp.get("/api/context")
@@ -256,8 +281,8 @@ def draft():
         return jsonify(error=f"kind must be one of {', '.join(KINDS)}"), 400
     result = search().draft(context.tenant, context.patient_id, body.kind)
     result["can_write_back"] = bool(context.details.get("can_write_back"))
-    audit().record("draft", context.tenant, context.clinician, context.patient_id, draft_kind=body.kind,
-                   citations=[c["ref"] for c in result["citations"]])
+    recorded(lambda: audit().record("draft", context.tenant, context.clinician, context.patient_id,
+                                    draft_kind=body.kind, citations=[c["ref"] for c in result["citations"]]))
     return jsonify(result)
 
 
@@ -274,8 +299,9 @@ def save_draft():
     problem = check_draft(draft, KINDS, context)
     if problem:
         return jsonify(error=problem), 400
-    entry = audit().record("draft-saved", context.tenant, context.clinician, context.patient_id, draft_kind=draft["kind"],
-                           draft={k: draft[k] for k in ("kind", "title", "sections", "citations")})
+    entry = recorded(lambda: audit().record(
+        "draft-saved", context.tenant, context.clinician, context.patient_id, draft_kind=draft["kind"],
+        draft={k: draft[k] for k in ("kind", "title", "sections", "citations")}))
     return jsonify(saved=entry), 201
 
 
@@ -365,7 +391,9 @@ WRITE_BACKS = KeyedLocks()
 @launched()
 def saved_drafts():
     context = g.launch
-    entries = audit().entries(kind="draft-saved", patient_id=context.patient_id, tenant=context.tenant, limit=50)
+    # Only the asking clinician's: a launch on the patient is not a licence to read colleagues' drafts.
+    entries = audit().entries(kind="draft-saved", patient_id=context.patient_id, tenant=context.tenant,
+                              clinician=context.clinician, limit=50)
     return jsonify([{"id": e["id"], "when": e["when"], "clinician": e["clinician"], "draft": e["draft"]} for e in entries])
 
 

@@ -31,6 +31,8 @@ class Metrics:
                                  "does not support an answer) or failed", ["outcome"], registry=self.registry)
         self.seconds = Histogram("chartcite_question_seconds", "Time to answer a question, whole and per retrieval "
                                  "stage", ["stage"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.audit_failures = Counter("chartcite_audit_failures_total", "Answers and drafts withheld because the "
+                                      "audit trail could not be written", registry=self.registry)
         self.scraped = CollectorRegistry()
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             # Every worker writes its values to files there; the collector sums them.
@@ -49,6 +51,9 @@ class Metrics:
 
     def observe_failure(self) -> None:
         self.questions.labels("failed").inc()
+
+    def observe_audit_failure(self) -> None:
+        self.audit_failures.inc()
 
 
 class _Own:

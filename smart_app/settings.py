@@ -48,6 +48,9 @@ class Settings:
     llm_timeout_seconds: float = 60.0
     rate_limit_clinician: str = "30/minute"   # questions per clinician (flask-limiter syntax)
     rate_limit_tenant: str = "600/minute"     # questions per tenant (EHR)
+    rate_limit_syncs: str = "3/minute"        # Refresh syncs started per frame session (a Refresh joins a running one)
+    rate_limit_reads: str = "240/minute"      # every other frame API request per frame session
+    rate_limit_admin_refusals: str = "20/minute"   # wrong admin tokens per client address before all are refused
     backend: str = "embedded"             # embedded | elasticsearch
     tenant: str = "default"
     demo_source: Path = field(default_factory=lambda: REPO_ROOT / "examples" / "synthea")

@@ -22,6 +22,7 @@ from joserfc.jwk import KeySet
 
 from fhir_ingest.connection.registry import Ehr, Registry
 from fhir_ingest.connection.client_auth import client_auth_for
+from fhir_ingest.record.normalize import ID_RULE, is_fhir_id
 from fhir_ingest.connection.smart_auth import (DISCOVERY_TIMEOUT, LaunchError, can_write_documents, discover, kept_tokens,
                                     oauth_reason, scopes_for, token_session)
 
@@ -91,6 +92,10 @@ def finish_authorization(registry: Registry, code: str, state: str, binding: str
     patient = tokens.get("patient")
     if not patient:
         raise LaunchError("the EHR did not say which patient this launch is for")
+    if not is_fhir_id(patient):
+        # Checked before a session exists: every file and index refuses such an id, so its sync
+        # could only fail later, with the clinician already looking at an empty frame.
+        raise LaunchError(f"the EHR named a patient whose id is not a FHIR id {ID_RULE}")
     clinician = "unknown"
     if "openid" in tokens.get("scope", "openid") and tokens.get("id_token"):
         claims = validate_id_token(tokens["id_token"], ehr, config, pending["nonce"])

@@ -329,6 +329,12 @@ def test_a_bad_id_token_ends_the_launch(stack, mode, reason):
     assert 'name="chartcite-session"' not in final.text
 
 
+@pytest.mark.parametrize("patient", ["../../etc", "a b", "x" * 65, ".."])
+def test_a_launch_naming_a_patient_id_that_is_not_a_fhir_id_gets_no_session(stack, patient):
+    final, _ = launch(stack, stack.test_api("launch", {"patient": patient})["launch"])
+    assert final.status_code == 400 and "not a FHIR id" in final.text
+    assert 'name="chartcite-session"' not in final.text
+
 def test_metrics_count_ehr_requests_by_status_and_hold_no_patient_data(stack, launched):
     assert requests.get(f"{stack.app}/metrics", timeout=30).status_code == 403
     text = requests.get(f"{stack.app}/metrics", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=30).text
@@ -816,7 +822,7 @@ def test_a_saved_draft_is_written_back_as_a_preliminary_note_when_the_ehr_allows
     assert "patient/DocumentReference.c" in fields["scope"].split()       # asked for, because of --write-back
     draft = api(stack, handle, "POST", "/api/draft", json={"kind": "pre-visit"}).json()
     assert draft["can_write_back"]
-    early = api(stack, handle, "POST", "/api/draft/writeback", json={"saved": 999999})
+    early = api(stack, handle, "POST", "/api/draft/writeback", json={"saved": "never-saved"})
     assert early.status_code == 404                                        # nothing is written unsaved
     saved = api(stack, handle, "POST", "/api/draft/save", json={"draft": draft}).json()["saved"]
     written = api(stack, handle, "POST", "/api/draft/writeback", json={"saved": saved})

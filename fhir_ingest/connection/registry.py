@@ -182,7 +182,7 @@ def create_tables(engine, metadata) -> None:
                 raise
 
 
-def shared_engine(url: str):
+def shared_engine(url: str, busy_seconds: float = 60):
     """An engine several processes write through at once (web workers, Celery workers, `chartcite
     sync`, a Bulk round's parts): on SQLite, in WAL mode so readers never wait for the writer, and
     a writer waits its turn for up to a minute rather than failing with "database is locked"."""
@@ -190,7 +190,7 @@ def shared_engine(url: str):
 
     if not url.startswith("sqlite"):
         return create_engine(url, future=True, pool_pre_ping=True)
-    engine = create_engine(url, future=True, connect_args={"timeout": 60})
+    engine = create_engine(url, future=True, connect_args={"timeout": busy_seconds})
 
     @event.listens_for(engine, "connect")
     def _wal(connection, _record):

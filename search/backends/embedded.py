@@ -6,6 +6,7 @@ patient's chunks (a few hundred to a few thousand vectors), which is fast and de
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import threading
 from contextlib import contextmanager
@@ -39,8 +40,12 @@ CREATE TABLE IF NOT EXISTS chunk_refs (
     tenant TEXT NOT NULL, ref TEXT NOT NULL, chunk_id TEXT NOT NULL,
     PRIMARY KEY (tenant, ref, chunk_id)
 );
+-- `scope` holds one word naming the chunk's tenant and patient (scope_word): a text search
+-- matches it with AND inside MATCH, so FTS5 reads only the asking patient's rows. `scoped` holds
+-- the lexical words each prefixed by that word, for look-ups by prefix, which FTS5 would
+-- otherwise expand over every patient's words before the AND (scoped_words).
 CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5(
-    lexical, chunk_id UNINDEXED, tenant UNINDEXED, patient_id UNINDEXED,
+    lexical, scope, scoped, chunk_id UNINDEXED, tenant UNINDEXED, patient_id UNINDEXED,
     tokenize = 'porter unicode61'
 );
 CREATE TABLE IF NOT EXISTS chunk_concepts (
@@ -70,6 +75,34 @@ def as_json(data) -> str:
         return json.dumps(data)
 
 
+def scope_word(tenant: str, patient_id: str) -> str:
+    """The one full-text word that names a tenant's patient: "s" and 24 digits of a hash, a token
+    unicode61 keeps whole and the porter stemmer leaves alone (it only trims letter endings)."""
+    import hashlib
+
+    digest = hashlib.sha256(f"{tenant}\x00{patient_id}".encode()).hexdigest()
+    return "s" + str(int(digest[:20], 16)).zfill(25)
+
+
+_WORD = re.compile(r"[^\W_]+")        # the runs unicode61 keeps as tokens: letters and digits
+
+
+def scoped_words(tenant: str, patient_id: str, text: str) -> str:
+    """`text`'s words, each prefixed by the patient's scope word ("s0123...insulin"): a term or a
+    prefix looked up in this column names only this patient's words, so FTS5 reads no posting of
+    another patient's (the scope word is letters-then-digits, which the stemmer never changes)."""
+    scope = scope_word(tenant, patient_id)
+    return " ".join(scope + word for word in _WORD.findall(text.lower()))
+
+
+def scoped_match(tenant: str, patient_id: str, words: str) -> str:
+    """An FTS5 query for `words` in the lexical column of one patient's rows only. FTS5 evaluates
+    AND by stepping both posting lists to common rows, so how many rows of other patients hold a
+    word changes neither the rows visited nor the time (issue 42: the time said how many chunks of
+    other patients, in any tenant, held the word)."""
+    return f'scope : "{scope_word(tenant, patient_id)}" AND lexical : ({words})'
+
+
 def text_hash(chunk: Chunk, lexical: str) -> str:
     """What decides whether an indexed chunk is still current: its text, its BM25 text and its
     annotations, so a vocabulary or annotator change reaches chunks whose text did not change."""
@@ -89,6 +122,7 @@ class EmbeddedBackend(Backend):
         self._local = threading.local()
         with self._db() as db:
             db.executescript(SCHEMA)
+        self._scope_lexical_rows()
         self._check_model()
 
     # One connection per thread: the web app answers on several threads, the indexer on another.
@@ -98,6 +132,8 @@ class EmbeddedBackend(Backend):
             conn = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
+            conn.create_function("scope_word", 2, scope_word, deterministic=True)
+            conn.create_function("scoped_words", 3, scoped_words, deterministic=True)
             self._local.conn = conn
         return conn
 
@@ -116,6 +152,33 @@ class EmbeddedBackend(Backend):
         except BaseException:
             db.execute("ROLLBACK")
             raise
+
+    def _scope_lexical_rows(self) -> None:
+        """An index written before the full-text table had its `scope` and `scoped` columns is
+        rebuilt into the new layout on opening, in one transaction, so no query ever runs on rows
+        without them (they would match nothing: every lexical answer would silently be empty)."""
+        db = self._db()
+        if {"scope", "scoped"} <= set(self._lexical_columns(db)):
+            return
+        db.execute("BEGIN IMMEDIATE")        # two processes opening the old index migrate it once
+        try:
+            if not {"scope", "scoped"} <= set(self._lexical_columns(db)):
+                db.execute("DROP TABLE IF EXISTS chunks_fts_scoped")
+                db.execute("CREATE VIRTUAL TABLE chunks_fts_scoped USING fts5(lexical, scope, scoped, chunk_id "
+                           "UNINDEXED, tenant UNINDEXED, patient_id UNINDEXED, tokenize = 'porter unicode61')")
+                db.execute("INSERT INTO chunks_fts_scoped (lexical, scope, scoped, chunk_id, tenant, patient_id) "
+                           "SELECT lexical, scope_word(tenant, patient_id), scoped_words(tenant, patient_id, lexical), "
+                           "chunk_id, tenant, patient_id FROM chunks_fts")
+                db.execute("DROP TABLE chunks_fts")
+                db.execute("ALTER TABLE chunks_fts_scoped RENAME TO chunks_fts")
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    @staticmethod
+    def _lexical_columns(db) -> list[str]:
+        return [row[1] for row in db.execute("PRAGMA table_info(chunks_fts)")]
 
     def built_with(self) -> set[str]:
         row = self._db().execute("SELECT value FROM meta WHERE key='embedding_model'").fetchone()
@@ -152,7 +215,8 @@ class EmbeddedBackend(Backend):
             rows.append((cid, chunk.tenant, chunk.patient_id, chunk.ref, chunk.semantic_type, chunk.date,
                          VECTOR_PENDING if pending else text_hash(chunk, lexical), as_json(chunk.to_dict()),
                          b"" if pending else np.asarray(vector, dtype=np.float32).tobytes()))
-            fts.append((lexical, cid, chunk.tenant, chunk.patient_id))
+            fts.append((lexical, scope_word(chunk.tenant, chunk.patient_id),
+                        scoped_words(chunk.tenant, chunk.patient_id, lexical), cid, chunk.tenant, chunk.patient_id))
             # Every resource a chunk draws on: deleting any of them removes the chunk (a trend, a panel).
             refs.extend((chunk.tenant, ref, cid) for ref in chunk.refs)
             concepts.extend((chunk.tenant, chunk.patient_id, key, cid) for key in asserted_keys(chunk.concepts))
@@ -162,7 +226,8 @@ class EmbeddedBackend(Backend):
             replaced = self._present(db, [r[0] for r in rows])
             db.executemany("DELETE FROM chunks_fts WHERE chunk_id = ?", replaced)
             db.executemany("INSERT OR REPLACE INTO chunks VALUES (?,?,?,?,?,?,?,?,?)", rows)
-            db.executemany("INSERT INTO chunks_fts (lexical, chunk_id, tenant, patient_id) VALUES (?,?,?,?)", fts)
+            db.executemany("INSERT INTO chunks_fts (lexical, scope, scoped, chunk_id, tenant, patient_id) "
+                           "VALUES (?,?,?,?,?,?)", fts)
             db.executemany("INSERT OR IGNORE INTO chunk_refs VALUES (?,?,?)", refs)
             db.executemany("DELETE FROM chunk_concepts WHERE chunk_id = ?", replaced)
             db.executemany("INSERT OR IGNORE INTO chunk_concepts VALUES (?,?,?,?)", concepts)
@@ -258,10 +323,12 @@ class EmbeddedBackend(Backend):
         terms = sorted({t for t in tokens(query)})
         if not terms:
             return []
-        match = " OR ".join('"' + t.replace('"', "") + '"' for t in terms)
+        match = scoped_match(scope.tenant, scope.patient_id, " OR ".join('"' + t.replace('"', "") + '"' for t in terms))
         where, args = self._scope_sql(scope)
-        sql = (f"SELECT f.chunk_id, bm25(chunks_fts) AS s FROM chunks_fts f JOIN chunks c ON c.chunk_id = f.chunk_id "
-               f"WHERE chunks_fts MATCH ? AND f.tenant = ? AND f.patient_id = ? AND {where} ORDER BY s LIMIT ?")
+        # Only the lexical column weighs: every row of the patient holds its scope word once.
+        sql = (f"SELECT f.chunk_id, bm25(chunks_fts, 1.0, 0.0, 0.0) AS s FROM chunks_fts f JOIN chunks c ON "
+               f"c.chunk_id = f.chunk_id WHERE chunks_fts MATCH ? AND f.tenant = ? AND f.patient_id = ? AND {where} "
+               f"ORDER BY s LIMIT ?")
         rows = self._db().execute(sql, [match, scope.tenant, scope.patient_id, *args, n]).fetchall()
         return [Hit(cid, -score) for cid, score in rows]   # FTS5 bm25 is "lower is better"
 
@@ -295,10 +362,12 @@ class EmbeddedBackend(Backend):
 
     def has_terms(self, tenant: str, patient_id: str, terms: list[str], prefix: bool = False) -> set[str]:
         found = set()
+        sql = "SELECT 1 FROM chunks_fts WHERE chunks_fts MATCH ? AND tenant = ? AND patient_id = ? LIMIT 1"
         for term in terms:
-            clean = term.replace('"', "")
-            sql = "SELECT 1 FROM chunks_fts WHERE chunks_fts MATCH ? AND tenant = ? AND patient_id = ? LIMIT 1"
-            if self._db().execute(sql, [f'"{clean}"' + ("*" if prefix else ""), tenant, patient_id]).fetchone():
+            # In the scoped column: a prefix expands over this patient's words only.
+            phrase = scoped_words(tenant, patient_id, term)
+            if phrase and self._db().execute(sql, [f'scoped : "{phrase}"' + ("*" if prefix else ""), tenant,
+                                                   patient_id]).fetchone():
                 found.add(term)
         return found
 

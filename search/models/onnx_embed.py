@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import fcntl
 import json
 import logging
 import os
@@ -43,6 +42,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
+from search.files import locked, refuse_shared_folder, temporary_path, write_file
 from search.models.embed import Embedder, ModelNotFound, _fingerprint, default_model_cache, default_model_path
 from search.models.processor import instruction_sets, processor_name
 
@@ -105,21 +105,24 @@ def model_stem(model_path: Path) -> str:
 def int8_model(model_path: Path, cache_dir: Path, variant: str = "dynamic") -> Path:
     """The cached ONNX file a variant runs (`fp32`: the un-quantised export), built first if missing."""
     cache_dir.mkdir(parents=True, exist_ok=True)
+    refuse_shared_folder(cache_dir)               # another user could swap the model chartcite runs
     target = cache_dir / f"{model_stem(model_path)}-{FILE_SUFFIX[variant]}.onnx"
     if target.exists():
         return target
     fp32 = target if variant == "fp32" else int8_model(model_path, cache_dir, "fp32")
-    with open(cache_dir / ".build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)          # another process may be building it right now
+    with locked(cache_dir / ".build.lock"):       # another process may be building it right now
         if not target.exists():
-            partial = target.with_suffix(".tmp")
-            if variant == "fp32":
-                export(model_path, partial)
-            elif variant == "dynamic":
-                quantise_dynamic(fp32, partial)
-            else:
-                quantise_static(model_path, fp32, partial)
-            os.replace(partial, target)           # whole or not at all, for readers in other processes
+            partial = temporary_path(target)
+            try:
+                if variant == "fp32":
+                    export(model_path, partial)
+                elif variant == "dynamic":
+                    quantise_dynamic(fp32, partial)
+                else:
+                    quantise_static(model_path, fp32, partial)
+                os.replace(partial, target)       # whole or not at all, for readers in other processes
+            finally:
+                partial.unlink(missing_ok=True)
     return target
 
 
@@ -475,6 +478,7 @@ def choice_folder(cache_dir: Path, choice_dir: Path | None) -> Path | None:
         if folder is not None:
             folder.mkdir(parents=True, exist_ok=True)
             if writable(folder):
+                refuse_shared_folder(folder)
                 return folder
     return None
 
@@ -488,24 +492,32 @@ def chosen_variant(model_path: Path, cache_dir: Path, choice_dir: Path | None = 
         return calibrate(model_path, cache_dir)["variant"]
     path = choice_file(model_path, folder)
 
-    def kept() -> dict:
-        try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError):
-            return {}
-
-    choice = kept().get(key)
-    if choice and choice.get("variant") in KEPT_CHOICES:
-        return choice["variant"]
-    with open(folder / ".choice.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)          # processes starting together measure once
-        choices = kept()
-        if choices.get(key, {}).get("variant") not in KEPT_CHOICES:
+    chosen = kept_variant(kept_choices(path), key)
+    if chosen:
+        return chosen
+    with locked(folder / ".choice.lock"):          # processes starting together measure once
+        choices = kept_choices(path)
+        if not kept_variant(choices, key):
             choices[key] = calibrate(model_path, cache_dir)
-            partial = path.with_suffix(".tmp")
-            partial.write_text(json.dumps(choices, indent=1, sort_keys=True) + "\n")
-            os.replace(partial, path)
+            write_file(path, json.dumps(choices, indent=1, sort_keys=True) + "\n")
         return choices[key]["variant"]
+
+
+def kept_choices(path: Path) -> dict:
+    """The choice file's choices by processor; {} for a file missing, unreadable or of any other
+    shape (`[]`, a string), which is then measured again and rewritten, never a crash at start."""
+    try:
+        choices = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return choices if isinstance(choices, dict) else {}
+
+
+def kept_variant(choices: dict, key: str) -> str | None:
+    """The variant kept for this processor, when the entry is the shape `calibrate` writes."""
+    choice = choices.get(key)
+    variant = choice.get("variant") if isinstance(choice, dict) else None
+    return variant if isinstance(variant, str) and variant in KEPT_CHOICES else None
 
 
 def calibrate(model_path: Path, cache_dir: Path) -> dict:

@@ -97,14 +97,14 @@ def correct(word: str) -> tuple[str, float] | None:
     known, targets, drug_words = _spelling()
     limit = 1 if len(w) < 8 else 2
     hits = process.extract(w, targets, scorer=OSA.distance, score_cutoff=limit, limit=None)
-    hits = [(t, d) for t, d, _ in hits if t[0] == w[0] and abs(len(t) - len(w)) <= limit]
+    hits = [(form, d) for form, d, _ in hits if form[0] == w[0] and abs(len(form) - len(w)) <= limit]
     if not hits:
         return None
     best = min(d for _, d in hits)
-    closest = sorted({t for t, d in hits if d == best})
+    closest = sorted({form for form, d in hits if d == best})
     if len(closest) != 1:
-        candidates = {frozenset(t.ingredients_of(t)) or t for t in closest}
-        if len(candidates) != 1:
+        closest = resolve_tie(w, closest)
+        if closest is None:
             return None
     target = closest[0]
     # the typed word may itself be a drug the tables lack: never trade it for a neighbour of the
@@ -113,3 +113,27 @@ def correct(word: str) -> tuple[str, float] | None:
         return None
     return target, round(1 - best / max(len(w), len(target)), 2)
 
+
+def resolve_tie(typed: str, closest: list[str]) -> list[str] | None:
+    """Equally close words that are one: the same drug (a brand and its ingredient), or endings
+    of one stem ("diabetis": diabetes, diabetic), where the word keeping the typed ending wins (a
+    slip is rarely in the ending). None for a real tie, which is left uncorrected."""
+    if len({t.ingredients_of(form) or form for form in closest}) == 1:
+        return closest
+    if len({_stemmer().stemWord(form) for form in closest}) == 1:
+        return [max(closest, key=lambda form: (_common_ending(form, typed), form))]
+    return None
+
+
+def _common_ending(a: str, b: str) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
+        n += 1
+    return n
+
+
+@lru_cache(maxsize=1)
+def _stemmer():
+    import snowballstemmer      # the stemmer the index uses (search/nlp/vocabulary.py)
+
+    return snowballstemmer.stemmer("porter")

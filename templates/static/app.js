@@ -60,7 +60,7 @@
   }
   function pollStatus() {
     api("/api/status").then(({ ok, status, body }) => {
-      if (!ok) { if (status === 0 || status >= 500) poll(2000); return; }
+      if (!ok) { if (status === 0 || status === 429 || status >= 500) poll(status === 429 ? 5000 : 2000); return; }
       fillBanner(body.banner || {});
       const job = body.job;
       const active = job && (job.state === "queued" || job.state === "running");
@@ -206,7 +206,7 @@
     save.addEventListener("click", () => {
       post("/api/draft/save", { draft: currentDraft })
         .then(({ ok, body }) => {
-          $("meta").textContent = ok ? "Draft saved (#" + body.saved + ")." : (body.error || "Not saved.");
+          $("meta").textContent = ok ? "Draft saved." : (body.error || "Not saved.");
           if (ok && draft.can_write_back) offerWriteBack(body.saved);
         });
     });
