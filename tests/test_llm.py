@@ -43,8 +43,10 @@ def start_model_server(folder: Path) -> tuple[subprocess.Popen, str, Path]:
         pytest.fail("llama-cpp-python is not installed: run `make install-test`")
     port = free_port()
     log = folder / "llama.log"
+    # One thread: on a busy machine two threads meeting at every layer's barrier wait for each other
+    # (a 512-token general answer took over 600 s at load 17 on 2 cores; 81 s on one thread).
     process = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", gguf_path(), "--host", "127.0.0.1",
-                                "--port", str(port), "--n_ctx", "8192", "--n_threads", "2", "--model_alias", "gemma3-270m",
+                                "--port", str(port), "--n_ctx", "8192", "--n_threads", "1", "--model_alias", "gemma3-270m",
                                 "--chat_format", "gemma"],
                                stdout=log.open("w"), stderr=subprocess.STDOUT)
     try:
