@@ -27,14 +27,36 @@ $(VENV)/.installed: requirements/app.lock requirements/build.lock setup.cfg pypr
 	touch $@
 
 # llama-cpp-python (the local model server the LLM tests run) is built from source once (~10 min
-# on 2 cores); pip keeps the built wheel in its cache, so later installs take seconds.
+# on 2 cores) with these flags, not the processor's own: a native build on a Xeon with AMX runs
+# ggml's AMX kernels, whose first multi-token prompt killed the server there (issue 39), while an
+# AMD EPYC ran AVX2 ones. AVX2, FMA and F16C (every x86-64 server since 2013) and nothing newer:
+# both families run the same kernels. The server's log says what was built in
+# ("system_info: ... CPU : SSE3 = 1 | ... AVX2 = 1 | ...", with no AVX512 or AMX).
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_BMI2=ON \
+  -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF \
+  -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+# pip caches the wheel it built under the source archive's address, whatever the flags were: the
+# wheels built with these flags get a pip cache of their own, named by the flags, so a change of
+# flags builds anew (once) instead of reinstalling a wheel built with the old ones.
+LLAMA_BUILD := $(shell printf '%s' '$(LLAMA_CMAKE_ARGS)' | sha256sum | cut -c1-12)
+LLAMA_PIP_CACHE ?= $(HOME)/.cache/chartcite/pip-llama-$(LLAMA_BUILD)
+LLAMA_INSTALL := CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' $(LOCKED_INSTALL) --cache-dir '$(LLAMA_PIP_CACHE)'
+
 $(VENV)/.installed-test: $(VENV)/.installed requirements/test.lock | system-test-deps
-	$(LOCKED_INSTALL) -r requirements/test.lock
+	$(LLAMA_INSTALL) -r requirements/test.lock
 	touch $@
+
+# A venv whose llama-cpp-python was built with other flags (or before they were set) gets it rebuilt
+# with these, and the build is checked: no AVX-512 or AMX kernels in the library.
+$(VENV)/.llama-$(LLAMA_BUILD): $(VENV)/.installed-test
+	grep -A1 '^llama-cpp-python==' requirements/test.lock > $(VENV)/llama-cpp-python.lock
+	$(LLAMA_INSTALL) --no-deps --force-reinstall -r $(VENV)/llama-cpp-python.lock
+	$(PY) scripts/llama_build.py
+	rm -f $(VENV)/.llama-* && touch $@
 
 install: $(VENV)/.installed
 
-install-test: system-test-deps $(VENV)/.installed-test
+install-test: system-test-deps $(VENV)/.installed-test $(VENV)/.llama-$(LLAMA_BUILD)
 
 # Debian's Chromium for the browser tests (Playwright drives it; it never downloads a browser),
 # and the compiler and CMake that build llama-cpp-python.

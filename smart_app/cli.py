@@ -302,6 +302,8 @@ def cmd_ask(args, settings: Settings) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
+        if result.get("banner"):
+            print(result["banner"])
         print(result["answer"])
         print(f"\nconfidence: {result['confidence']}")
         for c in result["citations"]:

@@ -83,6 +83,7 @@ def finish_authorization(registry: Registry, code: str, state: str, binding: str
         raise LaunchError("this EHR is no longer registered with chartcite")
     config = discover(ehr.iss)
     session = token_session(registry, ehr, pending["redirect_uri"])
+    requested_at = time.time()
     try:
         tokens = session.fetch_token(config["token_endpoint"], grant_type="authorization_code", code=code,
                                      code_verifier=pending["verifier"])
@@ -105,7 +106,7 @@ def finish_authorization(registry: Registry, code: str, state: str, binding: str
     context = {k: tokens[k] for k in ("encounter", "need_patient_banner", "smart_style_url", "tenant", "fhirContext",
                                       "intent") if k in tokens}
     context["can_write_back"] = can_write_documents(tokens.get("scope", ""))
-    return LaunchResult(ehr, pending["mode"], patient, clinician, kept_tokens(tokens, config), context)
+    return LaunchResult(ehr, pending["mode"], patient, clinician, kept_tokens(tokens, config, requested_at), context)
 
 def refusal_advice(error: str, registry: Registry, ehr: Ehr) -> str:
     """What hospital IT should check, by the OAuth error the token endpoint gave."""

@@ -498,8 +498,9 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
         if path.split("/")[0] in state.get("unsupported", ()):
             return jsonify(resourceType="OperationOutcome", issue=[{"severity": "error", "code": "not-supported",
                                                                     "diagnostics": "Unknown resource type"}]), 404
-        time.sleep(state.get("latency", 0.0))
+        # The token is checked as the request arrives, as an EHR does; the latency is its time to answer.
         grant = bearer()
+        time.sleep(state.get("latency", 0.0))
         fault = take_fault("fhir")
         if fault:
             return fault

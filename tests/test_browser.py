@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -78,6 +79,29 @@ def servers(tmp_path_factory, synthea_dir):
         log.close()
 
 
+# Indexing that shows no change on the frame's progress line for this long is stuck, not slow.
+STUCK_SECONDS = 180
+
+
+def wait_until_ready(frame) -> None:
+    """The question box unlocks when the record is searchable: waited for as long as the frame's
+    progress line keeps changing, since a busy machine only makes indexing slower. Fails when the
+    line stands still for STUCK_SECONDS, saying what it showed."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    last, moved = None, time.time()
+    while True:
+        try:
+            frame.locator("#ask-form[data-ready='yes']").wait_for(timeout=5_000)
+            return
+        except PlaywrightTimeout:
+            pass
+        shown = (frame.locator("#ask-form").get_attribute("data-sync"), frame.locator("#sync-text").text_content())
+        if shown != last:
+            last, moved = shown, time.time()
+        assert time.time() - moved < STUCK_SECONDS, f"indexing showed no progress for {STUCK_SECONDS} s: {shown}"
+
+
 @pytest.mark.browser
 def test_clinician_asks_inside_the_ehr_iframe_and_opens_a_citation(servers, tmp_path):
     from playwright.sync_api import sync_playwright
@@ -91,7 +115,7 @@ def test_clinician_asks_inside_the_ehr_iframe_and_opens_a_citation(servers, tmp_
         frame = page.frame_locator("#app")
         frame.locator(f"button[data-patient='{PID}']").click()
         # Indexing runs in the background; the question box unlocks when the record is searchable.
-        frame.locator("#ask-form[data-ready='yes']").wait_for(timeout=120_000)
+        wait_until_ready(frame)
         frame.locator("#question").fill("Does he carry an EpiPen?")
         frame.locator("#ask-button").click()
         statement = frame.locator("#answer .statement").first
@@ -115,7 +139,7 @@ def launch(page, servers, pid):
     page.goto(f"http://localhost:{servers['ehr']}/index.html")
     frame = page.frame_locator("#app")
     frame.locator(f"button[data-patient='{pid}']").click()
-    frame.locator("#ask-form[data-ready='yes']").wait_for(timeout=180_000)
+    wait_until_ready(frame)
     return frame
 
 

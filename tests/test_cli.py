@@ -168,14 +168,11 @@ def test_a_real_celery_worker_indexes_a_patient(env, synthea_dir, tmp_path):
         assert queued.stdout.strip() == "True", queued.stderr
         from workers.progress import JobStore
 
+        from .test_workers_e2e import wait_job
+
         jobs = JobStore(tmp_path / "data" / "state.sqlite")
-        deadline = time.time() + 240
-        while time.time() < deadline:
-            job = jobs.get("default", "936988e9-d587-ef42-ebdf-541238540ff3")
-            if job and job.state in ("done", "failed"):
-                break
-            time.sleep(1)
-        assert job and job.state == "done", job
+        job = wait_job(jobs, "default", "936988e9-d587-ef42-ebdf-541238540ff3", {"done", "failed"})
+        assert job.state == "done", job
         assert job.total > 0
     finally:
         worker.terminate()

@@ -157,3 +157,73 @@ def test_a_forked_child_embeds_on_its_own_threads_or_says_it_cannot():
         else:
             assert said == b"1", said
         embedder.close()
+
+
+class Stalling:
+    """A model session whose runs really stop: the thread waits until the test ends."""
+
+    def __init__(self, session, released):
+        self.session, self.released = session, released
+
+    def get_inputs(self):
+        return self.session.get_inputs()
+
+    def run(self, outputs, feeds):
+        self.released.wait()
+        return self.session.run(outputs, feeds)
+
+
+def embedded_in_time(embedder, texts: list[str]):
+    """The vectors, or the error raised, from a thread joined with a bound: a hang fails here."""
+    import threading
+
+    out = {}
+
+    def encode():
+        try:
+            out["vectors"] = embedder.encode(texts)
+        except Exception as exc:               # noqa: BLE001 - the test looks at it
+            out["error"] = exc
+
+    worker = threading.Thread(target=encode, daemon=True)
+    worker.start()
+    worker.join(120)
+    assert not worker.is_alive(), "the embedder hung on a stalled batch"
+    return out
+
+
+@pytest.fixture
+def released():
+    import threading
+
+    event = threading.Event()
+    yield event
+    event.set()                                # the stalled threads finish and end
+
+
+def test_a_batch_that_stalls_is_reported_and_run_again_on_new_sessions(released, caplog):
+    from search.models.embed import default_model_cache
+    from search.models.onnx_embed import OnnxInt8Embedder
+
+    texts = [f"{text} {i}" + " more words" * (i % 17) for i, text in enumerate(TEXTS * 40)]
+    expected = OnnxInt8Embedder(None, default_model_cache(), variant="dynamic", cores=2).encode(texts)
+    embedder = OnnxInt8Embedder(None, default_model_cache(), variant="dynamic", cores=2, batch_deadline=3)
+    embedder.sessions = [Stalling(session, released) for session in embedder.sessions]
+    out = embedded_in_time(embedder, texts)
+    assert "error" not in out and np.array_equal(out["vectors"], expected)
+    assert "made no progress on a batch" in caplog.text and "run again" in caplog.text
+    embedder.close()
+
+
+def test_an_embedder_that_stalls_again_on_new_sessions_says_so_rather_than_wait(released):
+    from search.models.embed import default_model_cache
+    from search.models.onnx_embed import EmbedderStalled, OnnxInt8Embedder
+
+    embedder = OnnxInt8Embedder(None, default_model_cache(), variant="dynamic", cores=2, batch_deadline=3)
+    fresh = embedder.new_sessions
+    embedder.new_sessions = lambda: [Stalling(session, released) for session in fresh()]
+    embedder.sessions = embedder.new_sessions()
+    out = embedded_in_time(embedder, TEXTS)
+    assert isinstance(out.get("error"), EmbedderStalled)
+    assert "made no progress" in str(out["error"]) and "CHARTCITE_INT8" in str(out["error"])
+    embedder.close()

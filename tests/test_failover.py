@@ -131,11 +131,11 @@ def test_losing_a_node_mid_sync_loses_nothing_and_questions_carry_on(cluster, tm
         jobs = RedisJobStore(redis_url())
         for pid in SYNCED:
             enqueue(env, tenant, pid)
-        wait_job(jobs, tenant, SYNCED[0], {"running"}, phase="embedding")
+        wait_job(jobs, tenant, SYNCED[0], {"running"}, phase="embedding", watched=SYNCED)
         killed_at = time.time()
         kill(cluster[1])                                   # a crash, not a clean stop
         for pid in SYNCED:
-            assert wait_job(jobs, tenant, pid, {"done", "failed"}, seconds=900).state == "done"
+            assert wait_job(jobs, tenant, pid, {"done", "failed"}, watched=SYNCED).state == "done"
         time.sleep(3)
         stream.running.clear()
         stream.join(120)

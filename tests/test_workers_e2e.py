@@ -55,14 +55,26 @@ def enqueue(env, tenant, pid) -> None:
     assert out.stdout.strip() == "True", out.stderr
 
 
-def wait_job(jobs, tenant, pid, states, seconds=600, phase=None):
-    deadline = time.time() + seconds
-    while time.time() < deadline:
+# A job that shows no change at all (state, phase, count) for this long is stuck, not slow.
+STUCK_SECONDS = 300
+
+
+def wait_job(jobs, tenant, pid, states, phase=None, watched=()):
+    """The job once it is in one of `states` (in `phase` with something done), waited for as long
+    as work moves: its own progress, or that of the `watched` jobs it may be queued behind. A busy
+    machine makes every step slower; only a job that stops moving fails the wait."""
+    last, moved = None, time.time()
+    while True:
         job = jobs.get(tenant, pid)
         if job and job.state in states and (phase is None or (job.phase == phase and job.done > 0)):
             return job
+        seen = [(j.state, j.phase, j.done) if j else None for j in (job, *(jobs.get(tenant, w) for w in watched))]
+        if seen != last:
+            last, moved = seen, time.time()
+        if time.time() - moved > STUCK_SECONDS:
+            raise AssertionError(f"job for {pid} never reached {states}: nothing moved for {STUCK_SECONDS} s "
+                                 f"(last: {job})")
         time.sleep(0.5)
-    raise AssertionError(f"job for {pid} never reached {states} (last: {jobs.get(tenant, pid)})")
 
 
 def expected_chunk_ids(tenant, synthea_dir, pid, embedder) -> set[str]:

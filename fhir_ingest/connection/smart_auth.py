@@ -116,10 +116,13 @@ def token_session(registry: Registry, ehr: Ehr, redirect_uri: str | None = None)
         raise LaunchError(str(exc)) from exc
 
 
-def kept_tokens(tokens: dict, config: dict) -> dict:
+def kept_tokens(tokens: dict, config: dict, requested_at: float) -> dict:
     """The tokens to keep, with when to renew them: a minute before expiry, or at four fifths of a
-    short lifetime (Oracle Health's ten minutes, or seconds in a test), never at every request."""
-    expires_in, now = float(tokens.get("expires_in") or 300), time.time()
+    short lifetime (Oracle Health's ten minutes, or seconds in a test), never at every request.
+    The lifetime counts from `requested_at`, when the token was asked for: the EHR started it
+    later than that, and the answer may have taken its time (a busy machine took most of a
+    two-second token's margin before, and the EHR refused a request the token had to last for)."""
+    expires_in, now = float(tokens.get("expires_in") or 300), requested_at
     return {"access_token": tokens["access_token"], "refresh_token": tokens.get("refresh_token", ""),
             "expires_at": now + expires_in, "refresh_at": now + expires_in - min(REFRESH_MARGIN, expires_in / 5),
             "scope": tokens.get("scope", ""), "token_endpoint": config["token_endpoint"]}
@@ -176,13 +179,14 @@ class SessionTokens:
                                   "gives apps no way to renew it; what was indexed before is unchanged", 401,
                                   renewable=False)
             config = discover(self.ehr.iss)
+            requested_at = time.time()
             try:
                 fresh = token_session(self.registry, self.ehr).refresh_token(
                     config["token_endpoint"], refresh_token=tokens["refresh_token"])
             except Exception as exc:
                 raise AuthExpired(f"the EHR refused to renew the sign-in ({oauth_reason(exc)}); "
                                   "open chartcite from the EHR again", 401) from exc
-            kept = kept_tokens(fresh, config)
+            kept = kept_tokens(fresh, config, requested_at)
             kept["refresh_token"] = kept["refresh_token"] or tokens["refresh_token"]
             self.store(self.registry, self.session_id, kept)
             return kept["access_token"]
@@ -239,6 +243,7 @@ class BackendServicesToken:
                 fields, headers = auth.credentials(config["token_endpoint"])
             except ClientAuthError as exc:
                 raise AuthExpired(f"{exc}; register the JWKS URL with the EHR") from exc
+            requested_at = time.time()       # the lifetime counts from here (kept_tokens says why)
             response = requests.post(config["token_endpoint"], timeout=DISCOVERY_TIMEOUT * 4,
                                      data={"grant_type": "client_credentials", "scope": self.scope} | fields,
                                      headers=headers)
@@ -248,7 +253,7 @@ class BackendServicesToken:
             body = response.json()
             expires_in = float(body.get("expires_in") or 300)
             self.granted = str(body.get("scope") or self.scope)
-            self.cached = (body["access_token"], time.time() + expires_in - min(REFRESH_MARGIN, expires_in / 5))
+            self.cached = (body["access_token"], requested_at + expires_in - min(REFRESH_MARGIN, expires_in / 5))
             return self.cached[0]
 
 

@@ -10,7 +10,7 @@ from search.answering.answer import NO_EVIDENCE
 from search.answering.phi import Identifiers
 from search.answering.types import Answer, Citation, Statement
 from search.answering.verify import verify_statement
-from search.models.llm import ChatClient, LlmError, generate
+from search.models.llm import UNAVAILABLE, ChatClient, LlmError, generate
 from search.nlp.annotate import RecordTerm
 from search.retrieval.pipeline import Retrieval
 
@@ -31,7 +31,8 @@ def grounded_answer(client: ChatClient, retrieval: Retrieval, extractive: Answer
         draft = generate(client, retrieval.question, evidence, ids)
     except LlmError as exc:
         log.warning("language model failed (%s); extractive answer used", exc)
-        return replace(extractive, generator="extractive", generator_note="language model unavailable")
+        return replace(extractive, generator="extractive", generator_note="language model unavailable",
+                       banner=UNAVAILABLE)
     if draft is None:
         return replace(extractive, generator="extractive", generator_note="language model output was not valid JSON")
     kept, removed = [], []

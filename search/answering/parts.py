@@ -109,9 +109,13 @@ def combined(question: str, question_id: str | None, parts: list[str], answers: 
                                                       "analysis": a.diagnostics.get("analysis")}
                                                      for p, a in zip(parts, answers)])
     chart = next((a.chart for a in answers if a.chart), None)
+    # A part the language model could not write says so for the whole answer.
+    unwritten = next((a for a in answers if a.generator_note), None)
     return Answer(question_id, answers[0].patient_id, question, NO_EVIDENCE if abstained else text,
                   [] if abstained else statements, [] if abstained else citations, evidence, confidence, abstained,
-                  diagnostics, chart=chart)
+                  diagnostics, chart=chart,
+                  generator_note=unwritten.generator_note if unwritten else None,
+                  banner=unwritten.banner if unwritten else None)
 
 
 def interleaved(lists: list[list[EvidenceItem]]) -> list[EvidenceItem]:

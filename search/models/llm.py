@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from dataclasses import dataclass
 
 import requests
@@ -31,6 +32,11 @@ GENERAL_RULES = (
     "Do not discuss any specific patient.")
 
 
+# What a clinician reads when a configured model could not write the answer: the answer that
+# follows is chartcite's own, taken from the record.
+UNAVAILABLE = "The language model is unavailable; this answer is taken from the record without it."
+
+
 class LlmError(RuntimeError):
     pass
 
@@ -42,6 +48,12 @@ class LlmSettings:
     api_key: str = ""
     timeout: float = 60.0
     max_tokens: int = 512
+    # After a model server has failed to answer (down, dead, or silent past the timeout), questions
+    # go without it for this long rather than each waiting out the timeout again.
+    rest_seconds: float = 30.0
+
+
+CONNECT_SECONDS = 5.0    # a server that is up accepts at once; a dead one refuses at once
 
 
 class ChatClient:
@@ -53,6 +65,7 @@ class ChatClient:
         self.settings = settings
         self.http = requests.Session()
         self.schema_form = self.SCHEMA_FORMS[0]
+        self.resting_until = 0.0
 
     @property
     def name(self) -> str:
@@ -85,10 +98,13 @@ class ChatClient:
             raise LlmError("the language model's response is not a chat completion") from exc
 
     def _post(self, body: dict, headers: dict) -> requests.Response:
+        if time.monotonic() < self.resting_until:
+            raise LlmError("the language model failed moments ago; not asked again yet")
         try:
             return self.http.post(self.settings.url.rstrip("/") + "/chat/completions", json=body, headers=headers,
-                                  timeout=self.settings.timeout)
+                                  timeout=(min(CONNECT_SECONDS, self.settings.timeout), self.settings.timeout))
         except requests.RequestException as exc:
+            self.resting_until = time.monotonic() + self.settings.rest_seconds
             raise LlmError(f"the language model is unreachable ({type(exc).__name__})") from exc
 
 

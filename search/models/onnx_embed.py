@@ -30,11 +30,13 @@ import ctypes.util
 import json
 import logging
 import os
+import queue
 import threading
 import time
 import warnings
 import weakref
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import datetime, timezone
 from pathlib import Path
 from types import SimpleNamespace
@@ -71,6 +73,10 @@ MIN_COSINE = 0.97
 # indexing 304 texts/s rather than 277, and less memory). Padding is masked out, so the vectors
 # are the same; ONNX Runtime prepares nothing per shape, so it runs the exact lengths.
 OPENVINO_SHAPE_STEP = 16
+# A batch not done in this long has stopped making progress: a full batch (BATCH_TOKENS word
+# pieces) takes about 0.2 s on one core here, so even a machine a hundred times busier finishes
+# one well inside it. OpenVINO once sat for 25 minutes on a batch with no sign (issue 39).
+BATCH_DEADLINE_SECONDS = 120.0
 
 
 def variant_of(model_name: str) -> str | None:
@@ -245,8 +251,12 @@ def new_session(onnx_file: Path, threads: int):
 
 class OpenVinoModel:
     """ONNX Runtime's session interface (run, get_inputs, get_outputs) over one OpenVINO model
-    compiled for the CPU with a stream per session. OpenVINO's infer requests are not to be
-    shared between threads, so each call takes an idle one (made when none is)."""
+    compiled for the CPU, one per session, each run on its caller's thread. Two threads with a
+    request each on one model compiled with two streams hung for good under load (issue 39: both
+    inside `infer`, every thread on a futex): the streams share the model's executor, kernel cache
+    and graphs, and a thread that is not one of the executor's own is handed a graph by a stream
+    number it does not own. A model per session shares none of that. OpenVINO's infer requests
+    are not to be shared between threads, so each call takes an idle one (made when none is)."""
 
     def __init__(self, onnx_file: Path, streams: int, threads: int):
         core = require_openvino().Core()
@@ -340,13 +350,49 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pools_in_child)
 
 
+class EmbedderStalled(RuntimeError):
+    """The embedding model made no progress on a batch, even on fresh sessions."""
+
+
+class SessionWorkers:
+    """One thread per session, taking batches from one queue in turn. The threads are daemons: a
+    thread stuck inside a model (it happened inside OpenVINO) is left behind when the sessions are
+    replaced, and cannot keep the process from exiting, as a ThreadPoolExecutor's would."""
+
+    def __init__(self, sessions: list, run):
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.run, self.count = run, len(sessions)
+        for number, session in enumerate(sessions):
+            threading.Thread(target=self._work, args=(session,), name=f"chartcite-embed_{number}", daemon=True).start()
+
+    def submit(self, batch: list[str]) -> Future:
+        future: Future = Future()
+        self.queue.put((future, batch))
+        return future
+
+    def _work(self, session) -> None:
+        while (item := self.queue.get()) is not None:
+            future, batch = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(self.run(session, batch))
+            except BaseException as exc:     # the caller re-raises it
+                future.set_exception(exc)
+
+    def close(self) -> None:
+        """Each thread ends after its batch in hand (a stuck one never does, and is left)."""
+        for _ in range(self.count):
+            self.queue.put(None)
+
+
 class OnnxInt8Embedder(Embedder):
     """The Embedder interface over an int8 variant (VARIANTS, or `auto` to pick one); `name`
     records backend, precision and variant, so an index built at fp32 or with another variant is
     never searched with these vectors (or the other way round)."""
 
     def __init__(self, model_path: str | None = None, cache_dir: str | Path | None = None, batch_size: int = 32,
-                 variant: str = "dynamic", cores: int | None = None):
+                 variant: str = "dynamic", cores: int | None = None, batch_deadline: float = BATCH_DEADLINE_SECONDS):
         from tokenizers import Tokenizer
 
         path = Path(model_path or default_model_path())
@@ -363,15 +409,11 @@ class OnnxInt8Embedder(Embedder):
         self.max_tokens = window - 2
         if variant == "openvino":
             require_openvino()                  # says why it cannot, before anything is built
-        onnx_file = int8_model(path, cache, variant)
-        threads = session_threads(cores or usable_cores())
-        if variant == "openvino":
-            model = OpenVinoModel(onnx_file, len(threads), sum(threads))
-            self.sessions = [model] * len(threads)      # one thread per stream, each its own request
-        else:
-            self.sessions = [new_session(onnx_file, n) for n in threads]
-        self._local = threading.local()
-        self._pool: ThreadPoolExecutor | None = None
+        self.onnx_file = int8_model(path, cache, variant)
+        self.threads = session_threads(cores or usable_cores())
+        self.batch_deadline = batch_deadline
+        self.sessions = self.new_sessions()
+        self._pool: SessionWorkers | None = None
         self._pool_lock = threading.Lock()
         _embedders.add(self)
         self.inputs = [i.name for i in self.sessions[0].get_inputs()]
@@ -411,34 +453,73 @@ class OnnxInt8Embedder(Embedder):
         if batch:
             yield batch
 
+    def new_sessions(self) -> list:
+        """A session per entry of `threads`, each with that many threads."""
+        if self.variant == "openvino":
+            return [OpenVinoModel(self.onnx_file, 1, n) for n in self.threads]
+        return [new_session(self.onnx_file, n) for n in self.threads]
+
     def encode_batches(self, batches: Iterable[list[str]]) -> Iterator[np.ndarray]:
-        """Each batch's vectors, in order, the batches spread over the sessions (one thread each).
-        The batches are the same as on one session, and so are the vectors: the dynamic int8
-        model scales its activations per batch, so regrouping texts would change them."""
+        """Each batch's vectors, in order, the batches spread over the sessions (one thread each),
+        all started at once. The batches are the same as on one session, and so are the vectors:
+        the dynamic int8 model scales its activations per batch, so regrouping texts would change
+        them. A batch not done within the deadline is reported and run again on new sessions."""
         batches = list(batches)
-        if len(batches) < 2 or len(self.sessions) < 2:
-            return map(self.encode_batch, batches)
-        return self._session_pool().map(self.encode_batch, batches)
+        workers = self._session_pool()
+        return self._in_order(batches, [workers.submit(batch) for batch in batches])
+
+    def _in_order(self, batches: list[list[str]], futures: list[Future]) -> Iterator[np.ndarray]:
+        done, stalls = 0, 0
+        while done < len(batches):
+            try:
+                vectors = futures[done].result(timeout=self.batch_deadline)
+            except FutureTimeout:
+                stalls += 1
+                for future in futures[done:]:
+                    future.cancel()
+                self._replace_stalled_sessions(len(batches[done]), stalls)
+                workers = self._session_pool()
+                futures[done:] = [workers.submit(batch) for batch in batches[done:]]
+                continue
+            done, stalls = done + 1, 0
+            yield vectors
+
+    def _replace_stalled_sessions(self, texts: int, stalls: int) -> None:
+        """Once: reported, and the sessions (and their threads) replaced by new ones. Twice running:
+        an error that says what to do, rather than a run that waits for ever."""
+        if stalls > 1:
+            raise EmbedderStalled(f"the {self.variant} int8 embedding model made no progress on a batch of {texts} "
+                                  f"texts in {self.batch_deadline:.0f} s, twice, the second time on new sessions; "
+                                  f"set CHARTCITE_INT8 to another variant ({', '.join(v for v in VARIANTS if v != self.variant)})"
+                                  f" or CHARTCITE_EMBEDDING_PRECISION=fp32")
+        log.warning("the %s int8 embedding model made no progress on a batch of %d texts in %.0f s: its sessions "
+                    "are replaced and the batch is run again", self.variant, texts, self.batch_deadline)
+        with self._pool_lock:
+            stuck, self._pool = self._pool, None
+            self.sessions = self.new_sessions()
+        if stuck is not None:
+            stuck.close()
 
     def close(self) -> None:
-        """Stops the sessions' threads and lets the sessions go (the pool's threads would keep an
-        embedder used for a while, as `auto`'s candidates are, alive for the process's life)."""
+        """Ends the sessions' threads and lets the sessions go (the threads would keep an embedder
+        used for a while, as `auto`'s candidates are, alive for the process's life)."""
         with self._pool_lock:
             if self._pool is not None:
-                self._pool.shutdown(wait=True)
+                self._pool.close()
                 self._pool = None
         self.sessions = []
 
-    def _session_pool(self) -> ThreadPoolExecutor:
+    def _session_pool(self) -> SessionWorkers:
         with self._pool_lock:
             if self._pool is None:
-                free = iter(self.sessions)
-                self._pool = ThreadPoolExecutor(len(self.sessions), thread_name_prefix="chartcite-embed",
-                                                initializer=lambda: setattr(self._local, "session", next(free)))
+                self._pool = SessionWorkers(self.sessions, self.run_batch)
             return self._pool
 
     def encode_batch(self, batch: list[str]) -> np.ndarray:
-        session = getattr(self._local, "session", self.sessions[0])   # any thread may share the first
+        """One batch's vectors, on the caller's thread."""
+        return self.run_batch(self.sessions[0], batch)
+
+    def run_batch(self, session, batch: list[str]) -> np.ndarray:
         encoded = self.batcher.encode_batch(batch)
         arrays = {"input_ids": np.array([e.ids for e in encoded], dtype=np.int64),
                   "attention_mask": np.array([e.attention_mask for e in encoded], dtype=np.int64),
