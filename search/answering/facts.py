@@ -73,7 +73,7 @@ def typed_fact(ev: Evidence):
 def medication_fact(ev: Evidence, f: typed.MedicationFact) -> Fact:
     status = f.status
     when = day(f.date)
-    dose = dosage_words(f.doses)
+    dose = dosage_words(f.doses, f.medication)
     reason = ", ".join(dict.fromkeys(condition_name({"text": r}) for r in f.reasons or f.visit_reasons))
     since = f"active since {when}" if status in CURRENT_ORDER else f"{status or 'ordered'}, ordered {when}"
     if status in CURRENT_ORDER and years_before_today(when) > 3:
