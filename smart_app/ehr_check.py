@@ -103,8 +103,11 @@ class EhrChecker:
             needed.add("sso-openid-connect")
         missing = sorted(needed - declared)
         methods = self.config.get("token_endpoint_auth_methods_supported")
-        method = self.ehr.client_auth or "private_key_jwt"
-        if methods and method not in methods:
+        method = client_auth_for(self.registry, self.ehr).method
+        # A public client authenticates with nothing, and many servers (the SMART reference
+        # launcher among them) leave "none" out of that list while public launches work.
+        unlisted_public = bool(methods) and method == "none" and "none" not in methods
+        if methods and method not in methods and not unlisted_public:
             missing.append(f"token_endpoint_auth_methods_supported: {method}")
         if "S256" not in (self.config.get("code_challenge_methods_supported") or ["S256"]):
             missing.append("code_challenge_methods_supported: S256")
@@ -112,6 +115,10 @@ class EhrChecker:
             return fail("capabilities", f"not declared: {', '.join(missing)}",
                         "register the client type and scopes the EHR offers (`chartcite ehr update` --client-auth, "
                         "--scopes v1|v2, --request-scopes) or ask the EHR to enable them")
+        if unlisted_public:
+            return Check("capabilities", "warn", f"{len(needed)} needed capabilities declared; "
+                         "token_endpoint_auth_methods_supported does not list \"none\" (public clients), which "
+                         "many EHRs leave out while public launches work", "the first launch will tell")
         return ok("capabilities", f"{len(needed)} needed capabilities declared")
 
     def fhir_metadata(self) -> Check:
@@ -155,33 +162,60 @@ class EhrChecker:
         """Does the token endpoint accept chartcite as this client? A made-up authorization code
         earns `invalid_grant` from an EHR that authenticated the client first, and
         `invalid_client` from one that did not (wrong id, wrong secret, a key it cannot verify).
-        A secret refused in one encoding and accepted in the other switches the registration."""
+        Deliberately wrong credentials are probed too: an EHR that answers them exactly as it
+        answers chartcite's own cannot tell right from wrong here, and that proves nothing. A
+        secret is probed in both encodings and the registration keeps the one the EHR accepts."""
         jwks_url = f"{self.public_url}/.well-known/jwks.json"
         try:
             auth = client_auth_for(self.registry, self.ehr)
             probe = self.probe(auth)
+            decoys = [self.probe(decoy) for decoy in auth.decoys()]
         except ClientAuthError as exc:
             return fail("client", str(exc), "see above")
-        if probe.refused and isinstance(auth, ClientSecretBasic):
-            other = ClientSecretBasic(auth.client_id, auth.secret, "raw" if auth.encoding == "form" else "form")
-            second = self.probe(other)
-            # Only an answer that authenticated the client proves the other encoding: a 503 or a
-            # timeout says nothing about it, and switching on one would break a working registration.
-            if second.accepted:
-                self.ehr = self.registry.update_ehr(self.ehr.name, secret_encoding=other.encoding)
-                return ok("client", f"the EHR refused the secret {auth.encoding}-encoded and accepts it "
-                                    f"{other.encoding}: the registration now sends it {other.encoding} "
-                                    f"(--secret-encoding {other.encoding})")
-            if not second.refused:
-                return Check("client", "warn", f"the EHR refused the secret {auth.encoding}-encoded ({probe.words}); "
-                             f"{other.encoding}-encoded could not be verified ({second.words}), so the registration "
-                             "is unchanged", "run `chartcite ehr check` again when the EHR answers")
+        if all(decoy.same_answer(probe) for decoy in decoys):
+            return Check("client", "warn", f"the token endpoint answers chartcite's {auth.method} credentials and "
+                         f"deliberately wrong ones alike ({probe.words}): they could not be verified here; the first "
+                         "launch will tell", "" if probe.accepted else "if the first launch is refused: "
+                         + auth.refusal_hint(jwks_url))
+        if isinstance(auth, ClientSecretBasic):
+            return self.secret_encoding(auth, probe, jwks_url)
         if probe.refused:
             return fail("client", f"the token endpoint refused chartcite's {auth.method} credentials "
                                   f"({probe.words})", auth.refusal_hint(jwks_url))
         if probe.accepted:
             return ok("client", f"the token endpoint accepts chartcite's {auth.method} credentials "
                                 f"(a made-up code earned {probe.words}, as it should)")
+        return Check("client", "warn", f"a probe of the token endpoint answered {probe.words}: chartcite's "
+                                       "credentials could not be confirmed", "a clinician's first launch will tell")
+
+    def secret_encoding(self, auth: ClientSecretBasic, probe: "Probe", jwks_url: str) -> Check:
+        """Which encoding of the secret the EHR accepts, recorded in the registration: RFC 6749's
+        form-encoding and the raw secret differ for a secret with characters such as `+ % / =`."""
+        other = auth.other_encoding()
+        other_probe = self.probe(other) if other else None
+        if probe.accepted and other_probe and other_probe.accepted:
+            return ok("client", f"the token endpoint accepts chartcite's secret in either encoding; it stays "
+                                f"{auth.encoding}-encoded")
+        if probe.accepted:
+            return ok("client", f"the token endpoint accepts chartcite's client_secret_basic credentials "
+                                f"{auth.encoding}-encoded" + (f" and refuses them {other.encoding}-encoded"
+                                                              if other_probe else "")
+                                + f" (a made-up code earned {probe.words}, as it should)")
+        if other_probe and other_probe.accepted:
+            self.ehr = self.registry.update_ehr(self.ehr.name, secret_encoding=other.encoding)
+            return ok("client", f"the EHR refused the secret {auth.encoding}-encoded and accepts it "
+                                f"{other.encoding}: the registration now sends it {other.encoding} "
+                                f"(--secret-encoding {other.encoding})")
+        if probe.refused and other_probe and not other_probe.refused:
+            # Only an answer that authenticated the client proves the other encoding: a 503 or a
+            # timeout says nothing about it, and switching on one would break a working registration.
+            return Check("client", "warn", f"the EHR refused the secret {auth.encoding}-encoded ({probe.words}); "
+                         f"{other.encoding}-encoded could not be verified ({other_probe.words}), so the registration "
+                         "is unchanged", "run `chartcite ehr check` again when the EHR answers")
+        if probe.refused:
+            return fail("client", f"the token endpoint refused chartcite's client_secret_basic credentials in "
+                                  f"{'either encoding' if other_probe else 'its encoding'} ({probe.words})",
+                        auth.refusal_hint(jwks_url))
         return Check("client", "warn", f"a probe of the token endpoint answered {probe.words}: chartcite's "
                                        "credentials could not be confirmed", "a clinician's first launch will tell")
 
@@ -224,6 +258,9 @@ class EhrChecker:
         try:
             self.token = self.auth.refresh()
         except BackendSignInRefused as exc:
+            switched = self.backend_token_in_the_other_encoding(types)
+            if switched:
+                return switched
             return fail("backend", f"no Backend Services token: {exc}", exc.fix.replace("NAME", self.ehr.name))
         except Exception as exc:   # every refusal is a finding to print, not a crash
             return fail("backend", f"no Backend Services token: {exc}",
@@ -231,6 +268,26 @@ class EhrChecker:
                         "client id in the EHR's console")
         client = self.ehr.backend_client_id or self.ehr.client_id
         return ok("backend", f"Backend Services token granted to {client} for {len(types)} types")
+
+    def backend_token_in_the_other_encoding(self, types: list[str]) -> Check | None:
+        """A client secret refused in one encoding at the Backend Services sign-in, accepted in the
+        other: a sign-in that authenticates the client for real, so the registration keeps that one."""
+        auth = client_auth_for(self.registry, self.ehr, backend=True)
+        other = auth.other_encoding() if isinstance(auth, ClientSecretBasic) else None
+        if other is None:
+            return None
+        trial = BackendServicesToken(self.registry, self.registry.update_ehr(self.ehr.name, secret_encoding=other.encoding),
+                                     types)
+        try:
+            self.token = trial.refresh()
+        except Exception:
+            self.ehr = self.registry.update_ehr(self.ehr.name, secret_encoding=auth.encoding)
+            return None
+        self.auth, self.ehr = trial, self.registry.ehr(self.ehr.name)
+        client = self.ehr.backend_client_id or self.ehr.client_id
+        return ok("backend", f"Backend Services token granted to {client} for {len(types)} types with the secret "
+                             f"{other.encoding}-encoded (refused {auth.encoding}-encoded): the registration now sends it "
+                             f"{other.encoding} (--secret-encoding {other.encoding})")
 
     def group(self) -> Check:
         """The registered Bulk Data group exists and has members: a round of a Group that does not
@@ -289,6 +346,9 @@ class Probe:
     @property
     def accepted(self) -> bool:
         return self.error == "invalid_grant"
+
+    def same_answer(self, other: "Probe") -> bool:
+        return (self.status, self.error, self.words) == (other.status, other.error, other.words)
 
 
 def format_checks(checks: list[Check]) -> str:

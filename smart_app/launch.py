@@ -37,6 +37,8 @@ def launch_error(message: str, status: int = 400):
 
 @bp.route("/launch", methods=["GET", "POST"])
 def launch():
+    # A registration changed a moment ago (its frame origins) holds from this launch on.
+    registry().forget_frame_origins()
     iss = request.values.get("iss", "")
     launch_id = request.values.get("launch") or None
     ehr = registry().ehr_by_iss(iss) if iss else None
@@ -80,6 +82,7 @@ def callback():
         log.warning("the EHR refused authorization: %s: %s", error, description or "(no description)")
         return launch_error(f"The EHR did not authorize chartcite ({error}"
                             + (f": {description}" if description else "") + "). " + authorization_advice(error), 400)
+    registry().forget_frame_origins()       # this worker may not be the one the launch started in
     code, state = request.args.get("code", ""), request.args.get("state", "")
     if not code:
         return launch_error("The EHR sent no authorization code. Open chartcite from the EHR again.")

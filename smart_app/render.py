@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from fhir_ingest.record.facts import Component, Dose, Quantity, Reaction, ReferenceRange, Value
+from fhir_ingest.record.facts import Component, Dose, MedicationFact, Quantity, Reaction, ReferenceRange, Value
 from fhir_ingest.record.kinds import clinical_date, fact_of, kind_of
 from fhir_ingest.record.kinds.observations import measured_words
 from fhir_ingest.record.normalize import concept_text
 from fhir_ingest.record.notes import NoteDecodeError, decode_attachment
+from fhir_ingest.record.words import _strip_tag
+from search.answering.clinical import dosage_words
 
 HIDDEN = {"kind", "name", "codes", "date", "points", "medication", "value", "components", "sections", "onset_date"}
 LABELS = {"verification": "verification status", "status_reason": "status reason", "visit_reasons": "reason of the visit",
@@ -51,8 +53,31 @@ def fact_fields(fact) -> list[list[str]]:
         if f.name == "details":
             rows += [[label, text] for label, text in value]
             continue
+        if isinstance(fact, MedicationFact) and f.name in MEDICATION_WORDS:
+            rows += MEDICATION_WORDS[f.name](fact)
+            continue
         rows.append([LABELS.get(f.name, f.name.replace("_", " ")), words(value)])
     return [row for row in rows if row[1]]
+
+
+def dose_rows(fact: MedicationFact) -> list[list[str]]:
+    """The dose as the answer words it ('1 tablet every six hours'), then what that leaves out."""
+    def each(part: str) -> str:
+        return ", ".join(dict.fromkeys(getattr(d, part) for d in fact.doses if getattr(d, part)))
+
+    return [["dosage", dosage_words(fact.doses, fact.medication)], ["rate", each("rate")], ["route", each("route")],
+            ["maximum", each("maximum")]]
+
+
+# A medication's fields a clinician reads differently from the record's words: the dose in clinical
+# words; whether it is an order, a statement or a dispense is the record's type, not a finding; an
+# intent is worth saying only when the record is not an order (a plan, a proposal).
+MEDICATION_WORDS = {
+    "doses": dose_rows,
+    "form": lambda fact: [],
+    "reasons": lambda fact: [["reasons", "; ".join(_strip_tag(r) for r in fact.reasons)]],
+    "intent": lambda fact: [["intent", fact.intent]] if fact.intent not in ("", "order") else [],
+}
 
 
 def readable(resource: dict, resolve) -> dict:

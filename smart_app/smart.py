@@ -8,6 +8,7 @@ opaque `state`.
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import threading
 import time
@@ -21,7 +22,7 @@ from joserfc.errors import JoseError
 from joserfc.jwk import KeySet
 
 from fhir_ingest.connection.registry import Ehr, Registry
-from fhir_ingest.connection.client_auth import client_auth_for
+from fhir_ingest.connection.client_auth import ClientSecretBasic, client_auth_for
 from fhir_ingest.record.normalize import ID_RULE, is_fhir_id
 from fhir_ingest.connection.smart_auth import (DISCOVERY_TIMEOUT, LaunchError, can_write_documents, discover, kept_tokens,
                                     oauth_reason, scopes_for, token_session)
@@ -29,6 +30,8 @@ from fhir_ingest.connection.smart_auth import (DISCOVERY_TIMEOUT, LaunchError, c
 PENDING_TTL = 600                 # seconds an authorization may take at the EHR
 JWKS_TTL = 3600                   # an EHR's signing keys are read again after this long...
 JWKS_REFRESH_FLOOR = 60           # ...or when a token names a key not held, at most this often
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -82,14 +85,20 @@ def finish_authorization(registry: Registry, code: str, state: str, binding: str
     if ehr is None:
         raise LaunchError("this EHR is no longer registered with chartcite")
     config = discover(ehr.iss)
+
+    def exchange(session) -> dict:
+        return session.fetch_token(config["token_endpoint"], grant_type="authorization_code", code=code,
+                                   code_verifier=pending["verifier"])
+
     session = token_session(registry, ehr, pending["redirect_uri"])
     requested_at = time.time()
     try:
-        tokens = session.fetch_token(config["token_endpoint"], grant_type="authorization_code", code=code,
-                                     code_verifier=pending["verifier"])
+        tokens = exchange(session)
     except Exception as exc:   # authlib raises OAuthError; requests its own
-        raise LaunchError(f"the EHR refused the sign-in ({oauth_reason(exc)})"
-                          + refusal_advice(getattr(exc, "error", ""), registry, ehr)) from exc
+        tokens = with_the_other_secret_encoding(registry, ehr, exc, exchange, pending["redirect_uri"])
+        if tokens is None:
+            raise LaunchError(f"the EHR refused the sign-in ({oauth_reason(exc)})"
+                              + refusal_advice(getattr(exc, "error", ""), registry, ehr)) from exc
     patient = tokens.get("patient")
     if not patient:
         raise LaunchError("the EHR did not say which patient this launch is for")
@@ -107,6 +116,23 @@ def finish_authorization(registry: Registry, code: str, state: str, binding: str
                                       "intent") if k in tokens}
     context["can_write_back"] = can_write_documents(tokens.get("scope", ""))
     return LaunchResult(ehr, pending["mode"], patient, clinician, kept_tokens(tokens, config, requested_at), context)
+
+def with_the_other_secret_encoding(registry: Registry, ehr: Ehr, refusal: Exception, exchange, redirect_uri: str):
+    """A client secret refused as invalid_client in one encoding is tried once in the other (the
+    EHR authenticates the client before it looks at the code, so the code is still good); the one
+    it accepts is recorded, so `ehr check` on an EHR that could not tell is settled by a launch."""
+    auth = client_auth_for(registry, ehr)
+    other = auth.other_encoding() if isinstance(auth, ClientSecretBasic) else None
+    if other is None or getattr(refusal, "error", "") != "invalid_client":
+        return None
+    try:
+        tokens = exchange(other.session(redirect_uri))
+    except Exception:
+        return None
+    registry.update_ehr(ehr.name, secret_encoding=other.encoding)
+    log.warning("the EHR accepts the client secret %s-encoded: the registration now sends it so", other.encoding)
+    return tokens
+
 
 def refusal_advice(error: str, registry: Registry, ehr: Ehr) -> str:
     """What hospital IT should check, by the OAuth error the token endpoint gave."""

@@ -107,10 +107,14 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
         ("private_key_jwt", "client_secret_basic" with its secret, or "any" as before), how a
         Basic secret is compared ("form": form-decoded first, as RFC 6749 2.3.1 says; "raw": as
         sent, as the SMART reference launcher and many servers do), and which scopes it may be
-        granted (None = all; `grantable_system` the same for Backend Services), and the client id
-        of a separate Backend Services app (`backend_client_id`)."""
+        granted (None = all; `grantable_system` the same for Backend Services), the client id
+        of a separate Backend Services app (`backend_client_id`), and `registry: false` for a
+        server that keeps no client registry, as the SMART reference launcher (smart-launcher-v2)
+        does: its codes carry the client's settings, so a code it did not issue is refused as
+        `invalid_client` ("jwt malformed") whatever credentials come with it."""
         body = request.get_json(force=True)
         state["client"] = {"auth": body.get("auth", "any"), "secret": body.get("secret", ""),
+                           "registry": body.get("registry", True),
                            "grantable": body.get("grantable"), "secret_encoding": body.get("secret_encoding", "form"),
                            "jwks_url": body.get("jwks_url"), "grantable_system": body.get("grantable_system"),
                            "backend_client_id": body.get("backend_client_id")}
@@ -158,8 +162,11 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
     @app.post("/_test/smart-config")
     def configure_smart_config():
         """Leave these keys out of the SMART configuration (a Bulk Data server for Backend Services
-        only has no authorization endpoint and often no capabilities)."""
-        state["smart_omit"] = set(request.get_json(force=True).get("omit") or [])
+        only has no authorization endpoint and often no capabilities), or publish other values for
+        some (`set`: the reference launcher lists no "none" among its client authentication methods)."""
+        body = request.get_json(force=True)
+        state["smart_omit"] = set(body.get("omit") or [])
+        state["smart_set"] = dict(body.get("set") or {})
         return jsonify(ok=True)
 
     @app.post("/_test/token-lifetime")
@@ -199,6 +206,7 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
     def smart_configuration():
         response = smart_configuration_body()
         omitted = state.get("smart_omit") or set()
+        response |= state.get("smart_set") or {}
         return jsonify({k: v for k, v in response.items() if k not in omitted})
 
     def smart_configuration_body() -> dict:
@@ -275,6 +283,9 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
             "assertion" if form.get("client_assertion") else "none"
         state["log"].append({"method": "POST", "path": request.path, "grant": grant, "client_auth": presented,
                              "args": {}, "accept": "", "auth": presented != "none", "scope": form.get("scope", "")})
+        if grant == "authorization_code" and not state["client"].get("registry", True) and \
+                form.get("code", "") not in state["codes"]:
+            return fail("invalid_client", "invalid token: jwt malformed", 401)
         problem = authenticate_client(form)
         if problem:
             return fail("invalid_client", problem, 401)
@@ -313,6 +324,8 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
             header = request.headers.get("Authorization", "")
             if form.get("client_assertion") or form.get("client_secret"):
                 return "this client authenticates with client_secret_basic only"
+            if not header.startswith("Basic "):
+                return "client authentication is required: HTTP Basic with the client id and secret"
             try:
                 user, _, password = base64.b64decode(header[6:]).decode().partition(":")
             except ValueError:

@@ -261,3 +261,58 @@ def test_an_empty_class_said_by_a_note_is_one_cited_claim(tmp_path, embedder, sm
     assert result["answer"].startswith(empty) and "[1]" in result["answer"], result["answer"]
     assert any(e["ref"].startswith("DocumentReference/") for e in result["evidence"])      # the note cited
     assert uncited_clauses(result) == 0, result["answer"]
+
+
+# --- one drug's orders fold together, never with another drug's -----------------------------------------
+
+LARGEST = "3458d2d7-2b13-ee85-cd49-4ab409c1af5d"     # the largest shared record: five drugs, three opioids with acetaminophen or not
+
+
+@pytest.fixture(scope="module")
+def largest_record(tmp_path_factory, synthea_dir, embedder):
+    from search.service import SearchService
+
+    path = synthea_dir / f"{LARGEST}.json.gz"
+    service = SearchService("embedded", tmp_path_factory.mktemp("largest") / "index.sqlite")
+    service.index_paths("t", [path])
+    orders = {f"MedicationRequest/{r['id']}": r for r in bundle_resources(path) if r["resourceType"] == "MedicationRequest"}
+    yield service, orders
+    service.close()
+
+
+def drug_code(order: dict) -> str:
+    return ((order.get("medicationCodeableConcept") or {}).get("coding") or [{}])[0].get("code", "")
+
+
+def lead_of(result: dict) -> tuple[str, list[str]]:
+    lead = next(s for s in result["statements"] if s.get("lead"))
+    refs = {c["n"]: c["ref"] for c in result["citations"]}
+    return lead["text"], [refs[n] for n in map(int, re.findall(r"\[(\d+)\]", lead["text"]))]
+
+
+def test_a_drugs_orders_fold_with_their_own_drug_only(largest_record):
+    """Percocet (acetaminophen with oxycodone) and an acetaminophen with hydrocodone order share an
+    ingredient: the Percocet clause counts and cites Percocet's orders only, its first date theirs."""
+    service, orders = largest_record
+    result = service.ask("t", LARGEST, "Is she on Percocet?")
+    text, _ = lead_of(result)
+    percocet = {ref: o for ref, o in orders.items()
+                if "percocet" in json.dumps(o.get("medicationCodeableConcept")).lower()}
+    code = drug_code(next(iter(percocet.values())))
+    first = min(o["authoredOn"][:10] for o in percocet.values())
+    clause = next(c for c in text.split("; ") if "Percocet" in c)
+    assert f"the latest of {len(percocet)} orders, the first on {first}" in clause, text
+    refs = {c["n"]: c["ref"] for c in result["citations"]}
+    clause_refs = [refs[int(n)] for n in re.findall(r"\[(\d+)\]", clause)]
+    assert clause_refs and all(drug_code(orders[ref]) == code for ref in clause_refs), (clause, clause_refs)
+
+
+def test_the_medication_list_names_every_active_order(largest_record):
+    """Asked for her medications, the direct answer cites an active order of every drug the record
+    has active orders of, not only the orders that ranked."""
+    service, orders = largest_record
+    active = {drug_code(o) for o in orders.values() if o["status"] == "active"}
+    for question in ("What medications is she on?", "current meds?"):
+        text, cited = lead_of(service.ask("t", LARGEST, question))
+        named = {drug_code(orders[ref]) for ref in cited if ref in orders and orders[ref]["status"] == "active"}
+        assert named == active, (question, text)

@@ -197,3 +197,30 @@ def test_the_answer_comes_first_in_clinical_words_with_a_readable_chart(servers,
         assert frame.locator("#chart svg rect.range-band").count() == 1
         assert "reference range 3.5–5.1" in frame.locator("#chart-desc").inner_text()
         browser.close()
+
+
+@pytest.mark.browser
+def test_the_side_panel_reads_as_the_answer_does_and_follows_the_answer(servers):
+    """The record a chip opens says its dose as the answer does ("1 tablet once daily", not the
+    record's "1; 1 time(s) per 1.0 d" nor "form: order") with dates as the answer writes them; a
+    new answer closes it rather than leave the previous answer's record beside it."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync"])
+        page = browser.new_page(viewport={"width": 1220, "height": 760})
+        frame = launch(page, servers, CARDIAC)
+        ask(frame, "Is he on a statin?")
+        chip = frame.locator("#chips .chip", has_text="imvastatin").first
+        chip.click()
+        frame.locator("#panel:not([hidden]) #panel-title").wait_for(timeout=10_000)
+        fields = dict(zip(frame.locator("#panel-fields dt").all_text_contents(),
+                          frame.locator("#panel-fields dd").all_text_contents()))
+        assert fields.get("dosage") == "1 tablet once daily", fields
+        assert "form" not in fields and not any("time(s)" in v for v in fields.values()), fields
+        assert re.fullmatch(r"\d{1,2} [A-Z][a-z]{2} \d{4}( \d\d:\d\d)?", fields["Date"]), fields
+        ask(frame, "What are his active problems?")
+        assert frame.locator("#panel").is_hidden() and frame.locator("#panel-title").inner_text() == ""
+        browser.close()

@@ -147,7 +147,15 @@ def test_clinical_words_for_coded_names_units_and_doses():
     assert dosage_words(doses_of([{"text": "Take 1 tablet by mouth daily"}])) == "Take 1 tablet by mouth daily"
     ranged = [{"doseAndRate": [{"doseRange": {"low": {"value": 1, "unit": "tablet"}, "high": {"value": 2, "unit": "tablet"}}}],
                "timing": {"repeat": {"frequency": 1, "period": 6, "periodUnit": "h"}}}]
-    assert dosage_words(doses_of(ranged)) == "1-2 tablet, every 6 hours"
+    assert dosage_words(doses_of(ranged)) == "1-2 tablet every 6 hours"
+    # As Synthea writes an order: a coded instruction, a count of no unit, and the timing again.
+    coded = [{"text": "Every six hours (qualifier value)", "timing": {"repeat": {"frequency": 4, "period": 1.0, "periodUnit": "d"}},
+              "doseAndRate": [{"doseQuantity": {"value": 1.0}}]}]
+    assert dosage_words(doses_of(coded), "Acetaminophen 325 MG / Oxycodone Hydrochloride 10 MG Oral Tablet") == \
+        "1 tablet every six hours"
+    daily = [{"timing": {"repeat": {"frequency": 2, "period": 1.0, "periodUnit": "d"}}, "doseAndRate": [{"doseQuantity": {"value": 2}}]}]
+    assert dosage_words(doses_of(daily), "amLODIPine 2.5 MG Oral Capsule") == "2 capsules twice daily"
+    assert dosage_words(doses_of(daily), "Insulin Lispro 100 UNT/ML Injectable Solution") == "twice daily"
 
 
 def test_the_reading_metrics_count_words_first_sentence_facts_and_uncited_clauses():

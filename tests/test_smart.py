@@ -260,6 +260,22 @@ def test_csp_lets_only_the_launching_ehr_frame_its_pages(stack):
         stack.cli("ehr", "remove", "other")
 
 
+def test_a_new_launch_honours_a_frame_origin_changed_a_moment_ago(stack):
+    """The frame origins are kept 30 s for every response's CSP, but a launch reads them afresh: an
+    origin hospital IT has just added frames the very next launch (it was refused for half a minute)."""
+    first, _ = launch(stack, stack.test_api("launch", {"patient": PID})["launch"])
+    assert first.status_code == 200 and "https://new-frame.example.org" not in frame_ancestors(first)
+    origins = ["--frame-origin", stack.ehr, "--frame-origin", same_site(stack.ehr)]
+    assert stack.cli("ehr", "update", TENANT, *origins, "--frame-origin", "https://new-frame.example.org").returncode == 0
+    try:
+        start = requests.get(f"{stack.app}/launch", params={"iss": stack.fhir}, timeout=30)
+        assert "https://new-frame.example.org" in frame_ancestors(start)
+        final, _ = launch(stack, stack.test_api("launch", {"patient": PID})["launch"])
+        assert final.status_code == 200 and "https://new-frame.example.org" in frame_ancestors(final)
+    finally:
+        assert stack.cli("ehr", "update", TENANT, *origins).returncode == 0
+
+
 def test_jwks_publishes_both_algorithms_and_no_private_parts(stack):
     keys = requests.get(f"{stack.app}/.well-known/jwks.json", timeout=10).json()["keys"]
     assert {k["alg"] for k in keys} == {"RS384", "ES384"}
@@ -522,6 +538,7 @@ def test_a_public_client_without_a_refresh_token_ends_a_long_sync_cleanly(stack)
         stack.cli("ehr", "update", TENANT, "--client-auth", "private_key_jwt",
                   "--request-scopes", "openid fhirUser offline_access")
     assert status["job"]["state"] == "failed" and "no way to renew it" in status["job"]["message"]
+    assert status["job"]["phase"] == "sign_in_expired"        # the frame offers no Retry that cannot help
     assert status["chunks"] == held > 0
     token_requests = [e for e in stack.ehr_log() if e["path"] == "/auth/token"]
     assert [(e["grant"], e["client_auth"]) for e in token_requests] == [("authorization_code", "none")]
@@ -722,6 +739,67 @@ def test_ehr_check_proves_the_client_credentials_at_the_token_endpoint(stack):
         assert final.status_code == 200, final.text[:500]
     finally:
         stack.test_api("client", {})
+        restored = stack.cli("ehr", "update", TENANT, "--client-auth", "private_key_jwt", "--secret-encoding", "form")
+        assert restored.returncode == 0, restored.stderr
+
+
+def registration_row(stack: Stack) -> dict:
+    return next(e for e in json.loads(stack.cli("ehr", "list", "--json").stdout) if e["name"] == TENANT)
+
+
+def test_ehr_check_warns_where_the_ehr_cannot_tell_right_from_wrong_and_the_launch_settles_it(stack):
+    """The SMART reference launcher keeps no client registry: a right and a wrong client id, key or
+    secret all earn the same invalid_client for a made-up code, and it lists no "none" among its
+    client authentication methods, while launches work. `ehr check` says the credentials could not
+    be verified here (a warning, exit 0) for all three client types instead of failing them; the
+    secret's encoding it could not choose is chosen by the first launch and recorded."""
+    unverifiable = "could not be verified here; the first launch will tell"
+    stack.test_api("smart-config", {"set": {"token_endpoint_auth_methods_supported":
+                                            ["private_key_jwt", "client_secret_basic"]}})
+    stack.test_api("client", {"registry": False})
+    secret = "p+ss%word/with=odd:chars"
+    try:
+        code, client, failed = check_of(stack)
+        assert code == 0 and client["status"] == "warn" and unverifiable in client["detail"], failed
+        launched, _ = launch(stack, stack.test_api("launch", {"patient": PID})["launch"])
+        assert launched.status_code == 200, launched.text[:500]
+
+        stack.test_api("client", {"registry": False, "auth": "none"})
+        assert stack.cli("ehr", "update", TENANT, "--client-auth", "none").returncode == 0
+        code, client, failed = check_of(stack)
+        # (this test server gives a public client's id no Backend Services sign-in: that check fails apart)
+        assert client["status"] == "warn" and unverifiable in client["detail"], client
+        assert {c["name"] for c in failed} <= {"backend"}, failed
+        capabilities = check_of(stack, "capabilities")[1]
+        assert capabilities["status"] == "warn" and '"none"' in capabilities["detail"]
+        launched, _ = launch(stack, stack.test_api("launch", {"patient": PID})["launch"])
+        assert launched.status_code == 200, launched.text[:500]
+
+        stack.test_api("client", {"registry": False, "auth": "client_secret_basic", "secret": secret,
+                                  "secret_encoding": "raw"})
+        assert stack.cli("ehr", "update", TENANT, "--client-auth", "client_secret_basic", "--client-secret-env", "S",
+                         "--secret-encoding", "form", env={"S": secret}).returncode == 0
+        # The made-up code cannot tell; the secret's own Backend Services sign-in can, and chooses.
+        result = stack.cli("ehr", "check", TENANT, "--json")
+        checks = {c["name"]: c for c in json.loads(result.stdout)}
+        assert result.returncode == 0 and checks["client"]["status"] == "warn", checks
+        assert unverifiable in checks["client"]["detail"]
+        assert checks["backend"]["status"] == "ok" and "--secret-encoding raw" in checks["backend"]["detail"], checks
+        assert registration_row(stack)["secret_encoding"] == "raw"
+        launched, _ = launch(stack, stack.test_api("launch", {"patient": PID})["launch"])
+        assert launched.status_code == 200, launched.text[:500]
+        # Without Backend Services, the first launch chooses it.
+        assert stack.cli("ehr", "update", TENANT, "--secret-encoding", "form").returncode == 0
+        launched, _ = launch(stack, stack.test_api("launch", {"patient": PID})["launch"])
+        assert launched.status_code == 200, launched.text[:500]
+        assert registration_row(stack)["secret_encoding"] == "raw"
+        again, _ = launch(stack, stack.test_api("launch", {"patient": PID})["launch"])
+        assert again.status_code == 200
+        basic = [e for e in stack.ehr_log() if e["path"] == "/auth/token" and e["client_auth"] == "basic"]
+        assert basic  # the secret went in HTTP Basic
+    finally:
+        stack.test_api("client", {})
+        stack.test_api("smart-config", {})
         restored = stack.cli("ehr", "update", TENANT, "--client-auth", "private_key_jwt", "--secret-encoding", "form")
         assert restored.returncode == 0, restored.stderr
 

@@ -57,7 +57,8 @@ def test_questions_asked_while_vectors_are_written_are_answered_and_say_so(servi
     assert asked, "the record was embedded in one batch: the test needs a record of several"
     problems = asked["What are the active problems?"]
     assert not problems.abstained and any(c.ref.startswith("Condition/") for c in problems.citations)
-    assert f"still being read: {asked['pending']} of its {result.chunks} passages" in problems.reading
+    assert (f"Still reading this record: {result.chunks - asked['pending']} of its {result.chunks} passages are "
+            "searchable by meaning so far") in problems.reading
     # A body weight is neither a problem, a medication nor an allergy: its vector comes after
     # theirs, yet its words and codes already answer.
     weight = asked["What was her most recent body weight?"]
@@ -84,7 +85,7 @@ def test_a_run_that_stops_mid_way_leaves_chunks_the_next_run_embeds(service, syn
     assert 0 < pending < check.counts["chunks"]
     assert any("still wait for their vector" in p for p in check.problems)
     stopped = svc.answer(tenant, PATIENT, "What was her most recent body weight?")
-    assert not stopped.abstained and f"{pending} of its" in stopped.reading
+    assert not stopped.abstained and f"{check.counts['chunks'] - pending} of its" in stopped.reading
     # The next sync (of a patient already held: not words first) embeds exactly what was pending.
     again = svc.index_record(tenant, record)
     assert again.embedded == pending

@@ -179,7 +179,9 @@ def record_patient_failure(jobs, tenant: str, patient_id: str, exc: Exception) -
         log.warning("patient sync stopped: the EHR sign-in expired")
     else:
         state, outcome, message = "failed", "failed", type(exc).__name__
-    jobs.set(tenant, patient_id, state, "retrying" if state == "queued" else "done", message=message)
+    # The frame offers no Retry once the sign-in has ended (only a new launch can read the record).
+    phase = "retrying" if state == "queued" else "sign_in_expired" if outcome == "sign_in_expired" else "done"
+    jobs.set(tenant, patient_id, state, phase, message=message)
     jobs.add("patient_syncs", outcome)
 
 

@@ -14,12 +14,13 @@ authenticates through `credentials()`, so the three grants cannot disagree about
 from __future__ import annotations
 
 import base64
+import secrets
 from urllib.parse import quote_plus
 
 from authlib.common.urls import add_params_to_qs
 from authlib.integrations.requests_client import OAuth2Session
 
-from .keys import client_assertion
+from .keys import client_assertion, generate_pair
 from .registry import Ehr, Registry
 
 ASSERTION_TYPE = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
@@ -60,6 +61,12 @@ class ClientAuth:
         """What to check when the EHR answers invalid_client."""
         raise NotImplementedError
 
+    def decoys(self) -> list["ClientAuth"]:
+        """Deliberately wrong credentials of the same client: an EHR that answers them exactly as
+        it answers the real ones cannot tell right from wrong (a server keeping no client registry,
+        such as the SMART reference launcher), so its answer proves nothing either way."""
+        raise NotImplementedError
+
 
 class PrivateKeyJwt(ClientAuth):
     method, capability = "private_key_jwt", "client-confidential-asymmetric"
@@ -81,6 +88,22 @@ class PrivateKeyJwt(ClientAuth):
                 f"holds chartcite's JWKS URL{' ' + jwks_url if jwks_url else ''} and can reach it (the EHR fetches "
                 "it to check the signed assertion); after `chartcite keys generate`, give EHRs that copy keys the "
                 "new ones")
+
+    def decoys(self) -> list[ClientAuth]:
+        return [SignedByUnknownKey(self.client_id), PublicClient(self.client_id)]
+
+
+class SignedByUnknownKey(ClientAuth):
+    """A decoy: the client id with an assertion signed by a key no EHR has ever seen."""
+    method = "private_key_jwt"
+
+    def __init__(self, client_id: str):
+        super().__init__(client_id)
+        self.pair = generate_pair("ES384")     # quick to make; never published
+
+    def credentials(self, token_endpoint: str) -> tuple[dict, dict]:
+        return {"client_id": self.client_id, "client_assertion_type": ASSERTION_TYPE,
+                "client_assertion": client_assertion(self.pair, self.client_id, token_endpoint)}, {}
 
 
 class ClientSecretBasic(ClientAuth):
@@ -107,6 +130,16 @@ class ClientSecretBasic(ClientAuth):
                 f"that compares it the other way needs `--secret-encoding {other}` (`chartcite ehr check NAME` finds "
                 "which one the EHR accepts)")
 
+    def other_encoding(self) -> "ClientSecretBasic | None":
+        """The same secret sent the other way, when that makes a different header (a secret of
+        letters, digits and `-._~` reads the same both ways)."""
+        other = ClientSecretBasic(self.client_id, self.secret, "raw" if self.encoding == "form" else "form")
+        return other if other.credentials("")[1] != self.credentials("")[1] else None
+
+    def decoys(self) -> list[ClientAuth]:
+        return [ClientSecretBasic(self.client_id, "chartcite-wrong-" + secrets.token_urlsafe(12), self.encoding),
+                PublicClient(self.client_id)]
+
 
 class PublicClient(ClientAuth):
     method, capability = "none", "client-public"
@@ -117,6 +150,9 @@ class PublicClient(ClientAuth):
     def refusal_hint(self, jwks_url: str = "") -> str:
         return ("check the client id (`chartcite ehr update NAME --client-id`) and that the EHR registered chartcite "
                 "as a public client (else register the client type it has: --client-auth)")
+
+    def decoys(self) -> list[ClientAuth]:
+        return [PublicClient("chartcite-wrong-" + secrets.token_urlsafe(12))]
 
 
 def client_auth_for(registry: Registry, ehr: Ehr, encoding: str | None = None, backend: bool = False) -> ClientAuth:

@@ -345,11 +345,17 @@ class Registry:
 
     def frame_origins_by_ehr(self) -> dict[str, list[str]]:
         """Each registered EHR's frame origins. Read on every response (the CSP header), so kept
-        for 30 s: a new registration is honoured within half a minute in every process."""
+        for 30 s: a change made by another process (`chartcite ehr update`) reaches the pages of
+        launches already open within half a minute; a new launch reads them afresh
+        (`forget_frame_origins`), so it honours the change at once."""
         if self._frame_origins is None or self._frame_origins[0] < time.monotonic():
             self._frame_origins = (time.monotonic() + self.FRAME_ORIGINS_TTL,
                                    {e.name: stored_origins(e.frame_origins) for e in self.ehrs()})
         return self._frame_origins[1]
+
+    def forget_frame_origins(self) -> None:
+        """The next read of the frame origins goes to the registry (a launch starts)."""
+        self._frame_origins = None
 
     def frame_origins(self, name: str | None = None) -> list[str]:
         """The origins that may frame a page of EHR `name`'s launch; every EHR's without a name."""

@@ -220,8 +220,9 @@ def while_reading(result: Answer, retrieval: Retrieval) -> Answer:
     pending = retrieval.vectors_pending
     if not pending:
         return result
-    reading = (f"This record is still being read: {pending} of its {retrieval.corpus_size} passages are found by "
-               f"their words only for now, so this answer may be incomplete. Ask again when reading finishes.")
+    read = max(0, retrieval.corpus_size - pending)
+    reading = (f"Still reading this record: {read} of its {retrieval.corpus_size} passages are searchable by meaning "
+               f"so far, so this answer may be incomplete. Ask again when reading finishes.")
     if not result.abstained:
         return replace(result, reading=reading)
     return replace(result, reading=reading, answer=result.answer.replace(NO_EVIDENCE, NO_EVIDENCE_YET, 1),

@@ -75,22 +75,48 @@ def drug_name(name: str) -> str:
     return DOSE_FORM_WORDS.sub(lambda m: m.group(0).lower(), name).strip()
 
 
-def dosage_words(doses: list) -> str:
-    """'once daily', 'twice daily, as needed', '1-2 tablet every 6 hours', or the prescriber's own
-    text when the EHR sends it (the typed doses of a medication fact)."""
+def dosage_words(doses: list, medication: str = "") -> str:
+    """'1 tablet twice daily', 'every six hours, as needed', '1-2 tablet every 6 hours', or the
+    prescriber's own text when the EHR sends it (the typed doses of a medication fact). A dose of
+    no unit ("1") is counted in the drug's form when its name gives one ("1 tablet")."""
     out = []
     for dose in doses or []:
-        bits = [dose.text] if dose.text and not BOILERPLATE_DOSE.match(dose.text.strip()) else []
-        if not bits:
-            amount = dose.amount.text if dose.amount is not None and (dose.amount.kind == "range" or (
-                dose.amount.quantity is not None and dose.amount.quantity.unit)) else ""
-            bits += [b for b in (amount, dose.frequency) if b]
+        text = _strip_tag(dose.text).strip()          # a coded instruction's '(qualifier value)'
+        if text != dose.text.strip() and text[1:2].islower():
+            text = text[:1].lower() + text[1:]
+        bits = [text] if text and not BOILERPLATE_DOSE.match(text) else []
+        if not any(ch.isdigit() for ch in "".join(bits)):
+            bits = [amount_words(dose, medication)] + (bits or [dose.frequency])
+        words = " ".join(b for b in bits if b)
         if dose.as_needed:
-            bits.append(dose.as_needed)
-        words = ", ".join(b for b in bits if b)
+            words = ", ".join(b for b in (words, dose.as_needed) if b)
         if words and words not in out:
             out.append(words)
     return "; ".join(out)
+
+
+# The unit a dose of no unit is counted in, by the words of the drug's dose form.
+FORM_UNITS = (("transdermal system", "patch", "patches"), ("patch", "patch", "patches"), ("tablet", "tablet", "tablets"),
+              ("capsule", "capsule", "capsules"), ("suppository", "suppository", "suppositories"),
+              ("lozenge", "lozenge", "lozenges"), ("metered dose", "puff", "puffs"), ("inhaler", "puff", "puffs"),
+              ("auto-injector", "injection", "injections"), ("prefilled syringe", "injection", "injections"))
+
+
+def amount_words(dose, medication: str) -> str:
+    """'1-2 tablet', '5 mL', or a count in the drug's form ('1 tablet', '2 capsules'); '' when
+    the count has no unit and the drug's name gives no form to count it in."""
+    amount = dose.amount
+    if amount is None:
+        return ""
+    if amount.kind == "range" or (amount.quantity is not None and amount.quantity.unit):
+        return amount.text
+    number = amount.quantity.value if amount.quantity is not None else None
+    name = (medication or "").lower()
+    form = next(((one, many) for words, one, many in FORM_UNITS if words in name), None)
+    if number is None or form is None:
+        return ""
+    count = int(number) if float(number).is_integer() else number
+    return f"{count} {form[0] if count == 1 else form[1]}"
 
 
 def condition_name(code: dict | None) -> str:

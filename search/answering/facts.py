@@ -8,6 +8,7 @@ kind when the record was indexed (fhir_ingest.record.kinds); nothing here reads 
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import date
 
@@ -16,7 +17,10 @@ from fhir_ingest.record.kinds.observations import pressure_sides
 from fhir_ingest.record.words import day
 
 from search.answering.clinical import condition_name, dosage_words, drug_name, observation_name, unit, value_words
+from search.nlp.terminology import ingredients_of
 from search.retrieval.pipeline import Evidence
+
+NUMBER = re.compile(r"^\d[\d.,]*$")
 
 CURRENT_ORDER = {"active", "on-hold"}
 STOPPED_ORDER = {"stopped", "cancelled", "revoked"}
@@ -71,21 +75,45 @@ def typed_fact(ev: Evidence):
 def medication_fact(ev: Evidence, f: typed.MedicationFact) -> Fact:
     status = f.status
     when = day(f.date)
-    dose = dosage_words(f.doses)
+    dose = dosage_words(f.doses, f.medication)
     reason = ", ".join(dict.fromkeys(condition_name({"text": r}) for r in f.reasons or f.visit_reasons))
     since = f"active since {when}" if status in CURRENT_ORDER else f"{status or 'ordered'}, ordered {when}"
     if status in CURRENT_ORDER and years_before_today(when) > 3:
         since = f"marked active but ordered {when}, may be outdated"
     words = ", ".join(b for b in (drug_name(f.medication), dose, since) if b)
     return Fact(ev, "medication", drug_name(f.medication), words, when, status, status in CURRENT_ORDER,
-                status in STOPPED_ORDER, reason, series=ingredient(f.medication))
+                status in STOPPED_ORDER, reason, series=same_drug(f.medication))
 
 
-def ingredient(name: str) -> str:
-    """The drug without strength and form, so yearly renewals of one drug count once."""
-    words = drug_name(name).lower().split()
-    kept = [w for w in words if not any(ch.isdigit() for ch in w) and w not in ("mg", "ml", "mcg", "units", "hr")]
-    return " ".join(kept[:2])
+def same_drug(name: str) -> str:
+    """What the orders of one drug share, so its renewals fold into one clause: each ingredient with
+    its strength, as a set ("acetaminophen 325 mg + oxycodone 10 mg"). A drug that shares only an
+    ingredient (acetaminophen with hydrocodone) or a class is another drug; the dose form, salt
+    words and a brand in brackets do not make one."""
+    plain = re.sub(r"\[[^\]]*\]", " ", drug_name(name).lower())
+    parts = [part for part in (strength_of(component) for component in plain.split(" / ")) if part]
+    if not parts:
+        return " + ".join(sorted(ingredients_of(plain))) or " ".join(plain.split())
+    return " + ".join(sorted(f"{' + '.join(sorted(ingredients_of(words))) or words} {strength}"
+                             for words, strength in parts))
+
+
+def strength_of(component: str) -> tuple[str, str] | None:
+    """("hydrocodone bitartrate", "10 mg") of "12 hr hydrocodone bitartrate 10 mg er oral capsule":
+    the words right before the first number that has words before it, and that number's unit (a
+    leading "12 hr" or "0.3 ml" is the release time or package, not a strength)."""
+    words: list[str] = []
+    tokens = component.split()
+    i = 0
+    while i < len(tokens):
+        if NUMBER.match(tokens[i]):
+            if words:
+                return " ".join(words), " ".join(tokens[i:i + 2])
+            i += 2
+            continue
+        words.append(tokens[i])
+        i += 1
+    return None
 
 
 def flag_of(interpretation: str, value: typed.Value | None, ranges: list[typed.ReferenceRange]) -> str:

@@ -36,6 +36,7 @@ ALLERGY_WORDS = "lex:allergy"
 FAMILY = {"immunization": ("immunization", "procedure"), "procedure": ("procedure", "immunization")}
 ASKED_KINDS = ("medication", "allergy", "problem", "procedure", "immunization", "encounter")
 MAX_CLAUSES = 4
+MAX_LISTED = 12           # the medication list asked for as such: every current drug, up to this many
 SUPPORTING = 3            # short sentences after the first in the answer text; the frame lists the rest
 LIST_ALL_VALUES = 6       # a trend of at most this many results lists every value
 STABLE = 0.03             # first and last within 3%: "stable"
@@ -233,6 +234,9 @@ def medication_sentence(analysis: Analysis, facts: list[Fact], history: list[Fac
     for f in {f.ev.chunk.chunk_id: f for f in [*facts, *history]}.values():
         orders.setdefault(f.series or f.name, []).append(f)
     drugs = list(dict.fromkeys(f.series or f.name for f in facts))
+    if analysis.asks_every_medication:
+        # The medication list: every drug of the record's orders answers it, not only those that ranked.
+        drugs += [name for name in orders if name not in drugs]
     for name in drugs:
         orders[name].sort(key=lambda f: (f.date, f.current))
     newest = {name: orders[name][-1] for name in drugs}
@@ -240,7 +244,8 @@ def medication_sentence(analysis: Analysis, facts: list[Fact], history: list[Fac
         f = next((f for f in facts if f.reason), facts[0])
         return Draft([(f.words + (f", for {f.reason}" if f.reason else ""), [f.ev])], lead=True)
     current = [name for name in drugs if newest[name].current]
-    shown = (current if current and not (analysis.wants_ever or analysis.wants_first) else drugs)[:MAX_CLAUSES]
+    cap = MAX_LISTED if analysis.asks_every_medication else MAX_CLAUSES
+    shown = (current if current and not (analysis.wants_ever or analysis.wants_first) else drugs)[:cap]
     clauses = [clause for name in shown for clause in folded_orders(orders[name], analysis)]
     last = [newest[name] for name in shown]
     prefix = prefix_for(analysis, last) if current or any(f.negative for f in last) else ""

@@ -150,6 +150,12 @@ class Analysis:
     def intents(self) -> list[str]:
         return [name for name in ("latest", "first", "trend", "ever", "list", "why") if getattr(self, f"wants_{name}")]
 
+    @property
+    def asks_every_medication(self) -> bool:
+        """"What medications is she on?": the medication list itself, no drug or class named, so
+        every order of the record may answer it, not only those that ranked."""
+        return "medication" in self.kinds and not any(c["semantic_type"] == "medication" for c in self.concepts)
+
 
 @dataclass
 class Evidence:
@@ -1026,15 +1032,21 @@ def gather_histories(state: RetrievalState, tools: Tools) -> tuple[int, str]:
                     for c in ev.chunk.concepts
                     if c.get("semantic_type") == "medication" and not c.get("negated")
                     and (c.get("role") == "member" or not c["key"].startswith("lex:"))})
-    if not codes:
+    every = state.analysis.asks_every_medication
+    if not codes and not every:
         return len(state.evidence), ""
     scope = Scope(state.tenant, state.patient_id, semantic_types=("medication",))
-    hits = tools.backend.search_many([Search("concepts", scope, codes, HISTORY_N)])[0]
+    # Asked for the medication list, the newest orders of the whole record too: an active order
+    # that did not rank still answers "what is she on?".
+    searches = ([Search("concepts", scope, codes, HISTORY_N)] if codes else []) + (
+        [Search("latest", scope, None, HISTORY_N)] if every else [])
+    hits = list({h.chunk_id: h for found in tools.backend.search_many(searches) for h in found}.values())
     chunks = chunks_of(state, tools, [h.chunk_id for h in hits])
     state.histories = [Evidence(chunks[h.chunk_id], 0.0) for h in hits if h.chunk_id in chunks]
     several = bool(SEVERAL_TIMES.search(state.question)) or state.analysis.wants_ever or state.analysis.wants_list
     state.evidence = with_defining_orders(state.evidence, state.histories, state.analysis.wants_first, keep=several)
-    return len(state.evidence), f"{len(state.histories)} orders of {len(codes)} drug codes"
+    return len(state.evidence), f"{len(state.histories)} orders of {len(codes)} drug codes" + (
+        " and the newest of the record" if every else "")
 
 
 SEVERAL_TIMES = re.compile(r"\b(both|each|every|times|all the)\b", re.I)

@@ -53,10 +53,11 @@
     $("sync-text").textContent = text;
     if (percent !== undefined) $("sync-bar").style.width = percent + "%";
   }
-  // What the clinician is asking about while the EHR cannot be reached: the record as last indexed.
+  // What the clinician is asking about while the record cannot be refreshed: the record as last
+  // read from the EHR (the last sync that succeeded), its age counted from that moment.
   function indexedAge(body) {
-    return body.indexed && body.synced_at ? " Answers come from the record as indexed " +
-      relativeAge(new Date(body.synced_at * 1000).toISOString().slice(0, 10)) + "." : "";
+    return body.indexed && body.synced_at ? " Answers come from the record as read from the EHR " +
+      ageSince(body.synced_at) + "." : "";
   }
   function pollStatus() {
     api("/api/status").then(({ ok, status, body }) => {
@@ -66,7 +67,9 @@
       const active = job && (job.state === "queued" || job.state === "running");
       const waiting = job && job.state === "waiting";
       ready = body.indexed && !active && !waiting;
-      $("retry-sync").hidden = !(waiting || (job && job.state === "failed"));
+      // Once the EHR sign-in has ended no retry can read the record: only a new launch can.
+      const signedOut = job && job.state === "failed" && job.phase === "sign_in_expired";
+      $("retry-sync").hidden = signedOut || !(waiting || (job && job.state === "failed"));
       // A finished sync may still have something to say ("2 notes could not be read from the EHR").
       const notice = job && job.state === "done" && job.message;
       $("sync").hidden = ready && !(job && job.state === "failed") && !notice;
@@ -74,15 +77,19 @@
       if (waiting) {
         const seconds = Math.max(0, Math.round(job.retry_at - Date.now() / 1000));
         syncLine((job.message || "The EHR could not be reached") + "; retrying in " + seconds + " s." + indexedAge(body), 0);
+      } else if (signedOut) {
+        syncLine("The EHR sign-in has ended, so the record cannot be refreshed here: open chartcite from the EHR " +
+                 "again." + indexedAge(body));
       } else if (job && job.state === "failed") {
-        syncLine("Indexing failed (" + (job.message || "error") + "). Retry, or reopen the patient from the EHR." +
-                 indexedAge(body));
+        syncLine("The record could not be refreshed (" + (job.message || "error") + "). Retry, or open chartcite " +
+                 "from the EHR again." + indexedAge(body));
       } else if (active) {
-        let what = "Indexing this patient's record: reading resources…";
+        // The one progress figure of the frame: an answer given meanwhile refers to it.
+        let what = "Opening this patient's record…";
         if (job.phase === "fetching" && job.total) what = "Fetching the record from the EHR: " + job.done + " of " + job.total + " kinds of record";
-        if (job.phase === "words") what = "Making this patient's record searchable…";
-        if (job.phase === "embedding" && job.total) what = "Reading this patient's record: " + job.done + " of " + job.total + " passages read (problems, medications and allergies first)";
-        syncLine(what + (body.indexed ? " — you can ask now; passages not yet read are found by their words only" : ""),
+        if (job.phase === "words") what = "Preparing this patient's record for questions…";
+        if (job.phase === "embedding" && job.total) what = "Still reading: " + job.done + " of " + job.total + " passages searchable by meaning so far (problems, medications and allergies first)";
+        syncLine(what + (body.indexed ? ". You can ask now; an answer may miss what is not read yet." : ""),
                  job.percent || 2);
       }
       $("ask-button").disabled = !body.indexed;
@@ -123,6 +130,14 @@
   function clinicalDate(iso) {
     const m = /^(\d{4})-(\d{2})-(\d{2})/.exec(iso || "");
     return m ? Number(m[3]) + " " + MONTHS[Number(m[2]) - 1] + " " + m[1] : (iso || "");
+  }
+  function ageSince(seconds) {
+    const elapsed = Math.max(0, Date.now() / 1000 - seconds), minutes = Math.round(elapsed / 60);
+    if (minutes < 2) return "a minute ago";
+    if (minutes < 60) return minutes + " minutes ago";
+    const hours = Math.round(minutes / 60);
+    if (hours < 36) return hours + " hour" + (hours === 1 ? "" : "s") + " ago";
+    return relativeAge(new Date(seconds * 1000).toISOString().slice(0, 10));
   }
   function relativeAge(iso) {
     const then = new Date(iso + "T00:00:00"), days = Math.round((Date.now() - then) / 86400000);
@@ -191,6 +206,7 @@
   // --- summary drafts: shown for reading, saved only on "Save draft" -----------------------------
   let currentDraft = null;
   function renderDraft(draft) {
+    closePanel();
     currentDraft = draft;
     current = { citations: draft.citations };
     const answer = $("answer");
@@ -237,6 +253,7 @@
     const question = $("question").value.trim();
     if (!question) return;
     $("answer").textContent = "Searching the record…";
+    closePanel();
     $("chips").textContent = ""; $("meta").textContent = ""; $("chart").hidden = true;
     $("ask-button").disabled = true;
     // The pipeline selector is a developer setting (CHARTCITE_SHOW_PIPELINE); clinicians get `full`.
@@ -256,10 +273,14 @@
   }
 
   function renderAnswer(result) {
+    closePanel();
     const answer = $("answer");
     answer.textContent = "";
-    // Asked while the record's first indexing is still embedding: said before the answer, not after.
-    if (result.reading) answer.appendChild(el("p", { class: "reading-note", role: "note" }, result.reading));
+    // Asked while the record is still being read: said before the answer, not after, and without
+    // a figure of its own (the progress line above is the one figure).
+    if (result.reading) answer.appendChild(el("p", { class: "reading-note", role: "note" },
+      "This record is still being read (see the progress above), so this answer may be incomplete. " +
+      "Ask again when reading finishes."));
     if (result.banner) {
       answer.appendChild(el("p", { class: "banner-general" }, result.banner));
       answer.appendChild(el("p", { class: "statement general" }, result.answer));
@@ -397,8 +418,20 @@
     if (citation) openRecord(citation.ref);
   }
 
+  // The panel belongs to the answer it was opened from: a new answer or draft closes it, and a
+  // record that arrives after that is not shown.
+  let panelRequest = 0;
+  function closePanel() {
+    panelRequest += 1;
+    $("panel").hidden = true;
+    $("panel-title").textContent = ""; $("panel-ref").textContent = ""; $("panel-fields").textContent = "";
+    $("panel-note").textContent = ""; $("panel-note").hidden = true;
+    $("panel-raw").textContent = ""; $("panel-raw").hidden = true;
+  }
   function openRecord(ref) {
+    const request = ++panelRequest;
     api("/api/record?ref=" + encodeURIComponent(ref)).then(({ ok, body }) => {
+      if (request !== panelRequest) return;
       const panel = $("panel");
       panel.hidden = false;
       if (!ok) { $("panel-title").textContent = body.error || "Record unavailable"; return; }
@@ -406,7 +439,7 @@
       $("panel-ref").textContent = body.ref;
       const fields = $("panel-fields");
       fields.textContent = "";
-      body.readable.fields.forEach(([k, v]) => { fields.appendChild(el("dt", {}, k)); fields.appendChild(el("dd", {}, v)); });
+      body.readable.fields.forEach(([k, v]) => { fields.appendChild(el("dt", {}, k)); fields.appendChild(el("dd", {}, datedText(v))); });
       $("panel-note").hidden = !body.readable.note_text;
       $("panel-note").textContent = body.readable.note_text || "";
       $("panel-raw").textContent = JSON.stringify(body.resource, null, 2);
@@ -414,7 +447,7 @@
       $("raw-toggle").textContent = "Show raw JSON";
     });
   }
-  $("panel-close").addEventListener("click", () => { $("panel").hidden = true; });
+  $("panel-close").addEventListener("click", closePanel);
   $("raw-toggle").addEventListener("click", () => {
     const raw = $("panel-raw");
     raw.hidden = !raw.hidden;
