@@ -85,7 +85,7 @@ def dosage_words(doses: list) -> str:
             amount = dose.amount.text if dose.amount is not None and (dose.amount.kind == "range" or (
                 dose.amount.quantity is not None and dose.amount.quantity.unit)) else ""
             bits += [b for b in (amount, dose.frequency) if b]
-        if dose.as_needed:
+        if dose.as_needed and "as needed" not in " ".join(bits).lower():
             bits.append(dose.as_needed)
         words = ", ".join(b for b in bits if b)
         if words and words not in out:

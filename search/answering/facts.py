@@ -33,6 +33,7 @@ class Point:
     flag: str = ""       # high / low, as the record interprets it or against its reference range
     unit: str = ""       # as a chart writes it ('mmHg', '%')
     note: str = ""       # what qualifies the reading: its specimen's condition, the record's note
+    also: str = ""       # the result's other components ('inhaled oxygen flow rate 2 L/min' beside an SpO2)
 
 
 @dataclass
@@ -74,6 +75,8 @@ def medication_fact(ev: Evidence, f: typed.MedicationFact) -> Fact:
     since = f"active since {when}" if status in CURRENT_ORDER else f"{status or 'ordered'}, ordered {when}"
     if status in CURRENT_ORDER and years_before_today(when) > 3:
         since = f"marked active but ordered {when}, may be outdated"
+    if f.status_reason:          # why it was stopped, held or not given: part of its status
+        since += f" ({f.status_reason[:1].lower() + f.status_reason[1:]})"
     words = ", ".join(b for b in (drug_name(f.medication), dose, since) if b)
     return Fact(ev, "medication", drug_name(f.medication), words, when, status, status in CURRENT_ORDER,
                 status in STOPPED_ORDER, reason, series=ingredient(f.medication))
@@ -115,7 +118,9 @@ def point_of(ref: str, when: str, value: typed.Value | None, components: list[ty
     if q is None or q.value is None:
         return None
     text = (q.comparator or "") + value_words({"value": q.value, "unit": q.unit})
-    return Point(when, [float(q.value)], text, ref, unit=unit(q.unit), note=note)
+    also = "; ".join(f"{c.name[:1].lower() + c.name[1:]} {c.value.text}" for c in components
+                     if c.name and c.value is not None and c.value.text)
+    return Point(when, [float(q.value)], text, ref, unit=unit(q.unit), note=note, also=also)
 
 
 def reading_note(specimen: str, notes: str) -> str:
@@ -139,7 +144,8 @@ def measurement_fact(ev: Evidence, f: typed.MeasurementFact, ref: str) -> Fact |
     name = series_name(f.codes, f.name)
     first_range = next(((r.low.value if r.low else None, r.high.value if r.high else None) for r in ranges
                         if (r.low and r.low.value is not None) or (r.high and r.high.value is not None)), None)
-    return Fact(ev, "measurement", name, f"{name} {point.text} on {point.date}", point.date, f.status,
+    with_also = f" with {point.also}" if point.also else ""
+    return Fact(ev, "measurement", name, f"{name} {point.text}{with_also} on {point.date}", point.date, f.status,
                 series=name, unit=point.unit, points=[point], flag=flag_of(f.interpretation, f.value, ranges),
                 range=first_range, coded=f.name)
 

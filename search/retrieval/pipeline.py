@@ -622,10 +622,12 @@ def rerank(evidence: list[Evidence], analysis: Analysis, reranker: CrossEncoderR
             "concepts": overlap,
             "negated": 1.0 if negated_overlap(chunk, analysis) else 0.0,
             "in_window": 1.0 if in_window(chunk, analysis) else 0.0,
+            # A concept whose every record is undated has no newest or oldest: none of them is it.
             "latest": 1.0 if analysis.wants_latest and (
-                any(chunk.date >= newest[k] for k in matched) if analysis.keys else chunk.date[:10] == newest_any[:10]) else 0.0,
+                any(k in newest and chunk.date >= newest[k] for k in matched) if analysis.keys
+                else chunk.date[:10] == newest_any[:10]) else 0.0,
             "earliest": 1.0 if analysis.wants_first and chunk.category != "trend" and any(
-                chunk.date <= oldest[k] for k in matched) else 0.0,
+                k in oldest and chunk.date <= oldest[k] for k in matched) else 0.0,
             "type": 1.0 if chunk.semantic_type in analysis.semantic_types else 0.0,
             "trend": 1.0 if analysis.wants_trend and chunk.category == "trend" else 0.0,
             "structured": 1.0 if overlap and chunk.semantic_type != "note" else 0.0,
