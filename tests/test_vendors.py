@@ -102,3 +102,74 @@ def test_first_or_last_dose_of_a_drug_whose_records_have_no_date_does_not_crash(
         analysis = Analysis("first dose of ipratropium?", [dict(concept[0], start=0)], ["ipratropium"],
                             ["medication"], wants_first=first, wants_latest=not first)
         assert [ev.chunk.resource_id for ev in rerank([Evidence(undated, 1.0)], analysis)] == ["a1"]
+
+
+# --- every clinical type rendered, dates and doses through references ------------------------------
+
+# US Core 6.1's clinical profiles (hl7.org/fhir/us/core/STU6.1/profiles-and-extensions.html) by
+# resource type, beside NutritionOrder (diet orders); Location, Organization, Practitioner(Role),
+# RelatedPerson and Provenance are directory and record-keeping data, ignored with their reason.
+US_CORE_CLINICAL = {"AllergyIntolerance", "CarePlan", "CareTeam", "Condition", "Coverage", "Device", "DiagnosticReport",
+                    "DocumentReference", "Encounter", "Goal", "Immunization", "MedicationDispense",
+                    "MedicationRequest", "Observation", "Patient", "Procedure", "QuestionnaireResponse",
+                    "ServiceRequest", "Specimen", "NutritionOrder"}
+
+
+def test_every_us_core_clinical_type_becomes_a_chunk_with_its_fact():
+    from fhir_ingest.record.kinds import INDEXED_TYPES
+
+    assert US_CORE_CLINICAL <= INDEXED_TYPES, US_CORE_CLINICAL - INDEXED_TYPES
+    chunks = by_resource(chunks_of(ORACLE))
+    diet = chunks["NutritionOrder/310521907"][0]
+    assert "Carbohydrate Controlled Diet" in diet.text and "Pureed" in diet.text and "Nectar thick" in diet.text
+    assert diet.fact["name"] == "Carbohydrate Controlled Diet"
+    specimen = chunks["Specimen/SP-2020-17"][0]
+    assert "Venous blood" in specimen.text and "Hemolyzed" in specimen.text and specimen.date.startswith("2020-06-02")
+    demographics = chunks["Patient/12724066"][0].text
+    assert "Gender: female" in demographics and "Birth date: 1990-09-15" in demographics
+    assert "Language: English" in demographics and "Deceased: no" in demographics
+    assert "Wren" not in demographics and "Ada" not in demographics     # never names or identifiers
+
+
+def test_a_patient_alone_is_still_no_whole_record(tmp_path):
+    """The demographics chunk does not make a bundle holding only the Patient a record that may
+    replace what is held."""
+    from fhir_ingest.record.load import MERGE
+
+    bundle = {"resourceType": "Bundle", "type": "collection",
+              "entry": [{"resource": {"resourceType": "Patient", "id": "p9", "gender": "male"}}]}
+    path = tmp_path / "p9.json"
+    path.write_text(json.dumps(bundle))
+    records, _ = load_resources([path])
+    assert records[0].authority == MERGE
+    assert [c.resource_type for c in PatientChunker("t", "p9", records[0].resources, BUDGET).chunks()] == ["Patient"]
+
+
+def test_text_behind_a_url_a_file_cannot_fetch_is_indexed_by_its_coded_parts_and_said():
+    chunks = by_resource(chunks_of(ORACLE))
+    report = chunks["DiagnosticReport/197198634"][0].text
+    assert "XR Chest 2 Views" in report and "2020-06-03" in report and "text was not included" in report
+    assert "text was not included" in chunks["DocumentReference/197198700"][0].text
+
+
+def test_dates_come_through_the_encounter_and_part_of():
+    chunks = by_resource(chunks_of(MIMIC))
+    diagnosis = chunks["Condition/c8a5e8b2-4f0b-5c6e-9a3d-1e2f3a4b5c6d"][0]
+    assert diagnosis.date.startswith("2180-05-06") and diagnosis.fact["date"].startswith("2180-05-06")
+    assert "Diagnosed at the encounter of 2180-05-06" in diagnosis.text
+    icu = chunks["Encounter/7e3fa4b1-1d2b-5f0c-9d5e-0c6e1f9b2a44"][0]
+    assert icu.date.startswith("2180-05-06")
+    assert "Part of the inpatient encounter (URGENT) of 2180-05-06" in icu.text
+
+
+def test_a_dispense_without_a_dose_states_its_orders_dose():
+    dispense = by_resource(chunks_of(MIMIC))["MedicationDispense/4d5e6f7a-8b9c-5d0e-9f1a-2b3c4d5e6f7a"][0]
+    assert "Dosage (from the order of 2180-05-07): 40 mg" in dispense.text
+    assert dispense.fact["doses"][0]["amount"]["text"] == "40 mg"
+
+
+def test_an_infusion_states_its_rate_and_a_vaccine_not_given_its_reason():
+    chunks = by_resource(chunks_of(ORACLE))
+    infusion = chunks["MedicationAdministration/MA-heparin"][0]
+    assert "rate 18 unit/kg/h" in infusion.text and infusion.fact["doses"][0]["rate"] == "18 unit/kg/h"
+    assert "Not given: Patient refused" in chunks["Immunization/IM-flu-refused"][0].text
