@@ -173,3 +173,46 @@ def test_an_infusion_states_its_rate_and_a_vaccine_not_given_its_reason():
     infusion = chunks["MedicationAdministration/MA-heparin"][0]
     assert "rate 18 unit/kg/h" in infusion.text and infusion.fact["doses"][0]["rate"] == "18 unit/kg/h"
     assert "Not given: Patient refused" in chunks["Immunization/IM-flu-refused"][0].text
+
+
+# --- answering from what was retrieved ------------------------------------------------------------
+
+def oracle_resources() -> list[dict]:
+    records, _ = load_resources([ORACLE])
+    return records[0].resources
+
+
+def lead(question: str, kind: str, key: str, keep=lambda r: True) -> str:
+    from tests.test_kinds import lead_of
+
+    return lead_of(question, [r for r in oracle_resources() if keep(r)], kind, key)
+
+
+def test_a_present_tense_question_about_a_resolved_problem_gets_its_status_before_any_yes():
+    said = lead("Is she pregnant?", "problem", "lex:pregnancy", lambda r: r["id"] != "p73077")
+    assert said.startswith("Not now — pregnant") and "resolved 2020-04-04" in said, said
+    assert lead("Was she ever pregnant?", "problem", "lex:pregnancy", lambda r: r["id"] != "p73077").startswith("Yes")
+
+
+def test_a_reading_is_stated_with_its_other_components():
+    said = lead("what was her SpO2?", "vital", "lex:spo2", lambda r: r["id"] != "VS-temp-ax")
+    assert "93%" in said and "with oxygen flow rate 2 l/min" in said.lower(), said
+
+
+def test_the_given_vaccine_comes_before_a_newer_refused_one():
+    said = lead("when did she get a flu vaccine?", "immunization", "lex:influenza vaccine")
+    assert said.lower().startswith("influenza vaccine on 2019-10-21"), said
+    assert "not done (2020-06-03, patient refused)" in said
+
+
+def test_an_as_needed_order_is_worded_once_from_its_own_text():
+    said = lead("albuterol dose?", "medication", "lex:albuterol")
+    assert "2 puff(s) inhaled every 4 hours as needed for wheezing" in said and said.count("as needed") == 1, said
+
+
+def test_a_part_that_says_it_is_about_what_the_part_before_asked():
+    from search.answering.parts import question_parts
+
+    assert question_parts("what was her axillary temperature, and was it flagged?")[1] == \
+        "was axillary temperature flagged?"
+    assert "peanuts" in question_parts("is she allergic to peanuts? how serious is it")[1]

@@ -118,7 +118,7 @@ def point_of(ref: str, when: str, value: typed.Value | None, components: list[ty
     if q is None or q.value is None:
         return None
     text = (q.comparator or "") + value_words({"value": q.value, "unit": q.unit})
-    also = "; ".join(f"{c.name[:1].lower() + c.name[1:]} {c.value.text}" for c in components
+    also = "; ".join(f"{c.name} {c.value.text}" for c in components
                      if c.name and c.value is not None and c.value.text)
     return Point(when, [float(q.value)], text, ref, unit=unit(q.unit), note=note, also=also)
 

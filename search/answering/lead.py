@@ -203,15 +203,20 @@ def listing_sentence(analysis: Analysis, facts: list[Fact]) -> Draft:
         by_name.setdefault(f.name.lower(), []).append(f)
     clauses, firsts = [], []
     for group in list(by_name.values())[:MAX_CLAUSES]:
-        # Newest first, what was done before what was not (a flu shot given before a newer refusal).
+        # Newest first, what was done before what was not (a flu shot given before a newer
+        # refusal); the last or first one asked for is one that was done, when one was.
         group.sort(key=lambda f: f.date, reverse=True)
         group.sort(key=lambda f: f.negative)
-        if analysis.wants_latest or analysis.wants_first or len(group) == 1 or f"on {group[0].date}" not in group[0].words:
-            group = group[:1] if analysis.wants_latest else group[-1:] if analysis.wants_first else group
+        done = [f for f in group if not f.negative]
+        if analysis.wants_latest or analysis.wants_first or len(done) < 2 or f"on {done[0].date}" not in done[0].words:
+            pool = done or group
+            group = pool[:1] if analysis.wants_latest else pool[-1:] if analysis.wants_first else group
             clauses += [(f.words, [f.ev]) for f in group]
         else:
-            dates = [f.date for f in group]
-            clauses.append((f"{group[0].name} on {', '.join(dates[:-1])} and {dates[-1]}", [f.ev for f in group]))
+            # Only what was done is folded into dates; what was not is said as such.
+            dates = [f.date for f in done]
+            clauses.append((f"{done[0].name} on {', '.join(dates[:-1])} and {dates[-1]}", [f.ev for f in done]))
+            clauses += [(f.words, [f.ev]) for f in group if f.negative]
         firsts.append(group[0])
     return Draft(clauses[:MAX_CLAUSES], prefix_for(analysis, firsts), lead=True)
 
