@@ -593,7 +593,12 @@ RERANK_WEIGHTS = {
     "section": 0.5,       # the note section asked for ("the assessment")
     "newest_n": 1.0,      # among the last N results asked for ("the last three A1c")
     "visit": 0.5,         # a note of the visit the question names
+    "unasked": -1.0,      # the patient's demographics, when the question asks nothing of them
 }
+# What the Patient's own demographics passage answers ("birth date?", "how is the gender
+# documented?"); to any other question it would only take a place from the clinical evidence.
+ABOUT_THE_PATIENT = re.compile(r"\b(?:gender|sex|born|birth\w*|dob|age|old|language\w*|interpreter|deceased|died|"
+                               r"death|alive|race|ethnic\w*|marital|married|demographic\w*)\b", re.I)
 
 
 def rerank(evidence: list[Evidence], analysis: Analysis, reranker: CrossEncoderRanker | None = None) -> list[Evidence]:
@@ -635,6 +640,8 @@ def rerank(evidence: list[Evidence], analysis: Analysis, reranker: CrossEncoderR
             "section": 1.0 if holds_asked_section(chunk, analysis) else 0.0,
             "newest_n": 1.0 if chunk.chunk_id in asked_n else 0.0,
             "visit": 1.0 if chunk.semantic_type == "note" and set(chunk.refs[1:]) & analysis.visit_refs else 0.0,
+            "unasked": 1.0 if chunk.semantic_type == "demographics" and not ABOUT_THE_PATIENT.search(analysis.question)
+            else 0.0,
         }
         ev.features = f
         ev.score = 0.0
