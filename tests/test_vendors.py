@@ -216,3 +216,13 @@ def test_a_part_that_says_it_is_about_what_the_part_before_asked():
     assert question_parts("what was her axillary temperature, and was it flagged?")[1] == \
         "was axillary temperature flagged?"
     assert "peanuts" in question_parts("is she allergic to peanuts? how serious is it")[1]
+
+
+def test_an_icu_stay_part_of_an_admission_is_not_called_the_admission():
+    from tests.test_kinds import lead_of
+
+    records, _ = load_resources([MIMIC])
+    said = lead_of("when was the ICU stay?", records[0].resources, "encounter", "lex:icu")
+    icu = next(clause for clause in said.split("; ") if "intensive care" in clause)
+    assert "intensive care unit (part of the inpatient encounter (URGENT) of 2180-05-06) on 2180-05-06" in icu, said
+    assert "hospital admission" not in icu

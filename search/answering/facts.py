@@ -199,7 +199,9 @@ def procedure_fact(ev: Evidence, f: typed.ProcedureFact) -> Fact:
 
 def encounter_fact(ev: Evidence, f: typed.EncounterFact) -> Fact:
     kind = condition_name({"text": f.types[0]}) if f.types else ""
-    label = ENCOUNTER_CLASS.get(f.encounter_class, "")
+    # A stay within another encounter (an ICU stay within an admission) is named as such, never
+    # as the admission itself.
+    label = f"part of {f.part_of}" if f.part_of else ENCOUNTER_CLASS.get(f.encounter_class, "")
     name = kind or label or "visit"
     if label and label.split()[0] not in name.lower():
         name = f"{name} ({label})"

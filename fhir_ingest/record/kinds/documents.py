@@ -100,7 +100,7 @@ def render_report(chunker, r) -> list[Chunk]:
         chunks.extend(chunker.note_chunks(r, text, name or "Report", when, "note", part_prefix=f"form{i}-"))
     if reasons and not texts:
         chunker.problem(ref, "report text could not be read: " + "; ".join(reasons)
-                        + "; its results and conclusion are indexed")
+                        + "; its coded parts, results and conclusion are indexed without it")
     coded = _join(concept_words(c) for c in r.get("conclusionCode") or [])
     if r.get("conclusion") or coded:
         text = _sentence(f"Report on {when}:" if when else "Report:", f"{name}.",
@@ -123,7 +123,8 @@ def report_without_text(chunker, r, name: str, when: str) -> Chunk:
                      f"Category: {categories}." if categories else "",
                      f"Issued {issued}." if issued and issued != when else "",
                      "Its text was not included: it is behind a link this input does not hold.")
-    return chunker.new_chunk(r, "0", text, make_label(when, "Report", concept_text(r.get("code"))), "note",
+    # Not a "note": it holds no text to quote, so an answer states the report's own parts.
+    return chunker.new_chunk(r, "0", text, make_label(when, "Report", concept_text(r.get("code"))), "report",
                              category=categories, codes=code_keys(r.get("code")), status=r.get("status", ""))
 
 

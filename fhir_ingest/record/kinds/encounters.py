@@ -29,7 +29,8 @@ def encounter_fact(r: dict, resolve: Resolver) -> EncounterFact:
         reasons=[x for x in reasons_of(r, resolve) if x], diagnoses=[d for d in diagnoses if d],
         end=str(period.get("end") or "") if isinstance(period, dict) else "",
         locations=[(loc.get("location") or {}).get("display", "") for loc in r.get("location") or []
-                   if isinstance(loc, dict) and (loc.get("location") or {}).get("display")])
+                   if isinstance(loc, dict) and (loc.get("location") or {}).get("display")],
+        part_of=part_of_words(r, resolve))
 
 
 def part_of_words(r: dict, resolve: Resolver) -> str:
