@@ -51,12 +51,17 @@ def test_defects_that_change_no_clinical_meaning_keep_the_resource_and_are_said(
 def test_a_code_system_that_is_not_a_uri_is_said_and_kept_and_only_the_unreadable_skipped(tmp_path):
     lab = {"resourceType": "Observation", "id": "k1", "status": "final", "subject": {"reference": "Patient/p"},
            "code": {"coding": [{"system": "LOCAL LAB", "code": "K", "display": "Potassium"}]},
-           "effectiveDateTime": "2024-01-02", "valueQuantity": {"value": 3.1, "unit": "mmol/L"}}
+           "effectiveDateTime": "2024-01-02", "valueQuantity": {"value": 3.1, "unit": "mmol/L"},
+           "meta": {"lastUpdated": "yesterday"}, "extension": [{"url": "https://ehr.example/x", "valueQuantity": {"value": "n/a"}},
+                                                              {"url": "https://ehr.example/y", "valueString": "kept"}]}
     path = tmp_path / "lab.ndjson"
     path.write_text(json.dumps(lab) + "\n")
     records, report = load_resources([path])
     assert report.skipped == [] and [r["id"] for r in records[0].resources] == ["k1"]
-    assert "unknown code system 'LOCAL LAB'" in report.warnings[0].reason
+    warned = " | ".join(w.reason for w in report.warnings)
+    assert "unknown code system 'LOCAL LAB'" in warned and "meta.lastUpdated cannot be read" in warned
+    assert "extension.0.valueQuantity.value cannot be read" in warned
+    assert records[0].resources[0]["extension"] == lab["extension"]        # kept as recorded
     # The policy's other side: no type, an unsafe id, no patient, a wrong JSON type still skip.
     base = {"resourceType": "Observation", "status": "final", "code": {"text": "K"},
             "subject": {"reference": "Patient/p"}}

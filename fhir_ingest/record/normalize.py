@@ -151,7 +151,7 @@ def mend(resource: dict, errors: list[dict], ref: str, tell) -> dict | None:
             return None
     for words in said:
         tell(words)
-    return mended
+    return _pruned(mended)
 
 
 def _mended_id(value: str) -> str:
@@ -177,9 +177,21 @@ def _drop(node, loc: list) -> None:
         if isinstance(parent, dict):
             parent.pop(loc[-1], None)
         elif isinstance(parent, list) and isinstance(loc[-1], int) and loc[-1] < len(parent):
-            parent[loc[-1]] = {}
+            parent[loc[-1]] = _GONE      # removed after every error is mended: the others' positions hold
     except (KeyError, IndexError, TypeError):
         pass
+
+
+_GONE = object()
+
+
+def _pruned(node):
+    """The node without the list items `_drop` marked gone."""
+    if isinstance(node, dict):
+        return {key: _pruned(value) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_pruned(item) for item in node if item is not _GONE]
+    return node
 
 
 def unmodelled(checked: dict, original: dict) -> dict:
