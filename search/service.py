@@ -8,8 +8,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from fhir_ingest.record.kinds import INDEXED_TYPES
-from fhir_ingest.record.load import LoadReport, PatientRecord, RemovalBudget, against_held, assembled
+from fhir_ingest.record.kinds import CLINICAL_TYPES
+from fhir_ingest.record.load import SOURCE, LoadReport, PatientRecord, RemovalBudget, against_held, assembled
 from fhir_ingest.record.reader import DEFAULT_LIMITS, ReadLimits, read_path
 
 from search.answering.answer import compose, impossible_date_answer
@@ -245,7 +245,7 @@ class SearchService:
             return grounded_answer(self.llm, retrieval, result, ids, patient_terms(self.backend, tenant, patient_id))
 
         return AnswerContext(tenant, patient_id, retrieval, self.backend, lambda: self.patient(tenant, patient_id),
-                             grounded if use_llm and self.llm is not None else None, INDEXED_TYPES)
+                             grounded if use_llm and self.llm is not None else None, CLINICAL_TYPES)
 
     def general(self, question: str, tenant: str, patient_id: str, question_id: str | None, retrieval,
                 use_llm: bool) -> Answer:

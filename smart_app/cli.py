@@ -179,9 +179,11 @@ def cmd_index(args, settings: Settings) -> int:
 
 def format_index_summary(summary, elapsed: float) -> str:
     report, total = summary.load, summary.result
-    lines = [f"resources read: {report.resources_read}  ({', '.join(f'{k} {v}' for k, v in report.by_type.most_common())})",
+    rows = report.type_rows()     # read counts skipped ones too, so they add up to resources_read
+    by_read = sorted(rows, key=lambda row: (-row[1], row[0]))
+    lines = [f"resources read: {report.resources_read}  ({', '.join(f'{rt} {read}' for rt, read, *_ in by_read)})",
              f"  {'type':28} {'read':>7} {'skipped':>8}  what became of it"]
-    lines += [f"  {shown(rt):28} {read:>7} {skipped:>8}  {shown(fate)}" for rt, read, skipped, _, fate in report.type_rows()]
+    lines += [f"  {shown(rt):28} {read:>7} {skipped:>8}  {shown(fate)}" for rt, read, skipped, _, fate in rows]
     lines.append(f"patients: {total.patients}  chunks written: {total.embedded}  unchanged: {total.unchanged}  "
                  f"removed: {total.removed}  total chunks: {total.chunks}  in {elapsed:.1f}s")
     if report.added_to:

@@ -25,6 +25,14 @@ from .words import _join, _sentence, _to_date, day
 log = logging.getLogger(__name__)
 
 WITHDRAWN = {"entered-in-error"}
+# Where a resource says it was entered in error: `status` for most, a Condition's or an allergy's
+# `verificationStatus`, a Goal's `lifecycleStatus`.
+STATUS_FIELDS = ("status", "verificationStatus", "lifecycleStatus")
+
+
+def withdrawn(resource: dict) -> bool:
+    """Entered in error: never a chunk (DESIGN, the Chunk contract)."""
+    return any(status_code(resource, name) in WITHDRAWN for name in STATUS_FIELDS)
 
 
 def series_key(resource: dict) -> str:
@@ -59,6 +67,20 @@ class TextBudget:
 class ChunkProblem:
     ref: str
     reason: str
+
+
+def encounter_of(r: dict) -> str:
+    """`Encounter/<id>` of the encounter a resource belongs to (`encounter`, a medication's
+    `context`, a document's `context.encounter`, an encounter's `partOf`), or ''."""
+    if r.get("resourceType") == "Encounter":
+        return ref_id(r.get("partOf"))
+    context = r.get("context") if isinstance(r.get("context"), dict) else {}
+    listed = context.get("encounter") if isinstance(context.get("encounter"), list) else []
+    for candidate in (r.get("encounter"), context, *listed):
+        ref = ref_id(candidate)
+        if ref.startswith("Encounter/"):
+            return ref
+    return ""
 
 
 # --- the chunker ------------------------------------------------------------------------------
@@ -98,6 +120,18 @@ class PatientChunker:
         """A resource of this record by `Type/id` (what the kinds' readers resolve references with)."""
         return self.by_ref.get(ref)
 
+    def date_of(self, r: dict) -> str:
+        """The resource's clinical date; when it records none, its encounter's (a MIMIC diagnosis
+        is dated only by its admission), and an encounter's, the one it is part of."""
+        seen = set()
+        while r is not None and f"{r['resourceType']}/{r.get('id')}" not in seen:
+            when = clinical_date(r)
+            if when:
+                return when
+            seen.add(f"{r['resourceType']}/{r.get('id')}")
+            r = self.by_ref.get(encounter_of(r))
+        return ""
+
     def problem(self, ref: str, reason: str) -> None:
         """Something of this resource could not be rendered: the index report says what."""
         self.problems.append(ChunkProblem(ref, reason))
@@ -113,6 +147,9 @@ class PatientChunker:
                 # text (answers word it from there) and the traceback is logged (code, not data).
                 log.error("the %s fact reader failed: a bug", r["resourceType"], exc_info=True)
                 self._facts[ref] = None
+            fact = self._facts[ref]
+            if fact is not None and not fact.date:
+                fact.date = self.date_of(r)
         return self._facts[ref]
 
     def new_chunk(self, r: dict, part: str, text: str, label: str, semantic_type: str,
@@ -124,7 +161,7 @@ class PatientChunker:
         return Chunk(
             tenant=self.tenant, patient_id=self.patient_id, resource_type=r["resourceType"],
             resource_id=r["id"], part=part, text=text, label=label,
-            date=when if when is not None else clinical_date(r), semantic_type=semantic_type,
+            date=when if when is not None else self.date_of(r), semantic_type=semantic_type,
             category=category, sections=list(sections or []),
             version_id=str((r.get("meta") or {}).get("versionId") or ""), status=status,
             codes=codes or [], refs=[ref] + [x for x in (refs or []) if x != ref],
@@ -134,7 +171,7 @@ class PatientChunker:
     def chunks(self) -> list[Chunk]:
         out: list[Chunk] = []
         for r in self.resources:
-            if status_code(r, "status") in WITHDRAWN or status_code(r, "verificationStatus") in WITHDRAWN:
+            if withdrawn(r):
                 continue
             render = self.renderer(r["resourceType"])
             if render is None:
@@ -308,7 +345,7 @@ class PatientChunker:
         """Per analyte with two or more values: one summary per window ending at its last value."""
         series = defaultdict(list)
         for r in self.resources:
-            if r["resourceType"] != "Observation" or status_code(r, "status") in WITHDRAWN:
+            if r["resourceType"] != "Observation" or withdrawn(r):
                 continue
             key = series_key(r)
             if not key or not _to_date(clinical_date(r)):

@@ -183,6 +183,7 @@ class EncounterFact(Fact):
     diagnoses: list[str] = field(default_factory=list)
     end: str = ""
     locations: list[str] = field(default_factory=list)
+    part_of: str = ""             # the encounter it is part of, in words (an ICU stay's admission)
 
 
 @dataclass

@@ -37,19 +37,25 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from .contract import PatientNotFound
-from .kinds import IGNORED_TYPES, INDEXED_TYPES, SUPPORT_TYPES, clinical_date
+from .kinds import CLINICAL_TYPES, IGNORED_TYPES, INDEXED_TYPES, SUPPORT_TYPES, clinical_date
 from .normalize import (InvalidResource, binary_ref, check_content,
                         check_identity, checked_later, patient_of, ref_id)
 from .reader import DEFAULT_LIMITS, Document, RawResource, ReadItem, ReadLimits, ReadProblem, ReadWarning, read_path
 from .staging import PatientStaging, StagedResource
 
 EARLIEST_PLAUSIBLE_YEAR = 1900
+# Indexed kinds a patient's results point at that may name no patient themselves (R4's
+# Specimen.subject is optional): kept, and joined to the record of each patient who refers to them.
+REFERENCED_WITHOUT_PATIENT = frozenset({"Specimen"})
 
 
 @dataclass
 class Skipped:
     origin: str
     reason: str
+
+
+UNTYPED = "(no type)"
 
 
 @dataclass
@@ -100,6 +106,11 @@ class LoadReport:
             fate = ("indexed" if rt in INDEXED_TYPES else "read to complete other records" if rt in SUPPORT_TYPES
                     else f"ignored: {IGNORED_TYPES[rt]}" if rt in IGNORED_TYPES else "not indexed: no renderer")
             rows.append((rt, read, skipped, self.ignored[rt], fate))
+        # Every resource read has its row, so the rows add up to `resources_read`: one whose type
+        # is not a string names no type to count it under.
+        untyped = self.resources_read - sum(row[1] for row in rows)
+        if untyped > 0:
+            rows.append((UNTYPED, untyped, untyped, 0, "skipped: no resource type"))
         return rows
 
 
@@ -367,7 +378,7 @@ def checked(items: Iterable[ReadItem], report: LoadReport, damaged: set[str] | N
         report.resources_read += 1
         resource = item.resource
         try:
-            check_identity(resource)
+            check_identity(resource, lambda words, origin=item.origin: report.warnings.append(Skipped(origin, words)))
         except InvalidResource as exc:
             skip(report, item.origin, resource, str(exc))
             if damaged is not None:
@@ -379,7 +390,7 @@ def checked(items: Iterable[ReadItem], report: LoadReport, damaged: set[str] | N
             if resource is None:
                 continue
         rt = resource["resourceType"]
-        if rt in INDEXED_TYPES and not patient:
+        if rt in INDEXED_TYPES and not patient and rt not in REFERENCED_WITHOUT_PATIENT:
             skip(report, item.origin, resource, f"{rt}/{resource['id']} names no patient it belongs to")
             continue
         report.by_type[rt] += 1
@@ -423,8 +434,9 @@ def implausible_date(resource: dict, today: date | None = None) -> str:
 
 
 def shared_refs(resources: Iterable[dict]) -> set[str]:
-    """The patient-less resources a patient's resources point at: a Medication, a note's Binary."""
-    refs = {ref for r in resources if (ref := ref_id(r.get("medicationReference")))}
+    """The patient-less resources a patient's resources point at: a Medication, a result's
+    Specimen, a note's Binary."""
+    refs = {ref for r in resources for field in ("medicationReference", "specimen") if (ref := ref_id(r.get(field)))}
     for r in resources:
         attachments = [c.get("attachment") for c in r.get("content") or [] if isinstance(c, dict)]
         attachments += r.get("presentedForm") or [] if isinstance(r.get("presentedForm"), list) else []
@@ -510,7 +522,7 @@ class RecordAssembler:
         document = self.staging.document(documents.pop())
         if not document.bundle or self.partial(document) or self.staging.patients_defined(document.key) != {patient_id}:
             return MERGE
-        if not any(s.resource["resourceType"] in INDEXED_TYPES for s in staged):
+        if not any(s.resource["resourceType"] in CLINICAL_TYPES for s in staged):
             return MERGE          # a Patient alone (or with directory data) says nothing of the record
         return EVERYTHING if document.everything_of == patient_id else WHOLE_BUNDLE
 

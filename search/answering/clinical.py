@@ -88,7 +88,7 @@ def dosage_words(doses: list, medication: str = "") -> str:
         if not any(ch.isdigit() for ch in "".join(bits)):
             bits = [amount_words(dose, medication)] + (bits or [dose.frequency])
         words = " ".join(b for b in bits if b)
-        if dose.as_needed:
+        if dose.as_needed and "as needed" not in words.lower():
             words = ", ".join(b for b in (words, dose.as_needed) if b)
         if words and words not in out:
             out.append(words)

@@ -39,6 +39,7 @@ class Point:
     note: str = ""       # what qualifies the reading: its specimen's condition, the record's note
     ucum: str = ""       # the unit's UCUM code (else the unit as recorded), to convert by
     loinc: str = ""      # what was measured, for a mass <-> molar factor
+    also: str = ""       # the result's other components ('inhaled oxygen flow rate 2 L/min' beside an SpO2)
 
 
 @dataclass
@@ -80,6 +81,8 @@ def medication_fact(ev: Evidence, f: typed.MedicationFact) -> Fact:
     since = f"active since {when}" if status in CURRENT_ORDER else f"{status or 'ordered'}, ordered {when}"
     if status in CURRENT_ORDER and years_before_today(when) > 3:
         since = f"marked active but ordered {when}, may be outdated"
+    if f.status_reason:          # why it was stopped, held or not given: part of its status
+        since += f" ({f.status_reason[:1].lower() + f.status_reason[1:]})"
     words = ", ".join(b for b in (drug_name(f.medication), dose, since) if b)
     return Fact(ev, "medication", drug_name(f.medication), words, when, status, status in CURRENT_ORDER,
                 status in STOPPED_ORDER, reason, series=same_drug(f.medication))
@@ -146,7 +149,10 @@ def point_of(ref: str, when: str, value: typed.Value | None, components: list[ty
     if q is None or q.value is None:
         return None
     text = (q.comparator or "") + value_words({"value": q.value, "unit": q.unit})
-    return Point(when, [float(q.value)], text, ref, unit=unit(q.unit), note=note, ucum=q.code or q.unit, loinc=loinc)
+    also = "; ".join(f"{c.name} {c.value.text}" for c in components
+                     if c.name and c.value is not None and c.value.text)
+    return Point(when, [float(q.value)], text, ref, unit=unit(q.unit), note=note, also=also,
+                 ucum=q.code or q.unit, loinc=loinc)
 
 
 def reading_note(specimen: str, notes: str) -> str:
@@ -171,7 +177,8 @@ def measurement_fact(ev: Evidence, f: typed.MeasurementFact, ref: str) -> Fact |
     name = series_name(f.codes, f.name)
     first_range = next(((r.low.value if r.low else None, r.high.value if r.high else None) for r in ranges
                         if (r.low and r.low.value is not None) or (r.high and r.high.value is not None)), None)
-    return Fact(ev, "measurement", name, f"{name} {point.text} on {point.date}", point.date, f.status,
+    with_also = f" with {point.also}" if point.also else ""
+    return Fact(ev, "measurement", name, f"{name} {point.text}{with_also} on {point.date}", point.date, f.status,
                 series=name, unit=point.unit, points=[point], flag=flag_of(f.interpretation, f.value, ranges),
                 range=first_range, coded=f.name)
 
@@ -225,7 +232,9 @@ def procedure_fact(ev: Evidence, f: typed.ProcedureFact) -> Fact:
 
 def encounter_fact(ev: Evidence, f: typed.EncounterFact) -> Fact:
     kind = condition_name({"text": f.types[0]}) if f.types else ""
-    label = ENCOUNTER_CLASS.get(f.encounter_class, "")
+    # A stay within another encounter (an ICU stay within an admission) is named as such, never
+    # as the admission itself.
+    label = f"part of {f.part_of}" if f.part_of else ENCOUNTER_CLASS.get(f.encounter_class, "")
     name = kind or label or "visit"
     if label and label.split()[0] not in name.lower():
         name = f"{name} ({label})"

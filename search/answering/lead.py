@@ -33,6 +33,8 @@ SEVERAL_VALUES = re.compile(r"\b(?:trend\w*|changed?|going (?:up|down)|over time
 # The lexicon's entry for the words "allergy", "allergic", "intolerance"...: every other concept of
 # an allergy question (latex, peanuts, a drug class) is the allergen asked about.
 ALLERGY_WORDS = "lex:allergy"
+# "Is she pregnant?", "does he have asthma?", "still on warfarin?": asked of now, not of ever.
+PRESENT_TENSE = re.compile(r"^\s*(?:is|are|does|do)\b(?!.*\bever\b)|\b(?:currently|still|now)\b", re.I)
 FAMILY = {"immunization": ("immunization", "procedure"), "procedure": ("procedure", "immunization")}
 ASKED_KINDS = ("medication", "allergy", "problem", "procedure", "immunization", "encounter")
 MAX_CLAUSES = 4
@@ -193,6 +195,8 @@ def prefix_for(analysis: Analysis, facts: list[Fact]) -> str:
         return ""
     if facts and all(f.negative for f in facts):
         return "No — "
+    if PRESENT_TENSE.search(analysis.question) and not any(f.current for f in facts if not f.negative):
+        return "Not now — "      # resolved, inactive, stopped, completed: its status comes first
     return "Yes — " if any(not f.negative for f in facts) else ""
 
 
@@ -205,13 +209,20 @@ def listing_sentence(analysis: Analysis, facts: list[Fact]) -> Draft:
         by_name.setdefault(f.name.lower(), []).append(f)
     clauses, firsts = [], []
     for group in list(by_name.values())[:MAX_CLAUSES]:
+        # Newest first, what was done before what was not (a flu shot given before a newer
+        # refusal); the last or first one asked for is one that was done, when one was.
         group.sort(key=lambda f: f.date, reverse=True)
-        if analysis.wants_latest or analysis.wants_first or len(group) == 1 or f"on {group[0].date}" not in group[0].words:
-            group = group[:1] if analysis.wants_latest else group[-1:] if analysis.wants_first else group
+        group.sort(key=lambda f: f.negative)
+        done = [f for f in group if not f.negative]
+        if analysis.wants_latest or analysis.wants_first or len(done) < 2 or f"on {done[0].date}" not in done[0].words:
+            pool = done or group
+            group = pool[:1] if analysis.wants_latest else pool[-1:] if analysis.wants_first else group
             clauses += [(f.words, [f.ev]) for f in group]
         else:
-            dates = [f.date for f in group]
-            clauses.append((f"{group[0].name} on {', '.join(dates[:-1])} and {dates[-1]}", [f.ev for f in group]))
+            # Only what was done is folded into dates; what was not is said as such.
+            dates = [f.date for f in done]
+            clauses.append((f"{done[0].name} on {', '.join(dates[:-1])} and {dates[-1]}", [f.ev for f in done]))
+            clauses += [(f.words, [f.ev]) for f in group if f.negative]
         firsts.append(group[0])
     return Draft(clauses[:MAX_CLAUSES], prefix_for(analysis, firsts), lead=True)
 
@@ -357,10 +368,14 @@ def measurement_sentence(analysis: Analysis, series: list[Series]) -> tuple[Draf
     return Draft(clauses, lead=True), shown
 
 
+def reading_words(point) -> str:
+    """A value as a chart states it: with its flag and the result's other components."""
+    return point.text + (f" ({point.flag})" if point.flag else "") + (f" with {point.also}" if point.also else "")
+
+
 def latest_clauses(name: str, points: list, history: list, windowed: bool) -> list[tuple[str, list[Evidence]]]:
     point, ev = points[-1]
-    flag = f" ({point.flag})" if point.flag else ""
-    clauses = [(f"{name} {point.text}{flag} on {point.date}", [ev])]
+    clauses = [(f"{name} {reading_words(point)} on {point.date}", [ev])]
     earlier = [(p, e) for p, e in history if p.date < point.date]
     if earlier and not windowed:
         before, before_ev = earlier[-1]
@@ -371,8 +386,7 @@ def latest_clauses(name: str, points: list, history: list, windowed: bool) -> li
 def first_clauses(name: str, points: list) -> list[tuple[str, list[Evidence]]]:
     """The first result on file (of the window asked), and the latest beside it."""
     (first, first_ev), (last, last_ev) = points[0], points[-1]
-    flag = f" ({first.flag})" if first.flag else ""
-    clauses = [(f"first {name} on file {first.text}{flag} on {first.date}", [first_ev])]
+    clauses = [(f"first {name} on file {reading_words(first)} on {first.date}", [first_ev])]
     if last.date != first.date:
         clauses.append((f"latest {last.text} on {last.date}", [last_ev]))
     return clauses

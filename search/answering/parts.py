@@ -29,6 +29,9 @@ ASKS = re.compile(r"^\s*(?:is|was|are|were|does|did|do|has|have|had|any|what|whi
                   r"where|list|show|tell|still|first|last)\b|\?\s*$", re.I)
 PRONOUN = re.compile(r"\b(it|that|them|this one|that one)\b", re.I)
 MOST_PARTS = 4
+QUESTION_LEAD = re.compile(r"^(?:(?:what|which|when|how)(?:'s|\s+(?:is|was|are|were|does|did|do))?|is|was|are|were|does|"
+                           r"did|do|has|have|had)\s+(?:(?:he|she|they|the patient|pt|his|her|their|the)\s+)?"
+                           r"(?:(?:allergic|taking|on|having|had|got)\s+(?:to\s+)?)?", re.I)
 
 
 def question_parts(question: str) -> list[str]:
@@ -72,6 +75,8 @@ def standalone(pieces: list[str]) -> list[str]:
 def topic_of(piece: str) -> str:
     """What a part is about, to stand in for "it" in the next: its words before a verb-like cut
     ("etoh use disorder on his problem list" -> "etoh use disorder")."""
+    # A part that asks ("what was her axillary temperature") is about what it asks of.
+    piece = QUESTION_LEAD.sub("", piece.strip())
     words = re.split(r"\s+(?:on|in|at|from|for|per|since|after|before|during|is|was|were|are)\s+", piece.strip(), 1)[0]
     words = re.sub(r"^(?:any|h/o|hx of|history of|the|his|her|their)\s+", "", words, flags=re.I)
     return words if 2 <= len(words) <= 60 and not ASKS.match(words) else ""

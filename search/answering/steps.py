@@ -46,13 +46,21 @@ AnswerStep = Callable[[Answer, AnswerContext], Answer]
 def empty_record(result: Answer, ctx: AnswerContext) -> Answer:
     """"New patient" only when the record holds nothing clinical; records read but not indexed
     are a different situation, and a clinician must not mistake one for the other."""
-    if ctx.retrieval.corpus_size != 0:
+    corpus = ctx.retrieval.corpus_size
+    # One passage may be the Patient's own demographics: an abstention over it alone is still a
+    # record with nothing clinical in it (the summary says which).
+    if corpus > 1 or (corpus == 1 and not result.abstained):
         return result
     summary = ctx.summary() or {}
-    if summary.get("vectors_pending"):
-        return replace(result, answer="This patient's record is being read; ask again in a moment.")
     counts = summary.get("resource_counts") or {}
     clinical = sum(n for rt, n in counts.items() if rt in ctx.indexed_types)
+    if corpus and clinical:
+        return result
+    # Said of the whole record, so no later step lists an empty class beside it.
+    result.diagnostics["record"] = "reading" if summary.get("vectors_pending") else "empty" if not clinical \
+        else "not indexed"
+    if summary.get("vectors_pending"):
+        return replace(result, answer="This patient's record is being read; ask again in a moment.")
     if not clinical:
         return replace(result, answer=NEW_PATIENT)
     return replace(result, answer=f"{clinical} clinical records were read for this patient, but none could be "
@@ -63,7 +71,7 @@ def never_hide_the_class(result: Answer, ctx: AnswerContext) -> Answer:
     """An abstention never stands alone when the record holds what was asked about's class
     (allergies, problems, medications, procedures): those entries are listed, cited, with the
     word that none matches; a fact the question mentioned as context is shown as such."""
-    if ctx.retrieval.corpus_size == 0:
+    if ctx.retrieval.corpus_size == 0 or "record" in result.diagnostics:
         return result
     klass = asked_class(ctx.retrieval.analysis)
     result.diagnostics["asked_class"] = {"class": klass}

@@ -599,7 +599,12 @@ RERANK_WEIGHTS = {
     "section": 0.5,       # the note section asked for ("the assessment")
     "newest_n": 1.0,      # among the last N results asked for ("the last three A1c")
     "visit": 0.5,         # a note of the visit the question names
+    "unasked": -1.0,      # the patient's demographics, when the question asks nothing of them
 }
+# What the Patient's own demographics passage answers ("birth date?", "how is the gender
+# documented?"); to any other question it would only take a place from the clinical evidence.
+ABOUT_THE_PATIENT = re.compile(r"\b(?:gender|sex|born|birth\w*|dob|age|old|language\w*|interpreter|deceased|died|"
+                               r"death|alive|race|ethnic\w*|marital|married|demographic\w*)\b", re.I)
 
 
 def rerank(evidence: list[Evidence], analysis: Analysis, reranker: CrossEncoderRanker | None = None) -> list[Evidence]:
@@ -628,10 +633,12 @@ def rerank(evidence: list[Evidence], analysis: Analysis, reranker: CrossEncoderR
             "concepts": overlap,
             "negated": 1.0 if negated_overlap(chunk, analysis) else 0.0,
             "in_window": 1.0 if in_window(chunk, analysis) else 0.0,
+            # A concept whose every record is undated has no newest or oldest: none of them is it.
             "latest": 1.0 if analysis.wants_latest and (
-                any(chunk.date >= newest[k] for k in matched) if analysis.keys else chunk.date[:10] == newest_any[:10]) else 0.0,
+                any(k in newest and chunk.date >= newest[k] for k in matched) if analysis.keys
+                else chunk.date[:10] == newest_any[:10]) else 0.0,
             "earliest": 1.0 if analysis.wants_first and chunk.category != "trend" and any(
-                chunk.date <= oldest[k] for k in matched) else 0.0,
+                k in oldest and chunk.date <= oldest[k] for k in matched) else 0.0,
             "type": 1.0 if chunk.semantic_type in analysis.semantic_types else 0.0,
             "trend": 1.0 if analysis.wants_trend and chunk.category == "trend" else 0.0,
             "structured": 1.0 if overlap and chunk.semantic_type != "note" else 0.0,
@@ -639,6 +646,8 @@ def rerank(evidence: list[Evidence], analysis: Analysis, reranker: CrossEncoderR
             "section": 1.0 if holds_asked_section(chunk, analysis) else 0.0,
             "newest_n": 1.0 if chunk.chunk_id in asked_n else 0.0,
             "visit": 1.0 if chunk.semantic_type == "note" and set(chunk.refs[1:]) & analysis.visit_refs else 0.0,
+            "unasked": 1.0 if chunk.semantic_type == "demographics" and not ABOUT_THE_PATIENT.search(analysis.question)
+            else 0.0,
         }
         ev.features = f
         ev.score = 0.0

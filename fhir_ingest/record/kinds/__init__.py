@@ -17,6 +17,8 @@ for _family in FAMILIES:
 # Resources chartcite turns into chunks, and the ones it reads only to resolve references.
 INDEXED_TYPES = frozenset(rt for rt, k in KINDS.items() if k.indexed)
 SUPPORT_TYPES = frozenset(rt for rt, k in KINDS.items() if not k.indexed)
+# Indexed, but about whom the record is rather than what happened: a Patient alone is no record.
+CLINICAL_TYPES = INDEXED_TYPES - {"Patient"}
 # What an EHR is searched for, by the parameter naming the patient (its FHIR R4 search parameter).
 PATIENT_SEARCHES = {rt: k.search for rt, k in KINDS.items() if k.search}
 # Read through references (Patient/<id>, a drug's Medication, a note's Binary), never searched.
@@ -51,5 +53,5 @@ def fact_of(resource: dict, resolve: Resolver):
     return kind.fact(resource, resolve) if kind is not None and kind.fact is not None else None
 
 
-__all__ = ["KINDS", "Kind", "Resolver", "clinical_date", "kind_of", "fact_of", "INDEXED_TYPES", "SUPPORT_TYPES",
+__all__ = ["KINDS", "Kind", "Resolver", "clinical_date", "kind_of", "fact_of", "INDEXED_TYPES", "SUPPORT_TYPES", "CLINICAL_TYPES",
            "PATIENT_SEARCHES", "REFERENCED_TYPES", "ESSENTIAL_TYPES", "IGNORED_TYPES", "FAMILIES"]

@@ -1,5 +1,5 @@
-"""Who the record is about and who pays: Patient (read for the banner and to decide what a
-document defines) and insurance coverage (Coverage)."""
+"""Who the record is about and who pays: Patient (its demographics as a chunk; read too for the
+banner and to decide what a document defines) and insurance coverage (Coverage)."""
 from __future__ import annotations
 
 from ..contract import Chunk, make_label
@@ -36,7 +36,67 @@ def render_coverage(chunker, r) -> list[Chunk]:
 
 
 
+# US Core's demographic extensions: a coded value or, for race and ethnicity, a nested `text`.
+US_CORE = "http://hl7.org/fhir/us/core/StructureDefinition/"
+DEMOGRAPHIC_EXTENSIONS = (("birth sex", US_CORE + "us-core-birthsex"), ("sex", US_CORE + "us-core-sex"),
+                          ("gender identity", US_CORE + "us-core-genderIdentity"),
+                          ("race", US_CORE + "us-core-race"), ("ethnicity", US_CORE + "us-core-ethnicity"))
+
+
+def extension_words(r: dict, url: str) -> str:
+    for ext in r.get("extension") or []:
+        if not isinstance(ext, dict) or ext.get("url") != url:
+            continue
+        nested = {e.get("url"): e.get("valueString") for e in ext.get("extension") or [] if isinstance(e, dict)}
+        if isinstance(nested.get("text"), str):
+            return nested["text"]
+        for key, value in ext.items():
+            if key.startswith("value"):
+                return concept_text(value) if isinstance(value, dict) else str(value)
+    return ""
+
+
+def deceased_words(r: dict) -> str:
+    if isinstance(r.get("deceasedDateTime"), str):
+        return f"yes, on {day(r['deceasedDateTime'])}"
+    if isinstance(r.get("deceasedBoolean"), bool):
+        return "yes" if r["deceasedBoolean"] else "no"
+    return ""
+
+
+def languages_of(r: dict) -> str:
+    return _join(concept_text(c.get("language")) + (" (preferred)" if c.get("preferred") else "")
+                 for c in r.get("communication") or [] if isinstance(c, dict) and concept_text(c.get("language")))
+
+
+def demographics(r: dict) -> list[tuple[str, str]]:
+    """What the record says of the patient as a clinician asks it. Never names, identifiers,
+    addresses or contacts: those are identifiers, not clinical content."""
+    return [(label, words) for label, words in
+            [("gender", str(r.get("gender") or "")), ("birth date", day(str(r.get("birthDate") or ""))),
+             ("deceased", deceased_words(r)), ("language", languages_of(r)),
+             ("marital status", concept_text(r.get("maritalStatus")))]
+            + [(label, extension_words(r, url)) for label, url in DEMOGRAPHIC_EXTENSIONS] if words]
+
+
+def patient_fact(r: dict, resolve: Resolver) -> DetailFact:
+    return DetailFact(kind="demographics", name="demographics", date=clinical_date(r),
+                      details=[[label, words] for label, words in demographics(r)])
+
+
+def render_patient(chunker, r) -> list[Chunk]:
+    """The patient's own demographics, so "birth date?" and "how is the gender documented?" are
+    answered from the record."""
+    parts = demographics(r)
+    if not parts:
+        return []
+    text = _sentence("Patient demographics:", *(f"{label.capitalize()}: {words}." for label, words in parts))
+    return [chunker.new_chunk(r, "0", text, make_label("", "Patient", "demographics"), "demographics",
+                              )]
+
+
 KINDS = [
     Kind("Coverage", "administrative", ("period",), render_coverage, coverage_fact),
-    Kind("Patient", "administrative", search=None, essential=True),   # read as Patient/<id>, not searched
+    # Read as Patient/<id>, not searched; its demographics dated by birth.
+    Kind("Patient", "administrative", ("birthDate",), render_patient, patient_fact, search=None, essential=True),
 ]

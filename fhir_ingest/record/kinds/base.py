@@ -48,6 +48,8 @@ def clinical_date(resource: dict) -> str:
         value = resource.get(name)
         if name == "context" and isinstance(value, dict):
             value = value.get("period")
+        if name == "collection" and isinstance(value, dict):      # a Specimen's collection
+            value = value.get("collectedDateTime") or value.get("collectedPeriod")
         if isinstance(value, dict):
             value = value.get("start") or value.get("end")
         if isinstance(value, str) and value:

@@ -187,6 +187,51 @@ def render_careteam(chunker, r) -> list[Chunk]:
 
 
 
+# --- diet orders ----------------------------------------------------------------------------------
+
+def nutrition_parts(r: dict, resolve: Resolver) -> list[tuple[str, str]]:
+    """A diet order's parts as (label, words): the oral diet, its textures and fluids, supplements,
+    tube feeding, and what it keeps out."""
+    oral = r.get("oralDiet") if isinstance(r.get("oralDiet"), dict) else {}
+    feeding = r.get("enteralFormula") if isinstance(r.get("enteralFormula"), dict) else {}
+    supplements = [s for s in r.get("supplement") or [] if isinstance(s, dict)]
+    return [("diet", _join(concept_text(t) for t in oral.get("type") or [])),
+            ("texture", _join(concept_text(t.get("modifier")) for t in oral.get("texture") or [] if isinstance(t, dict))),
+            ("fluids", _join(concept_text(f) for f in oral.get("fluidConsistencyType") or [])),
+            ("instructions", oral.get("instruction") if isinstance(oral.get("instruction"), str) else ""),
+            ("supplement", _join(concept_text(x.get("type")) or str(x.get("productName") or "") for x in supplements)),
+            ("tube feeding", concept_text(feeding.get("baseFormulaType")) or str(feeding.get("baseFormulaProductName") or "")),
+            ("excludes", _join(concept_text(x) for x in r.get("excludeFoodModifier") or [])),
+            ("food preferences", _join(concept_text(x) for x in r.get("foodPreferenceModifier") or [])),
+            ("allergies considered", _join(reference_words(resolve, x) for x in r.get("allergyIntolerance") or []))]
+
+
+def nutrition_name(parts: list[tuple[str, str]]) -> str:
+    named = dict(parts)
+    return named["diet"] or named["tube feeding"] or "diet order"
+
+
+def nutrition_fact(r: dict, resolve: Resolver) -> DetailFact:
+    oral = (r.get("oralDiet") or {}).get("type") if isinstance(r.get("oralDiet"), dict) else None
+    parts = nutrition_parts(r, resolve)
+    return detail_fact("diet", r, nutrition_name(parts), (oral or [None])[0],
+                       [(label, words) for label, words in parts if label != "diet"]
+                       + [("intent", str(r.get("intent") or ""))])
+
+
+def render_nutrition(chunker, r) -> list[Chunk]:
+    """A diet order (NutritionOrder): what the patient may eat and drink is clinical."""
+    when = day(clinical_date(r))
+    status = _join([r.get("status", ""), r.get("intent", "")])
+    every = nutrition_parts(r, chunker.resolve)
+    parts = [(label, words) for label, words in every if words]
+    text = _sentence(f"Diet order ({status})" + (f" on {when}:" if when else ":"),
+                     *(f"{label.capitalize()}: {words}." for label, words in parts), chunker.notes_text(r))
+    oral = (r.get("oralDiet") or {}).get("type") if isinstance(r.get("oralDiet"), dict) else []
+    return [chunker.new_chunk(r, "0", text, make_label(when, "Diet", _strip_tag(nutrition_name(every))), "order",
+                              category="diet", codes=code_keys(*(oral or [])), status=r.get("status", ""))]
+
+
 KINDS = [
     Kind("CarePlan", "care", ("period", "created"), render_careplan, careplan_fact, title="category"),
     Kind("CareTeam", "care", ("period",), render_careteam, careteam_fact),
@@ -194,4 +239,5 @@ KINDS = [
     Kind("ServiceRequest", "care", ("occurrenceDateTime", "occurrencePeriod", "authoredOn"), render_order, order_fact,
          title="code"),
     Kind("Device", "care", ("manufactureDate",), render_device, device_fact, title="type"),
+    Kind("NutritionOrder", "care", ("dateTime",), render_nutrition, nutrition_fact),
 ]

@@ -67,8 +67,11 @@ def render_document(chunker, r) -> list[Chunk]:
     ref = f"DocumentReference/{r['id']}"
     chunker.problem(ref, "note text could not be read: " + "; ".join(reasons or ["no attachment"]))
     description = r.get("description") or ""
+    linked = any(isinstance(a, dict) and a.get("url") and not a.get("data") for a in attachments)
     text = _sentence(f"{note_type}" + (f" of {when}" if when else "") + ":", f"{description}." if description else "",
-                     "Its text could not be read from the record.")
+                     f"Status: {r.get('docStatus')}." if isinstance(r.get("docStatus"), str) else "",
+                     "Its text was not included: it is behind a link this input does not hold." if linked
+                     else "Its text could not be read from the record.")
     return [chunker.new_chunk(r, "0", text, make_label(when, "Note", note_type), "note", category=note_type,
                            refs=refs, status=r.get("status", ""))]
 
@@ -97,7 +100,7 @@ def render_report(chunker, r) -> list[Chunk]:
         chunks.extend(chunker.note_chunks(r, text, name or "Report", when, "note", part_prefix=f"form{i}-"))
     if reasons and not texts:
         chunker.problem(ref, "report text could not be read: " + "; ".join(reasons)
-                        + "; its results and conclusion are indexed")
+                        + "; its coded parts, results and conclusion are indexed without it")
     coded = _join(concept_words(c) for c in r.get("conclusionCode") or [])
     if r.get("conclusion") or coded:
         text = _sentence(f"Report on {when}:" if when else "Report:", f"{name}.",
@@ -106,7 +109,23 @@ def render_report(chunker, r) -> list[Chunk]:
         chunks.append(chunker.new_chunk(r, "conclusion" if chunks else "0", text,
                                      make_label(when, "Report", concept_text(r.get("code"))), "note",
                                      codes=code_keys(*(r.get("conclusionCode") or [])), status=r.get("status", "")))
+    if not chunks:
+        chunks.append(report_without_text(chunker, r, name, when))
     return chunks
+
+
+def report_without_text(chunker, r, name: str, when: str) -> Chunk:
+    """A report whose text this input does not hold (behind a URL a file cannot fetch) and that
+    has no results or conclusion: its coded parts are indexed, and it says its text is not."""
+    categories = _join(concept_text(c) for c in r.get("category") or [])
+    issued = day(r["issued"]) if isinstance(r.get("issued"), str) else ""
+    text = _sentence(f"Report ({r.get('status', '')})" + (f" on {when}:" if when else ":"), f"{name or 'Report'}.",
+                     f"Category: {categories}." if categories else "",
+                     f"Issued {issued}." if issued and issued != when else "",
+                     "Its text was not included: it is behind a link this input does not hold.")
+    # Not a "note": it holds no text to quote, so an answer states the report's own parts.
+    return chunker.new_chunk(r, "0", text, make_label(when, "Report", concept_text(r.get("code"))), "report",
+                             category=categories, codes=code_keys(r.get("code")), status=r.get("status", ""))
 
 
 def render_composition(chunker, r) -> list[Chunk]:

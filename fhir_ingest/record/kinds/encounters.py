@@ -29,12 +29,27 @@ def encounter_fact(r: dict, resolve: Resolver) -> EncounterFact:
         reasons=[x for x in reasons_of(r, resolve) if x], diagnoses=[d for d in diagnoses if d],
         end=str(period.get("end") or "") if isinstance(period, dict) else "",
         locations=[(loc.get("location") or {}).get("display", "") for loc in r.get("location") or []
-                   if isinstance(loc, dict) and (loc.get("location") or {}).get("display")])
+                   if isinstance(loc, dict) and (loc.get("location") or {}).get("display")],
+        part_of=part_of_words(r, resolve))
+
+
+def part_of_words(r: dict, resolve: Resolver) -> str:
+    """The encounter this one is part of (an ICU stay within a hospital admission), so the two
+    are never taken for one another."""
+    parent = resolve(ref_id(r.get("partOf")))
+    if not parent:
+        return ""
+    enc_class = (parent.get("class") or {}).get("code", "")
+    kind = _join(concept_text(t) for t in parent.get("type") or [])
+    when = day(clinical_date(parent))
+    return _sentence(f"the {CLASS_NAMES.get(enc_class, enc_class) or 'visit'} encounter",
+                     f"({kind})" if kind else "", f"of {when}" if when else "")
 
 
 def render_encounter(chunker, r) -> list[Chunk]:
     ref = f"Encounter/{r['id']}"
-    when = day(clinical_date(r))
+    when = day(chunker.date_of(r))
+    part_of = part_of_words(r, chunker.resolve)
     kind = _join(concept_text(t) for t in r.get("type") or [])
     enc_class = (r.get("class") or {}).get("code", "")
     class_name = CLASS_NAMES.get(enc_class, enc_class)
@@ -45,6 +60,7 @@ def render_encounter(chunker, r) -> list[Chunk]:
     text = _sentence(
         f"Encounter ({class_name or 'visit'}) on {when}:" if when else f"Encounter ({class_name or 'visit'}):",
         f"{kind}." if kind else "",
+        f"Part of {part_of}." if part_of else "",
         f"Reason: {_join(reasons)}." if any(reasons) else "",
         f"Diagnoses: {_join(diagnoses, '; ')}." if diagnoses else "",
         f"Ended {day(period.get('end', ''))}." if period.get("end") and day(period["end"]) != when else "",

@@ -54,6 +54,10 @@ def dose_of(dosage: dict) -> Dose:
         amount = amount or (Value("quantity", quantity.text, quantity=quantity) if quantity else range_of(dose_rate.get("doseRange")))
         rate = rate or comparator_quantity(dose_rate.get("rateQuantity")) or range_text(dose_rate.get("rateRange")) \
             or ratio_text(dose_rate.get("rateRatio"))
+    # A MedicationAdministration's dosage holds its dose and rate directly, not in doseAndRate.
+    quantity = quantity_of(dosage.get("dose"))
+    amount = amount or (Value("quantity", quantity.text, quantity=quantity) if quantity else None)
+    rate = rate or comparator_quantity(dosage.get("rateQuantity")) or ratio_text(dosage.get("rateRatio"))
     as_needed = ""
     if isinstance(dosage.get("asNeededCodeableConcept"), dict):
         as_needed = f"as needed for {concept_text(dosage['asNeededCodeableConcept'])}"
@@ -78,6 +82,8 @@ def medication_fact(r: dict, resolve: Resolver) -> MedicationFact:
     form = {"MedicationRequest": "order", "MedicationStatement": "statement", "MedicationDispense": "dispense",
             "MedicationAdministration": "administration"}[rt]
     dosages = r.get("dosageInstruction") if rt in ("MedicationRequest", "MedicationDispense") else r.get("dosage")
+    if rt == "MedicationDispense" and not dosages:
+        dosages = order_dosages(r, resolve)[0]
     own = reasons_of(r, resolve)
     visit = visit_reasons(r, resolve)[0] if not own and rt == "MedicationRequest" else []
     period = {"MedicationRequest": period_text((r.get("dispenseRequest") or {}).get("validityPeriod")),
@@ -135,6 +141,9 @@ def render_administration(chunker, r) -> list[Chunk]:
     when = day(clinical_date(r))
     dosage = r.get("dosage") or {}
     bits = [dosage.get("text", ""), quantity_text(dosage.get("dose"))]
+    rate = dose_of(dosage).rate if isinstance(dosage, dict) else ""
+    if rate:
+        bits.append(f"rate {rate}")
     if dosage.get("route"):
         bits.append(f"route {concept_text(dosage['route'])}")
     reason = chunker.reason_text(r)
@@ -169,17 +178,28 @@ def render_statement(chunker, r) -> list[Chunk]:
                               refs=extra + chunker.reason_refs(r), status=status)]
 
 
+def order_dosages(r: dict, resolve: Resolver) -> tuple[list, dict | None]:
+    """A dispense's dosage when it records none: its order's (what it was dispensed for)."""
+    for reference in r.get("authorizingPrescription") or []:
+        order = resolve(ref_id(reference))
+        if order and isinstance(order.get("dosageInstruction"), list) and order["dosageInstruction"]:
+            return order["dosageInstruction"], order
+    return [], None
+
+
 def render_dispense(chunker, r) -> list[Chunk]:
     drug, concept, med_ref = medication_of(r, chunker.resolve)
     codes, extra = code_keys(concept), [med_ref] if med_ref else []
     status = r.get("status", "")
     when = day(clinical_date(r))
     orders = [ref_id(x) for x in r.get("authorizingPrescription") or [] if ref_id(x) in chunker.by_ref]
+    ordered, order = ([], None) if r.get("dosageInstruction") else order_dosages(r, chunker.resolve)
     text = _sentence(
         f"Medication dispensed ({status})" + (f" on {when}:" if when else ":"), f"{drug}.",
         f"Quantity {quantity_text(r.get('quantity'))}." if quantity_text(r.get("quantity")) else "",
         f"Days supply {quantity_text(r.get('daysSupply'))}." if quantity_text(r.get("daysSupply")) else "",
-        f"Dosage: {chunker.dosage_text(r.get('dosageInstruction'))}." if r.get("dosageInstruction") else "",
+        f"Dosage: {chunker.dosage_text(r.get('dosageInstruction'))}." if r.get("dosageInstruction") else
+        f"Dosage (from the order of {day(clinical_date(order))}): {chunker.dosage_text(ordered)}." if ordered else "",
         f"Type: {concept_text(r.get('type'))}." if concept_text(r.get("type")) else "",
         chunker.notes_text(r),
     )

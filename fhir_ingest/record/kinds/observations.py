@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..contract import Chunk, make_label
 from ..datatypes import concept_words, reference_range_text, value_text
-from ..facts import Component, MeasurementFact, Point, Value, codings_of, reference_ranges_of, value_of
+from ..facts import Component, DetailFact, MeasurementFact, Point, Value, codings_of, reference_ranges_of, value_of
 from ..normalize import code_keys, codings, concept_text, contained, quantity_text, ref_id
 from ..words import _join, _sentence, day
 from .base import Kind, Resolver, clinical_date
@@ -151,8 +151,39 @@ def render_observation(chunker, r) -> list[Chunk]:
                               codes=code_keys(r.get("code")), status=r.get("status", ""))]
 
 
+def specimen_parts(r: dict) -> list[tuple[str, str]]:
+    collection = r.get("collection") if isinstance(r.get("collection"), dict) else {}
+    collected = collection.get("collectedDateTime") or (collection.get("collectedPeriod") or {}).get("start") or ""
+    return [(label, words) for label, words in
+            (("collected", day(collected) if isinstance(collected, str) else ""),
+             ("received", day(r["receivedTime"]) if isinstance(r.get("receivedTime"), str) else ""),
+             ("body site", concept_text(collection.get("bodySite"))), ("method", concept_text(collection.get("method"))),
+             ("condition", _join(concept_text(c) for c in r.get("condition") or [])),
+             ("quantity", quantity_text(collection.get("quantity")))) if words]
+
+
+def specimen_fact(r: dict, resolve: Resolver) -> DetailFact:
+    parts = specimen_parts(r)
+    return DetailFact(kind="specimen", name=concept_text(r.get("type")) or "specimen", codes=codings_of(r.get("type")),
+                      date=clinical_date(r), status=str(r.get("status") or ""),
+                      details=[[label, words] for label, words in parts])
+
+
+def render_specimen(chunker, r) -> list[Chunk]:
+    """A specimen (what was collected, when, in what condition): a result refers to it, and "was
+    the sample hemolyzed?" is asked of it."""
+    parts = specimen_parts(r)
+    name = concept_text(r.get("type")) or "specimen"
+    when = day(clinical_date(r))
+    status = r.get("status", "")
+    text = _sentence(f"Specimen ({status}):" if status else "Specimen:", f"{name}.",
+                     *(f"{label.capitalize()}: {words}." for label, words in parts), chunker.notes_text(r))
+    return [chunker.new_chunk(r, "0", text, make_label(when, "Specimen", name), "lab", category="specimen",
+                              codes=code_keys(r.get("type")), status=status)]
+
+
 KINDS = [
     Kind("Observation", "observations", ("effectiveDateTime", "effectivePeriod", "effectiveInstant", "issued"),
          render_observation, measurement_fact, title="code"),
-    Kind("Specimen", "observations", ("receivedTime",), title="type"),     # read to complete results
+    Kind("Specimen", "observations", ("collection", "receivedTime"), render_specimen, specimen_fact, title="type"),
 ]

@@ -75,9 +75,11 @@ def render_condition(chunker, r) -> list[Chunk]:
         f"Severity: {severity}." if severity else "", f"Body site: {body}." if body else "",
         f"Category: {categories}." if categories else "",
         f"Recorded {recorded}." if recorded and recorded != onset else "",
+        # Dated only by its encounter (MIMIC's diagnoses): the date is the visit's, and said so.
+        f"Diagnosed at the encounter of {day(chunker.date_of(r))}." if not clinical_date(r) and chunker.date_of(r) else "",
         chunker.notes_text(r),
     )
-    when = day(clinical_date(r))
+    when = day(chunker.date_of(r))
     label = make_label(when, "Problem", f"{_strip_tag(concept_text(r.get('code')))} ({clinical})" if clinical
                        else _strip_tag(concept_text(r.get("code"))))
     enc = ref_id(r.get("encounter"))

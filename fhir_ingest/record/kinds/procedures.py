@@ -60,7 +60,10 @@ def render_procedure(chunker, r) -> list[Chunk]:
 def render_immunization(chunker, r) -> list[Chunk]:
     name = concept_text(r.get("vaccineCode"))
     when = day(clinical_date(r))
-    text = _sentence(f"Immunization / vaccine ({r.get('status', '')}) on {when}:", f"{name}.")
+    reason = status_reason_of(r)
+    text = _sentence(f"Immunization / vaccine ({r.get('status', '')}) on {when}:", f"{name}.",
+                     ("Not given" + (f": {reason}." if reason else ".")) if r.get("status") == "not-done" else
+                     f"Status reason: {reason}." if reason else "", chunker.notes_text(r))
     return [chunker.new_chunk(r, "0", text, make_label(when, "Vaccine", name), "immunization",
                               codes=code_keys(r.get("vaccineCode")), status=r.get("status", ""))]
 
