@@ -9,10 +9,13 @@ import base64
 import binascii
 import html
 import io
+import json
 import logging
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from html.parser import HTMLParser
+from pathlib import Path
 
 
 class NoteDecodeError(ValueError):
@@ -147,32 +150,129 @@ def pdf_to_text(raw: bytes) -> str:
 class Section:
     heading: str
     text: str
+    kind: str = ""          # what the section is (section_kind): "medication", "allergy", "plan"...
+
+
+@dataclass(frozen=True)
+class Sentence:
+    """A sentence of a note and where it is: text[start:end] is the sentence, verbatim."""
+    start: int
+    end: int
+    text: str
+
+
+_DATA = Path(__file__).with_name("data")
+
+
+@lru_cache(maxsize=1)
+def _rush():
+    from PyRuSH import RuSH
+
+    # Loading the rules logs each rule it cannot use at INFO on the root logger, once per process.
+    logging.disable(logging.INFO)
+    try:
+        return RuSH(str(_DATA / "rush_rules.tsv"))
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def note_sentences(text: str) -> list[Sentence]:
+    """The sentences of a note with their spans, by PyRuSH's clinical rules (medspaCy's rule file):
+    "Dr.", "p.o.", "b.i.d." and numbered list items do not end or start a sentence wrongly. A
+    piece that begins in lower case on the same line continues the one before it ("81 mg. daily")."""
+    if not text.strip():
+        return []
+    spans: list[list[int]] = []
+    for span in _rush().segToSentenceSpans(text):
+        begin, end = span.begin, span.end
+        if spans and text[begin:begin + 1].islower() and "\n" not in text[spans[-1][1]:begin]:
+            spans[-1][1] = end
+        else:
+            spans.append([begin, end])
+    return [Sentence(b, e, text[b:e]) for b, e in spans if text[b:e].strip()]
+
+
+@lru_cache(maxsize=1)
+def _known_titles() -> dict[str, str]:
+    """Section titles medspaCy knows (lower case, without the colon) → their category."""
+    rules = json.loads((_DATA / "section_patterns.json").read_text())["section_rules"]
+    return {r["literal"].rstrip(":").strip().lower(): r["category"] for r in rules if r.get("literal")}
+
+
+# The words a title is known by, in the order they decide ("DISCHARGE MEDICATIONS" is a medication
+# list, "ASSESSMENT AND PLAN" a plan, "PAST SURGICAL HISTORY" procedures), then medspaCy's category.
+_CATEGORY_KIND = {"allergy": "allergy", "allergies": "allergy", "medications": "medication",
+                  "observation_and_plan": "plan", "diagnoses": "problem", "problem_list": "problem",
+                  "past_medical_history": "history", "history_of_present_illness": "hpi",
+                  "hospital_course": "hospital_course", "labs_and_studies": "findings", "imaging": "findings",
+                  "family_history": "family_history", "social_history": "social_history",
+                  "physical_exam": "physical_exam", "chief_complaint": "chief_complaint",
+                  "patient_instructions": "instructions"}
+_TITLE_WORDS = (("description", "narrative"), ("allerg", "allergy"), ("medication", "medication"), ("meds", "medication"),
+                ("plan", "plan"), ("recommendation", "plan"), ("impression", "impression"),
+                ("assessment", "impression"), ("conclusion", "impression"), ("diagnos", "problem"),
+                ("procedure", "procedure"), ("operation", "procedure"), ("surgical history", "procedure"),
+                ("finding", "findings"), ("laboratory", "findings"), ("labs", "findings"),
+                ("hospital course", "hospital_course"), ("present illness", "hpi"), ("family history", "family_history"),
+                ("social history", "social_history"), ("medical history", "history"), ("physical exam", "physical_exam"),
+                ("chief complaint", "chief_complaint"), ("instruction", "instructions"), ("technique", "technique"),
+                ("indication", "indication"), ("reason for", "indication"))
+
+
+def section_kind(heading: str) -> str:
+    """What a section heading names, as one of a few kinds the answer reads ("" when none)."""
+    title = " ".join(heading.lower().rstrip(":").split())
+    by_words = next((kind for word, kind in _TITLE_WORDS if word in title), "")
+    return by_words or _CATEGORY_KIND.get(_known_titles().get(title, ""), "")
 
 
 _HEADING = re.compile(
-    r"^\s*(?:#{1,6}\s*(?P<md>[^\n#].*?)|(?P<caps>[A-Z][A-Z /&\-]{2,60}):?)\s*$"
+    r"^\s*(?:#{1,6}\s*(?P<md>[^\n#].*?)|(?P<caps>[A-Z][A-Z /&\-]{2,60}):?|(?P<titled>[A-Z][A-Z0-9 /&,'()\-#.]{2,60}):)\s*$"
 )
+# A heading written inline, its text after it on the same line ("PLAN: She will follow up").
+_INLINE = re.compile(r"^\s*(?P<title>[A-Za-z][A-Za-z /&'()\-]{1,60}?):\s+(?P<rest>\S.*)$")
+
+
+def _inline_heading(line: str) -> tuple[str, str] | None:
+    """(heading, rest) when a line opens with a section title that names a kind of section; an
+    exam's "HEENT: normal" or a sentence's "Note: ..." stays text."""
+    match = _INLINE.match(line)
+    if not match:
+        return None
+    title = match.group("title").strip()
+    known = title.lower() in _known_titles()
+    if not (known or title.isupper() or len(title.split()) <= 4 and title[:1].isupper()):
+        return None
+    return (title, match.group("rest")) if section_kind(title) else None
 
 
 def split_sections(text: str) -> list[Section]:
-    """Split a note on its headings (markdown `# Heading` or ALL-CAPS `HEADING:` lines).
+    """Split a note on its headings: markdown `# Heading` or ALL-CAPS `HEADING:` lines, and
+    section titles written inline at the start of a line ("PLAN: She will...").
 
     Subheadings ("## Plan") stay inside their parent section so "Assessment and Plan" keeps its plan.
     """
     sections: list[Section] = []
     heading, lines = "", []
+
+    def close():
+        if any(l.strip() for l in lines) or heading:
+            sections.append(Section(heading, _tidy("\n".join(lines)), section_kind(heading)))
+
     for line in text.splitlines():
         match = _HEADING.match(line)
         is_sub = line.lstrip().startswith("##")
+        inline = None if match or is_sub else _inline_heading(line)
         if match and not is_sub:
-            if any(l.strip() for l in lines) or heading:
-                sections.append(Section(heading, _tidy("\n".join(lines))))
-            heading = (match.group("md") or match.group("caps") or "").strip().rstrip(":")
+            close()
+            heading = (match.group("md") or match.group("caps") or match.group("titled") or "").strip().rstrip(":")
             lines = []
+        elif inline:
+            close()
+            heading, lines = inline[0], [inline[1]]
         else:
             lines.append(line.lstrip("#").strip() if is_sub else line)
-    if any(l.strip() for l in lines) or heading:
-        sections.append(Section(heading, _tidy("\n".join(lines))))
+    close()
     return [s for s in sections if s.text or s.heading]
 
 

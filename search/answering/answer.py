@@ -11,11 +11,13 @@ from dataclasses import dataclass, replace
 
 from search.answering.charts import series_chart
 from search.answering.facts import Fact, fact_of
+from fhir_ingest.record.notes import note_sentences
 from search.answering.lead import ALLERGY_WORDS, SUPPORTING, Draft, Lead, first_sentence, note_words
+from search.answering.notes import note_sections
 from search.answering.types import Answer, Citation, EvidenceItem, Statement
 from search.nlp.annotate import RecordTerm, asserted_keys, default_annotator
 from search.nlp import terminology
-from search.nlp.lexicon import tokens
+from search.nlp.lexicon import content_tokens, tokens
 from search.nlp.vocabulary import clinical_words
 from search.retrieval.pipeline import Analysis, Evidence, Retrieval, concept_overlap, holds_asked_section, in_window
 
@@ -249,18 +251,6 @@ def entry_words(ev) -> str:
 WHOLE_SECTION_CHARS = 400
 
 
-def note_sections(body: str, headings: list[str]) -> list[tuple[str, str]]:
-    """(heading, text) pairs of a note chunk's body, split on the headings the chunker recorded
-    (Chunk.sections); text before the first heading has none."""
-    if not headings:
-        return [("", body.strip())]
-    names = "|".join(re.escape(h) for h in sorted(headings, key=len, reverse=True))
-    parts = re.split(rf"(?:^|(?<=\s))((?:{names})(?: \(continued\))?):\s*", body)
-    sections = [("", parts[0].strip())] if parts[0].strip() else []
-    sections += [(heading, text.strip()) for heading, text in zip(parts[1::2], parts[2::2])]
-    return sections
-
-
 def note_units(text: str) -> list[str]:
     """A section's sentences, with the items of a list kept with the line that introduces them
     ("The following procedures were conducted: echocardiography; thrombectomy")."""
@@ -272,7 +262,7 @@ def note_units(text: str) -> list[str]:
             else:
                 units.append([line])
         elif line and not re.fullmatch(r"[A-Z][a-z]+", line):       # a bare subheading ("Plan") says nothing
-            units += [[sentence] for sentence in re.split(r"(?<=[.!?])\s+", line) if sentence]
+            units += [[sentence.text] for sentence in note_sentences(line)]
     return [_join_list(unit) for unit in units]
 
 
@@ -324,7 +314,8 @@ def statement_for(ev: Evidence, analysis: Analysis, first: bool = False) -> str:
     # Units carry no heading: a leading "Allergies:" is not an assertion of allergy.
     concepts = (default_annotator().annotate([u for _, u in units], coded_names(ev.chunk)) if analysis.keys
                 else [[] for _ in units])
-    wanted = set(analysis.terms) | {t for name in analysis.names for t in tokens(name)}
+    wanted = set(analysis.terms) | {t for name in analysis.names for t in tokens(name)} | \
+        {t for long in analysis.expansions for t in content_tokens(long)}
 
     def score(i: int) -> tuple:
         asserted = len(asserted_keys(concepts[i]) & analysis.keys)
@@ -487,8 +478,9 @@ def clinical_statements(retrieval: Retrieval, relevant: list[Evidence]) -> tuple
         if ev.chunk.chunk_id in said or (stated_series and ev.chunk.semantic_type in ("lab", "vital")) \
                 or (fact is not None and (fact.kind, fact.series or fact.name) in said_names):
             continue
-        if drafts and ev.chunk.semantic_type == "note" and any(d.sources()[0].chunk.semantic_type == "note" for d in drafts):
-            continue       # one note passage is enough beside the record's structured facts
+        if drafts and ev.chunk.semantic_type == "note" and any(
+                d.sources()[0].chunk.semantic_type == "note" and d.sources()[0].chunk.ref == ev.chunk.ref for d in drafts):
+            continue       # one passage of a note is enough; another note may say what changed
         words = supporting_words(ev, fact, analysis, first=not drafts)
         if words and all(words != c for d in drafts for c, _ in d.clauses):
             drafts.append(Draft([(words, [ev])]))
@@ -506,8 +498,9 @@ def supporting_words(ev: Evidence, fact: Fact | None, analysis: Analysis, first:
     if fact is not None:
         return fact.words
     if ev.chunk.semantic_type == "note":
+        # Quoted whole: the passage is one or two of the note's sentences, never cut inside one.
         passage = _passage(ev, statement_for(ev, analysis, first=first))
-        return note_words(ev, passage if first else shortened(passage, SUPPORTING_WORDS)) if passage else ""
+        return note_words(ev, passage) if passage else ""
     return shortened(one_sentence(statement_for(ev, analysis, first=first)), FIRST_WORDS if first else SUPPORTING_WORDS)
 
 
