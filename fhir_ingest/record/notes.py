@@ -171,7 +171,8 @@ def _rush():
     # Loading the rules logs each rule it cannot use at INFO on the root logger, once per process.
     logging.disable(logging.INFO)
     try:
-        return RuSH(str(_DATA / "rush_rules.tsv"))
+        # A list item or a heading's one word ("NONE.", "Sulfa.") is a sentence too.
+        return RuSH(str(_DATA / "rush_rules.tsv"), min_sent_chars=1)
     finally:
         logging.disable(logging.NOTSET)
 

@@ -13,7 +13,7 @@ from search.answering.charts import series_chart
 from search.answering.facts import Fact, fact_of
 from fhir_ingest.record.notes import note_sentences
 from search.answering.lead import ALLERGY_WORDS, SUPPORTING, Draft, Lead, first_sentence, note_words
-from search.answering.notes import note_sections
+from search.answering.notes import Ranked, best_of_chunk, note_sections, quote, rank_note_sentences
 from search.answering.types import Answer, Citation, EvidenceItem, Statement
 from search.nlp.annotate import RecordTerm, asserted_keys, default_annotator
 from search.nlp import terminology
@@ -290,11 +290,11 @@ def coded_names(chunk) -> list[RecordTerm]:
             for c in chunk.concepts if c.get("display") and not c["key"].startswith("lex:")]
 
 
-def statement_for(ev: Evidence, analysis: Analysis, first: bool = False) -> str:
+def statement_for(ev: Evidence, analysis: Analysis, first: bool = False, ranked: list[Ranked] | None = None) -> str:
     """One or two passages of a chunk: the whole fact for structured data; for a note the section
-    the question names when it is short, else the lines that assert what was asked (never a line
-    that denies it), lists kept whole. A note with nothing to the point gives "" unless it is the
-    first statement of the answer."""
+    the question names when it is short, else the note's sentences that answer best (`ranked`),
+    quoted whole, else the lines that assert what was asked, lists kept whole. A note with nothing
+    to the point gives "" unless it is the first statement of the answer."""
     text = ev.chunk.text
     if ev.chunk.semantic_type != "note":
         return text
@@ -308,6 +308,9 @@ def statement_for(ev: Evidence, analysis: Analysis, first: bool = False) -> str:
         if len(section) <= WHOLE_SECTION_CHARS:
             return f"{header}: {heading}: " + " ".join(note_units(section))
         sections = named
+    best = best_of_chunk(ranked or [], ev.chunk.chunk_id)
+    if best:
+        return f"{header}: {quote(best)}"
     units = [(heading, unit) for heading, section in sections for unit in note_units(section)]
     if not units:
         return text
@@ -458,8 +461,10 @@ def clinical_statements(retrieval: Retrieval, relevant: list[Evidence]) -> tuple
     """The answer first, in clinical words, then a few short supporting sentences; every clause
     cites. Evidence that cannot be put in clinical words keeps its own words."""
     analysis = retrieval.analysis
+    ranked = rank_note_sentences(analysis, retrieval.evidence, retrieval.similarity)
+    relevant = notes_by_their_best_sentence(relevant, ranked)
     try:
-        lead = first_sentence(analysis, relevant, lambda ev: _passage(ev, statement_for(ev, analysis, first=True)),
+        lead = first_sentence(analysis, relevant, lambda ev: _passage(ev, statement_for(ev, analysis, True, ranked)),
                               retrieval.histories)
     except Exception:      # a resource shape the sentence writer did not foresee: the record's own words
         log.exception("writing the first sentence failed; the evidence's own words are used")
@@ -478,10 +483,9 @@ def clinical_statements(retrieval: Retrieval, relevant: list[Evidence]) -> tuple
         if ev.chunk.chunk_id in said or (stated_series and ev.chunk.semantic_type in ("lab", "vital")) \
                 or (fact is not None and (fact.kind, fact.series or fact.name) in said_names):
             continue
-        if drafts and ev.chunk.semantic_type == "note" and any(
-                d.sources()[0].chunk.semantic_type == "note" and d.sources()[0].chunk.ref == ev.chunk.ref for d in drafts):
+        if drafts and ev.chunk.semantic_type == "note" and not another_note_answers(ev, drafts, ranked):
             continue       # one passage of a note is enough; another note may say what changed
-        words = supporting_words(ev, fact, analysis, first=not drafts)
+        words = supporting_words(ev, fact, analysis, first=not drafts, ranked=ranked)
         if words and all(words != c for d in drafts for c, _ in d.clauses):
             drafts.append(Draft([(words, [ev])]))
             said.add(ev.chunk.chunk_id)
@@ -492,14 +496,54 @@ SUPPORTING_WORDS = 30     # a supporting sentence in the record's own words; the
 FIRST_WORDS = 60
 
 
-def supporting_words(ev: Evidence, fact: Fact | None, analysis: Analysis, first: bool) -> str:
+NOTE_MARGIN = 0.12     # a second note is quoted when its best sentence scores this near the best one
+NOTES_QUOTED = 2
+
+
+def notes_by_their_best_sentence(relevant: list[Evidence], ranked: list[Ranked]) -> list[Evidence]:
+    """The relevant evidence with its notes in the order of their best sentence, the note holding
+    the best sentence of all among them even when its chunk was not relevant by its concepts;
+    structured records keep their places."""
+    if not ranked:
+        return relevant
+    order: dict[str, int] = {}
+    for r in ranked:
+        order.setdefault(r.ev.chunk.chunk_id, len(order))
+    best = ranked[0].ev
+    slots = [i for i, ev in enumerate(relevant) if ev.chunk.semantic_type == "note"]
+    if not slots:
+        return relevant + [best]
+    notes = [relevant[i] for i in slots if relevant[i].chunk.chunk_id != best.chunk.chunk_id]
+    notes = [best] + sorted(notes, key=lambda ev: order.get(ev.chunk.chunk_id, len(order)))
+    out = list(relevant)
+    for i, ev in zip(slots, notes):
+        out[i] = ev
+    if len(notes) > len(slots):
+        out.append(notes[-1])
+    return out
+
+
+def another_note_answers(ev: Evidence, drafts: list[Draft], ranked: list[Ranked]) -> bool:
+    """A passage of another note is said too when its best sentence is nearly as good as the
+    best of all (a cross-note question: "at discharge" and "at follow-up"), at most two notes."""
+    quoted = [d.sources()[0].chunk for d in drafts if d.sources()[0].chunk.semantic_type == "note"]
+    if not quoted:
+        return True
+    if len(quoted) >= NOTES_QUOTED or any(c.ref == ev.chunk.ref for c in quoted) or not ranked:
+        return False
+    mine = next((r.score for r in ranked if r.ev.chunk.chunk_id == ev.chunk.chunk_id), None)
+    return mine is not None and mine >= ranked[0].score - NOTE_MARGIN
+
+
+def supporting_words(ev: Evidence, fact: Fact | None, analysis: Analysis, first: bool,
+                     ranked: list[Ranked] | None = None) -> str:
     """The fact in clinical words, else the record's own words, cut short unless they are the
     answer itself (a note passage the question asked for)."""
     if fact is not None:
         return fact.words
     if ev.chunk.semantic_type == "note":
         # Quoted whole: the passage is one or two of the note's sentences, never cut inside one.
-        passage = _passage(ev, statement_for(ev, analysis, first=first))
+        passage = _passage(ev, statement_for(ev, analysis, first, ranked))
         return note_words(ev, passage) if passage else ""
     return shortened(one_sentence(statement_for(ev, analysis, first=first)), FIRST_WORDS if first else SUPPORTING_WORDS)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Callable
 
 from fhir_ingest.record.notes import note_sentences, section_kind
 
@@ -62,7 +63,7 @@ def class_sections(chunk, klass: str) -> list[tuple[str, str]]:
         base = heading.removesuffix(" (continued)")
         if not text or section_kind(base) not in kinds:
             continue
-        sentences = [" ".join(s.text.split()) for s in note_sentences(text)]
+        sentences = [" ".join(s.text.split()) for s in note_sentences(text)] or [" ".join(text.split())]
         quote, shown = "", 0
         for sentence in sentences:
             if quote and len(quote) + len(sentence) > CLASS_QUOTE_CHARS:
@@ -72,3 +73,84 @@ def class_sections(chunk, klass: str) -> list[tuple[str, str]]:
             quote += f" (and {len(sentences) - shown} more in the note)"
         out.append((base, quote))
     return out
+
+
+# --- the sentences that answer ------------------------------------------------------------------
+
+Similarity = Callable[[list[str]], list[float]]     # texts → cosine similarity of each to the question
+NOTE_CHUNKS_READ = 6        # the best note chunks of the evidence whose sentences are ranked
+TERM_WEIGHT = 0.06          # a question word the sentence has (by its stem) adds this to the similarity
+SECTION_WEIGHT = 0.12       # the sentence is in the section the question names ("plan", "impression")
+SIDE_WEIGHT = 0.15          # the question's side (left/right) said, or only the other side said
+SIDES = {"left": "right", "right": "left"}
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """A note sentence scored for how well it answers the question."""
+    ev: object               # the Evidence (note chunk) it is in
+    sentence: NoteSentence
+    score: float
+
+
+def _stem(word: str) -> str:
+    return word[:6] if len(word) > 6 else word.rstrip("s")
+
+
+def question_words(analysis) -> list[str]:
+    """The question's content words and the long forms of its abbreviations, as stems."""
+    words = list(analysis.terms) + [w for long in analysis.expansions for w in re.findall(r"[a-z0-9]+", long.lower())]
+    return list(dict.fromkeys(_stem(w) for w in words if len(w) > 2))
+
+
+def asked_section_kinds(analysis) -> set[str]:
+    """The kinds of section the question names: "plan", "impression", "a/p" (assessment and plan)."""
+    words = list(analysis.terms) + list(analysis.sections_asked) + list(analysis.expansions)
+    return {kind for kind in (section_kind(w) for w in words) if kind}
+
+
+def rank_note_sentences(analysis, evidence: list, similarity: Similarity | None) -> list[Ranked]:
+    """Every sentence of the best note chunks, best answer first: its similarity to the question
+    (the embedding model's), the question's words it has, the section the question names, and the
+    side the question names (a question about the right breast is not answered from the left)."""
+    notes = [ev for ev in evidence if ev.chunk.semantic_type == "note"][:NOTE_CHUNKS_READ]
+    pairs = [(ev, s) for ev in notes for s in sentences_of(ev.chunk) if re.search(r"[A-Za-z]{2}", s.text)]
+    if not pairs:
+        return []
+    texts = [f"{s.heading}: {s.text}" if s.heading else s.text for _, s in pairs]
+    sims = similarity(texts) if similarity is not None else [0.0] * len(pairs)
+    stems, kinds = question_words(analysis), asked_section_kinds(analysis)
+    q = analysis.question.lower()
+    sides = {side for side in SIDES if re.search(rf"\b{side}\b", q)}
+    ranked = []
+    for (ev, sentence), sim, text in zip(pairs, sims, texts):
+        low = text.lower()
+        score = float(sim) + TERM_WEIGHT * sum(1 for stem in stems if re.search(rf"\b{re.escape(stem)}", low))
+        if sentence.kind and sentence.kind in kinds:
+            score += SECTION_WEIGHT
+        for side in sides:
+            said, other = re.search(rf"\b{side}\b", low), re.search(rf"\b{SIDES[side]}\b", low)
+            score += SIDE_WEIGHT if said else (-SIDE_WEIGHT if other else 0.0)
+        ranked.append(Ranked(ev, sentence, score))
+    return sorted(ranked, key=lambda r: r.score, reverse=True)
+
+
+def best_of_chunk(ranked: list[Ranked], chunk_id: str, n: int = 2, within: float = 0.08) -> list[NoteSentence]:
+    """The chunk's best sentence, and the next best when nearly as good, in the note's order."""
+    mine = [r for r in ranked if r.ev.chunk.chunk_id == chunk_id]
+    if not mine:
+        return []
+    chosen = [r for r in mine[:n] if r.score >= mine[0].score - within]
+    order = {id(r.sentence): i for i, r in enumerate(mine)}
+    everything = sentences_of(mine[0].ev.chunk)
+    position = {s: i for i, s in enumerate(everything)}
+    return sorted((r.sentence for r in chosen), key=lambda s: position.get(s, order.get(id(s), 0)))
+
+
+def quote(sentences: list[NoteSentence]) -> str:
+    """Sentences quoted verbatim, each section's heading said once before its first sentence."""
+    parts, previous = [], None
+    for s in sentences:
+        parts.append(f"{s.heading}: {s.text}" if s.heading and s.heading != previous else s.text)
+        previous = s.heading
+    return " ".join(parts)

@@ -193,6 +193,7 @@ class Retrieval:
     histories: list[Evidence] = field(default_factory=list)    # every order of the drugs the evidence names
     ranked_after: dict[str, list[list[str]]] = field(default_factory=dict)   # stage -> each evidence's refs, in order
     vectors_pending: int = 0          # chunks still waiting for their vector (a first sync under way)
+    similarity: Callable[[list[str]], list[float]] | None = None   # texts' similarity to the question (the embedder's)
 
 
 # --- stage 2: analyse ---------------------------------------------------------------------------
