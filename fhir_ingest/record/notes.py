@@ -168,13 +168,8 @@ _DATA = Path(__file__).with_name("data")
 def _rush():
     from PyRuSH import RuSH
 
-    # Loading the rules logs each rule it cannot use at INFO on the root logger, once per process.
-    logging.disable(logging.INFO)
-    try:
-        # A list item or a heading's one word ("NONE.", "Sulfa.") is a sentence too.
-        return RuSH(str(_DATA / "rush_rules.tsv"), min_sent_chars=1)
-    finally:
-        logging.disable(logging.NOTSET)
+    # A list item or a heading's one word ("NONE.", "Sulfa.") is a sentence too.
+    return RuSH(str(_DATA / "rush_rules.tsv"), min_sent_chars=1)
 
 
 def note_sentences(text: str) -> list[Sentence]:
@@ -222,9 +217,15 @@ _TITLE_WORDS = (("description", "narrative"), ("allerg", "allergy"), ("medicatio
 
 def section_kind(heading: str) -> str:
     """What a section heading names, as one of a few kinds the answer reads ("" when none)."""
+    return next(iter(section_kinds(heading)), "")
+
+
+def section_kinds(heading: str) -> list[str]:
+    """Every kind a heading names, the deciding one first ("IMPRESSION/PLAN": plan, impression)."""
     title = " ".join(heading.lower().rstrip(":").split())
-    by_words = next((kind for word, kind in _TITLE_WORDS if word in title), "")
-    return by_words or _CATEGORY_KIND.get(_known_titles().get(title, ""), "")
+    kinds = [kind for word, kind in _TITLE_WORDS if word in title]
+    category = _CATEGORY_KIND.get(_known_titles().get(title, ""), "")
+    return list(dict.fromkeys(kinds + ([category] if category else [])))
 
 
 _HEADING = re.compile(

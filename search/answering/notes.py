@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from fhir_ingest.record.notes import note_sentences, section_kind
+from fhir_ingest.record.notes import note_sentences, section_kind, section_kinds
 
 # The note sections that state each clinical class a question may ask about.
 CLASS_SECTIONS = {"allergy": ("allergy",), "medication": ("medication",), "procedure": ("procedure",),
@@ -21,6 +21,7 @@ class NoteSentence:
     heading: str
     kind: str            # section_kind(heading)
     text: str
+    index: int = 0       # its place in its section (0: the section's first sentence)
 
 
 def note_header(chunk) -> str:
@@ -50,7 +51,7 @@ def sentences_of(chunk) -> list[NoteSentence]:
     for heading, text in chunk_sections(chunk):
         base = heading.removesuffix(" (continued)")
         kind = section_kind(base)
-        out += [NoteSentence(base, kind, " ".join(s.text.split())) for s in note_sentences(text)]
+        out += [NoteSentence(base, kind, " ".join(s.text.split()), i) for i, s in enumerate(note_sentences(text))]
     return out
 
 
@@ -81,6 +82,7 @@ Similarity = Callable[[list[str]], list[float]]     # texts → cosine similarit
 NOTE_CHUNKS_READ = 6        # the best note chunks of the evidence whose sentences are ranked
 TERM_WEIGHT = 0.06          # a question word the sentence has (by its stem) adds this to the similarity
 SECTION_WEIGHT = 0.12       # the sentence is in the section the question names ("plan", "impression")
+OPENING_WEIGHT = 0.1        # ...and more for its first sentences
 SIDE_WEIGHT = 0.15          # the question's side (left/right) said, or only the other side said
 SIDES = {"left": "right", "right": "left"}
 
@@ -106,7 +108,7 @@ def question_words(analysis) -> list[str]:
 def asked_section_kinds(analysis) -> set[str]:
     """The kinds of section the question names: "plan", "impression", "a/p" (assessment and plan)."""
     words = list(analysis.terms) + list(analysis.sections_asked) + list(analysis.expansions)
-    return {kind for kind in (section_kind(w) for w in words) if kind}
+    return {kind for w in words for kind in section_kinds(w)}
 
 
 def rank_note_sentences(analysis, evidence: list, similarity: Similarity | None) -> list[Ranked]:
@@ -126,8 +128,10 @@ def rank_note_sentences(analysis, evidence: list, similarity: Similarity | None)
     for (ev, sentence), sim, text in zip(pairs, sims, texts):
         low = text.lower()
         score = float(sim) + TERM_WEIGHT * sum(1 for stem in stems if re.search(rf"\b{re.escape(stem)}", low))
-        if sentence.kind and sentence.kind in kinds:
-            score += SECTION_WEIGHT
+        if kinds & set(section_kinds(sentence.heading)):
+            # The section asked for, its opening sentences first: a plan or an impression leads
+            # with what matters most.
+            score += SECTION_WEIGHT + OPENING_WEIGHT / (1 + sentence.index)
         for side in sides:
             said, other = re.search(rf"\b{side}\b", low), re.search(rf"\b{SIDES[side]}\b", low)
             score += SIDE_WEIGHT if said else (-SIDE_WEIGHT if other else 0.0)

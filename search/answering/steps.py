@@ -19,10 +19,11 @@ from typing import Callable
 
 from search.answering.answer import (CLASS_LIST_LIMIT, CLASSES, NEW_PATIENT, NO_EVIDENCE, asked_class,
                                      class_entries_answer, context_evidence, term_in, while_reading as reading_notice)
-from search.answering.notes import CLASS_SECTIONS, class_sections
+from search.answering.notes import CLASS_SECTIONS, class_sections, note_header
 from search.answering.lead import ALLERGY_WORDS
 from search.answering.related import closest_first
 from search.nlp import terminology
+from search.nlp.lexicon import content_tokens
 from search.answering.charts import trend_chart as chart_of_trend
 from search.answering.types import Answer, Citation, EvidenceItem, Statement
 from search.backends.base import Backend, Scope
@@ -75,7 +76,7 @@ def never_hide_the_class(result: Answer, ctx: AnswerContext) -> Answer:
     result.diagnostics["asked_class"]["records"] = held
     context = context_evidence(ctx.retrieval)
     stated = class_in_notes(ctx, klass) if klass else []
-    if stated and (not held or named_in_notes(ctx, stated)):
+    if stated and (named_in_notes(ctx, stated) or not held and (asks_the_class(ctx, klass) or asked_members(ctx))):
         return notes_class_answer(result, ctx, klass, stated, held)
     if klass and not held:
         return empty_class_answer(result, ctx, klass)
@@ -101,7 +102,15 @@ def class_in_notes(ctx: AnswerContext, klass: str) -> list[tuple[Evidence, str, 
     notes = Scope(ctx.tenant, ctx.patient_id, semantic_types=("note",))
     chunks = ctx.backend.get_chunks(ctx.tenant, [h.chunk_id for h in ctx.backend.latest(notes, NOTES_READ)])
     chunks.sort(key=lambda c: c.date, reverse=True)
-    return [(Evidence(chunk, 0.0), heading, quote) for chunk in chunks for heading, quote in class_sections(chunk, klass)]
+    stated = [(Evidence(chunk, 0.0), heading, quote) for chunk in chunks for heading, quote in class_sections(chunk, klass)]
+    similarity = ctx.retrieval.similarity
+    if similarity is None or len(stated) < 2:
+        return stated
+    # Closest to the question first ("home meds at discharge" reads the discharge medications),
+    # each note's header saying which note it is; newest first among equals.
+    scores = similarity([f"{note_header(ev.chunk)}. {heading}: {quote}" for ev, heading, quote in stated])
+    order = sorted(range(len(stated)), key=lambda i: -scores[i])
+    return [stated[i] for i in order]
 
 
 def asked_members(ctx: AnswerContext) -> list[str]:
@@ -114,10 +123,24 @@ def asked_members(ctx: AnswerContext) -> list[str]:
                               + [m for c in asked for m in sorted(terminology.members_of(c["display"]))]))
 
 
+def asks_the_class(ctx: AnswerContext, klass: str) -> bool:
+    """The question asks for the class itself ("any allergies?", "what surgeries has she had?"),
+    not for one thing of it."""
+    analysis = ctx.retrieval.analysis
+    return klass in analysis.kinds or (klass == "allergy" and not asked_members(ctx))
+
+
 def named_in_notes(ctx: AnswerContext, stated: list) -> list:
     """The class statements of the notes that name what was asked."""
     members = asked_members(ctx)
-    return [s for s in stated if members and any(term_in(m, s[2]) for m in members)]
+    return [s for s in stated if members and any(names(m, s[2]) for m in members)]
+
+
+def names(member: str, text: str) -> bool:
+    """The text names the member: each of its words, by its stem ("pulmonary function test" is
+    not named by "pulmonary embolism")."""
+    words = [w for w in content_tokens(member) if len(w) > 1]
+    return bool(words) and all(term_in(w, text) for w in words)
 
 
 def note_statement(ev: Evidence, heading: str, quote: str) -> str:
@@ -154,7 +177,7 @@ def notes_class_answer(result: Answer, ctx: AnswerContext, klass: str, stated: l
 def notes_beside_coded(result: Answer, ctx: AnswerContext, klass: str) -> Answer:
     """A question about a class as such ("any allergies?") answered from coded entries also says
     what the notes state of it (a note's allergy list the coded list lacks), each cited."""
-    if not klass or asked_members(ctx) or result.statements is None:
+    if not klass or asked_members(ctx) or not asks_the_class(ctx, klass):
         return result
     cited = {c.ref for c in result.citations}
     return with_note_statements(result, [s for s in class_in_notes(ctx, klass) if s[0].chunk.ref not in cited]
