@@ -51,6 +51,26 @@ def term_in(term: str, text: str) -> bool:
     return re.search(rf"\b(?:{MEDICAL_PREFIXES})?{re.escape(_stem(term))}", text, re.I) is not None
 
 
+def names(member: str, text: str) -> bool:
+    """The text names the member: each of its words, by its stem ("pulmonary function test" is
+    not named by "pulmonary embolism")."""
+    words = [w for w in content_tokens(member) if len(w) > 1]
+    return bool(words) and all(term_in(w, text) for w in words)
+
+
+def said_in_notes(analysis: Analysis, evidence: list[Evidence], required: set[str]) -> bool:
+    """Every required concept is written in a note of the evidence in the question's own words or
+    in a long form ("BNP shows 3788" answers "bnp?" though the note's concepts missed it)."""
+    notes = " ".join(e.chunk.text for e in evidence if e.chunk.semantic_type == "note")
+    if not notes:
+        return False
+    forms: dict[str, set[str]] = {}
+    for c in analysis.concepts:
+        if c["key"] in required:
+            forms.setdefault(c["key"], set()).update(f for f in (c.get("text"), c["display"], c.get("via")) if f)
+    return all(any(names(f, notes) for f in forms.get(key, ())) for key in required)
+
+
 def judge_support(retrieval: Retrieval) -> Support:
     """Does the evidence carry what the question asks about? Concepts absent, only denied, or a
     clinical word of the question that this record never uses all mean: no evidence."""
@@ -75,6 +95,8 @@ def judge_support(retrieval: Retrieval) -> Support:
     members = {c["key"] for c in analysis.concepts if c.get("role") == "member"}
     if required:
         hit = required & asserted
+        if not hit and said_in_notes(analysis, evidence, required):
+            return Support(True, 0.5, "said in a note in the question's words")
         if not hit:
             mentioned = any(c["key"] in required for e in evidence for c in e.chunk.concepts)
             return Support(False, 0.0, "the record only denies it" if mentioned else "the question's concepts are not in the record")

@@ -48,11 +48,23 @@ def chunk_sections(chunk) -> list[tuple[str, str]]:
 def sentences_of(chunk) -> list[NoteSentence]:
     """Every sentence of a note chunk, in order, each with its section."""
     out = []
+    title = _plain(note_header(chunk))
     for heading, text in chunk_sections(chunk):
         base = heading.removesuffix(" (continued)")
         kind = section_kind(base)
-        out += [NoteSentence(base, kind, " ".join(s.text.split()), i) for i, s in enumerate(note_sentences(text))]
+        # A section continued from the chunk before does not open here.
+        start = CONTINUED if heading.endswith(" (continued)") else 0
+        out += [NoteSentence(base, kind, " ".join(s.text.split()), start + i)
+                for i, s in enumerate(note_sentences(text))
+                if _plain(s.text) not in title]        # the note's own title line says nothing
     return out
+
+
+CONTINUED = 10
+
+
+def _plain(text: str) -> str:
+    return " ".join(re.findall(r"[a-z0-9]+", text.lower()))
 
 
 def class_sections(chunk, klass: str) -> list[tuple[str, str]]:

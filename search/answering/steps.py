@@ -18,12 +18,11 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from search.answering.answer import (CLASS_LIST_LIMIT, CLASSES, NEW_PATIENT, NO_EVIDENCE, asked_class,
-                                     class_entries_answer, context_evidence, term_in, while_reading as reading_notice)
+                                     class_entries_answer, context_evidence, names, while_reading as reading_notice)
 from search.answering.notes import CLASS_SECTIONS, class_sections, note_header
 from search.answering.lead import ALLERGY_WORDS
 from search.answering.related import closest_first
 from search.nlp import terminology
-from search.nlp.lexicon import content_tokens
 from search.answering.charts import trend_chart as chart_of_trend
 from search.answering.types import Answer, Citation, EvidenceItem, Statement
 from search.backends.base import Backend, Scope
@@ -135,12 +134,6 @@ def named_in_notes(ctx: AnswerContext, stated: list) -> list:
     members = asked_members(ctx)
     return [s for s in stated if members and any(names(m, s[2]) for m in members)]
 
-
-def names(member: str, text: str) -> bool:
-    """The text names the member: each of its words, by its stem ("pulmonary function test" is
-    not named by "pulmonary embolism")."""
-    words = [w for w in content_tokens(member) if len(w) > 1]
-    return bool(words) and all(term_in(w, text) for w in words)
 
 
 def note_statement(ev: Evidence, heading: str, quote: str) -> str:
