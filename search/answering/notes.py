@@ -88,6 +88,17 @@ def class_sections(chunk, klass: str) -> list[tuple[str, str]]:
     return out
 
 
+def class_mentions(chunk, klass: str) -> list[tuple[str, str]]:
+    """(heading, sentence) for each sentence of a note chunk that names a thing of the class
+    (a drug in "will not be placed on Plavix"), by the concepts annotation found in it, not denied."""
+    names = {c["text"].lower() for c in chunk.concepts
+             if c.get("semantic_type") == klass and not c.get("negated") and c.get("text")}
+    if not names:
+        return []
+    return [(s.heading, s.text) for s in sentences_of(chunk)
+            if any(re.search(rf"\b{re.escape(name)}\b", s.text.lower()) for name in names)]
+
+
 # --- the sentences that answer ------------------------------------------------------------------
 
 Similarity = Callable[[list[str]], list[float]]     # texts → cosine similarity of each to the question

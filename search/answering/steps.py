@@ -19,7 +19,7 @@ from typing import Callable
 
 from search.answering.answer import (CLASS_LIST_LIMIT, CLASSES, NEW_PATIENT, NO_EVIDENCE, asked_class,
                                      class_entries_answer, context_evidence, names, while_reading as reading_notice)
-from search.answering.notes import CLASS_SECTIONS, class_sections, note_header
+from search.answering.notes import CLASS_SECTIONS, class_mentions, class_sections, note_header
 from search.answering.lead import ALLERGY_WORDS
 from search.answering.related import closest_first
 from search.nlp import terminology
@@ -102,6 +102,9 @@ def class_in_notes(ctx: AnswerContext, klass: str) -> list[tuple[Evidence, str, 
     chunks = ctx.backend.get_chunks(ctx.tenant, [h.chunk_id for h in ctx.backend.latest(notes, NOTES_READ)])
     chunks.sort(key=lambda c: c.date, reverse=True)
     stated = [(Evidence(chunk, 0.0), heading, quote) for chunk in chunks for heading, quote in class_sections(chunk, klass)]
+    # No section lists the class: a note that names one of it in its prose still states it.
+    stated = stated or [(Evidence(chunk, 0.0), heading, sentence) for chunk in chunks
+                        for heading, sentence in class_mentions(chunk, klass)][:CLASS_LIST_LIMIT]
     similarity = ctx.retrieval.similarity
     if similarity is None or len(stated) < 2:
         return stated
@@ -137,7 +140,8 @@ def named_in_notes(ctx: AnswerContext, stated: list) -> list:
 
 
 def note_statement(ev: Evidence, heading: str, quote: str) -> str:
-    return f'the note of {ev.chunk.date[:10]} says under {heading}: "{quote}"'
+    where = f" under {heading}" if heading else ""
+    return f'the note of {ev.chunk.date[:10]} says{where}: "{quote}"'
 
 
 def notes_class_answer(result: Answer, ctx: AnswerContext, klass: str, stated: list, held: int) -> Answer:
@@ -152,7 +156,7 @@ def notes_class_answer(result: Answer, ctx: AnswerContext, klass: str, stated: l
         citations.append(Citation.of(ev, i + 1))
         words = note_statement(ev, heading, quote)
         statements.append(Statement(words[0].upper() + words[1:], [i + 1], lead=i == 0, context=not naming and bool(members)))
-    coded = "" if held else f"No {CLASSES[klass]} are coded in this patient's record; the notes state them. "
+    coded = "" if held else f"No {CLASSES[klass]} are coded in this patient's record; its notes state: "
     answer = " ".join(s.cited_text() for s in statements)
     abstained = bool(members) and not naming
     if abstained:
