@@ -181,3 +181,20 @@ def quote(sentences: list[NoteSentence]) -> str:
         parts.append(f"{s.heading}: {s.text}" if s.heading and s.heading != previous else s.text)
         previous = s.heading
     return " ".join(parts)
+
+
+def quoted_sentences(note_text: str, statement_text: str) -> list[str]:
+    """The sentences of a note chunk's text that a statement quotes, in the note's order (a
+    heading the chunk writes before a sentence need not be quoted with it)."""
+    said = " ".join(statement_text.split())
+    found = []
+    for s in note_sentences(note_text.partition(". ")[2]):
+        words = " ".join(s.text.split())
+        bare = _LEADING_HEADING.sub("", words)
+        if len(bare) >= MIN_QUOTE and bare in said:
+            found.append(bare)
+    return list(dict.fromkeys(found))
+
+
+MIN_QUOTE = 4
+_LEADING_HEADING = re.compile(r"^(?:[A-Z][A-Z0-9 /&,'()#.\-]{1,60}(?: \(continued\))?:\s+)+")

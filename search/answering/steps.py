@@ -8,8 +8,9 @@ question's context and returns the answer to pass on.
    so "no evidence" is never read as "none recorded".
 3. `grounded_by_model`: with a configured language model, its verified statements replace the
    extractive ones (identifiers scrubbed before anything is sent).
-4. `trend_chart`: an answer that cites a trend gets its chart.
-5. `while_reading`: an answer given while the record is still being embedded says so.
+4. `cite_sentences`: a note's citation names the sentences the answer quotes (the panel highlights them).
+5. `trend_chart`: an answer that cites a trend gets its chart.
+6. `while_reading`: an answer given while the record is still being embedded says so.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from typing import Callable
 
 from search.answering.answer import (CLASS_LIST_LIMIT, CLASSES, NEW_PATIENT, NO_EVIDENCE, asked_class,
                                      class_entries_answer, context_evidence, names, while_reading as reading_notice)
-from search.answering.notes import CLASS_SECTIONS, class_mentions, class_sections, note_header
+from search.answering.notes import CLASS_SECTIONS, class_mentions, class_sections, note_header, quoted_sentences
 from search.answering.lead import ALLERGY_WORDS
 from search.answering.related import closest_first
 from search.nlp import terminology
@@ -276,6 +277,23 @@ def class_entries(backend: Backend, scope: Scope) -> list[Evidence]:
     return entries
 
 
+def cite_sentences(result: Answer, ctx: AnswerContext) -> Answer:
+    """Each citation of a note says which of its sentences the answer quotes, so the side panel
+    opens the note at that sentence, highlighted; records cited whole keep their citation."""
+    if not result.citations:
+        return result
+    texts: dict[str, list[str]] = {}
+    for item in result.evidence:
+        texts.setdefault(item.ref, []).append(item.text)
+    citations = []
+    for citation in result.citations:
+        said = " ".join(s.text for s in result.statements if citation.n in s.citations)
+        quoted = [q for text in texts.get(citation.ref, []) if text.startswith(citation.snippet)
+                  for q in quoted_sentences(text, said)]
+        citations.append(replace(citation, quotes=tuple(dict.fromkeys(quoted))) if quoted else citation)
+    return replace(result, citations=citations)
+
+
 def grounded_by_model(result: Answer, ctx: AnswerContext) -> Answer:
     return ctx.grounded(result) if ctx.grounded is not None and not result.abstained else result
 
@@ -292,7 +310,8 @@ def while_reading(result: Answer, ctx: AnswerContext) -> Answer:
     return reading_notice(result, ctx.retrieval)
 
 
-STEPS: tuple[AnswerStep, ...] = (empty_record, never_hide_the_class, grounded_by_model, trend_chart, while_reading)
+STEPS: tuple[AnswerStep, ...] = (empty_record, never_hide_the_class, grounded_by_model, cite_sentences, trend_chart,
+                                  while_reading)
 
 
 def apply_steps(result: Answer, ctx: AnswerContext, steps: tuple[AnswerStep, ...] = STEPS) -> Answer:
