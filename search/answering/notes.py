@@ -188,13 +188,14 @@ def quoted_sentences(note_text: str, statement_text: str) -> list[str]:
     heading the chunk writes before a sentence need not be quoted with it)."""
     said = " ".join(statement_text.split())
     found = []
-    for s in note_sentences(note_text.partition(". ")[2]):
-        words = " ".join(s.text.split())
-        bare = _LEADING_HEADING.sub("", words)
-        if len(bare) >= MIN_QUOTE and bare in said:
-            found.append(bare)
+    for part in _HEADING_IN_CHUNK.split(note_text.partition(". ")[2]):
+        for s in note_sentences(part):
+            words = " ".join(s.text.split())
+            if len(words) >= MIN_QUOTE and words in said:
+                found.append(words)
     return list(dict.fromkeys(found))
 
 
 MIN_QUOTE = 4
-_LEADING_HEADING = re.compile(r"^(?:[A-Z][A-Z0-9 /&,'()#.\-]{1,60}(?: \(continued\))?:\s+)+")
+# The chunker writes each section as "HEADING: text" on one line.
+_HEADING_IN_CHUNK = re.compile(r"(?:^|(?<=\s))[A-Z][A-Z0-9 /&,'()#\-]{1,60}(?: \(continued\))?:\s+")
