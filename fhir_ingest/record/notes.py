@@ -189,6 +189,38 @@ def note_sentences(text: str) -> list[Sentence]:
 
 
 @lru_cache(maxsize=1)
+def _context_triggers() -> dict[str, re.Pattern]:
+    """ConText's triggers (medspaCy's rule file) for a sentence about someone else (FAMILY) or
+    about what may happen (HYPOTHETICAL), each rule's token pattern (or its literal) as a regular
+    expression. TERMINATE rules end a context rather than start one, so they are not triggers."""
+    rules = json.loads((_DATA / "context_rules.json").read_text())["context_rules"]
+    found: dict[str, list[str]] = {"family": [], "hypothetical": []}
+    for rule in rules:
+        category = rule["category"].lower()
+        if category in found and rule.get("direction") != "TERMINATE":
+            found[category].append(_trigger(rule))
+    return {category: re.compile(r"\b(?:" + "|".join(triggers) + r")\b", re.I) for category, triggers in found.items()}
+
+
+def _trigger(rule: dict) -> str:
+    if not rule.get("pattern"):
+        return r"\s+".join(map(re.escape, rule["literal"].split()))
+    parts = []
+    for token in rule["pattern"]:
+        lower = token.get("LOWER")
+        words = lower.get("IN", []) if isinstance(lower, dict) else [lower]
+        alternatives = "|".join(re.escape(w) for w in words if isinstance(w, str) and w.strip())
+        parts.append(f"(?:\\s*(?:{alternatives}))?" if token.get("OP") == "?" else f"\\s+(?:{alternatives})")
+    return "".join(parts).removeprefix("\\s+")
+
+
+def sentence_context(text: str) -> set[str]:
+    """"family" when a sentence speaks of a relative ("Mother had breast cancer."), "hypothetical"
+    when of what may happen ("Return if chest pain recurs."), by ConText's triggers."""
+    return {category for category, pattern in _context_triggers().items() if pattern.search(text)}
+
+
+@lru_cache(maxsize=1)
 def _known_titles() -> dict[str, str]:
     """Section titles medspaCy knows (lower case, without the colon) → their category."""
     rules = json.loads((_DATA / "section_patterns.json").read_text())["section_rules"]

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from fhir_ingest.record.notes import note_sentences, section_kind, section_kinds
+from fhir_ingest.record.notes import note_sentences, section_kind, section_kinds, sentence_context
 
 # The note sections that state each clinical class a question may ask about.
 CLASS_SECTIONS = {"allergy": ("allergy",), "medication": ("medication",), "procedure": ("procedure",),
@@ -102,11 +102,13 @@ def class_mentions(chunk, klass: str) -> list[tuple[str, str]]:
 # --- the sentences that answer ------------------------------------------------------------------
 
 Similarity = Callable[[list[str]], list[float]]     # texts → cosine similarity of each to the question
-NOTE_CHUNKS_READ = 6        # the best note chunks of the evidence whose sentences are ranked
+NOTE_CHUNKS_READ = 4        # the best note chunks of the evidence whose sentences are ranked
 TERM_WEIGHT = 0.06          # a question word the sentence has (by its stem) adds this to the similarity
 SECTION_WEIGHT = 0.12       # the sentence is in the section the question names ("plan", "impression")
 OPENING_WEIGHT = 0.1        # ...and more for its first sentences
-SIDE_WEIGHT = 0.15          # the question's side (left/right) said, or only the other side said
+SIDE_WEIGHT = 0.15
+FAMILY_WEIGHT = 0.2         # a relative's history, asked about the patient
+HYPOTHETICAL_WEIGHT = 0.1   # "return if...", asked what happened          # the question's side (left/right) said, or only the other side said
 SIDES = {"left": "right", "right": "left"}
 
 
@@ -139,6 +141,8 @@ def rank_note_sentences(analysis, evidence: list, similarity: Similarity | None)
     (the embedding model's), the question's words it has, the section the question names, and the
     side the question names (a question about the right breast is not answered from the left)."""
     notes = [ev for ev in evidence if ev.chunk.semantic_type == "note"][:NOTE_CHUNKS_READ]
+    if not notes:
+        return []       # nothing to embed: an answer from coded records costs no more than before
     pairs = [(ev, s) for ev in notes for s in sentences_of(ev.chunk) if re.search(r"[A-Za-z]{2}", s.text)]
     if not pairs:
         return []
@@ -147,6 +151,8 @@ def rank_note_sentences(analysis, evidence: list, similarity: Similarity | None)
     stems, kinds = question_words(analysis), asked_section_kinds(analysis)
     q = analysis.question.lower()
     sides = {side for side in SIDES if re.search(rf"\b{side}\b", q)}
+    asked_context = sentence_context(analysis.question)
+    about_drugs = "medication" in analysis.kinds or any(c["semantic_type"] == "medication" for c in analysis.concepts)
     ranked = []
     for (ev, sentence), sim, text in zip(pairs, sims, texts):
         low = text.lower()
@@ -155,6 +161,11 @@ def rank_note_sentences(analysis, evidence: list, similarity: Similarity | None)
             # The section asked for, its opening sentences first: a plan or an impression leads
             # with what matters most.
             score += SECTION_WEIGHT + OPENING_WEIGHT / (1 + sentence.index)
+        # ConText: a relative's history or what may happen does not answer for the patient,
+        # unless the question is itself about family or about what to do if.
+        context = sentence_context(sentence.text) - asked_context
+        score -= FAMILY_WEIGHT * ("family" in context or sentence.kind == "family_history" and "family" not in asked_context)
+        score -= HYPOTHETICAL_WEIGHT * ("hypothetical" in context and not about_drugs)
         for side in sides:
             said, other = re.search(rf"\b{side}\b", low), re.search(rf"\b{SIDES[side]}\b", low)
             score += SIDE_WEIGHT if said else (-SIDE_WEIGHT if other else 0.0)

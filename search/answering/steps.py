@@ -24,6 +24,7 @@ from search.answering.notes import CLASS_SECTIONS, class_mentions, class_section
 from search.answering.lead import ALLERGY_WORDS
 from search.answering.related import closest_first
 from search.nlp import terminology
+from search.nlp.lexicon import content_tokens
 from search.answering.charts import trend_chart as chart_of_trend
 from search.answering.types import Answer, Citation, EvidenceItem, Statement
 from search.backends.base import Backend, Scope
@@ -93,7 +94,7 @@ def never_hide_the_class(result: Answer, ctx: AnswerContext) -> Answer:
 NOTES_READ = 50        # note chunks read, newest first, for what they state of a class
 
 
-def class_in_notes(ctx: AnswerContext, klass: str) -> list[tuple[Evidence, str, str]]:
+def class_in_notes(ctx: AnswerContext, klass: str, mentions: bool = True) -> list[tuple[Evidence, str, str]]:
     """(note chunk, heading, quote) for every section of the patient's notes that states the
     class (an H&P's ALLERGIES, a discharge summary's MEDICATIONS ON DISCHARGE, an operative
     note's PROCEDURE), newest first: a note is evidence of the class as much as a coded entry."""
@@ -104,8 +105,9 @@ def class_in_notes(ctx: AnswerContext, klass: str) -> list[tuple[Evidence, str, 
     chunks.sort(key=lambda c: c.date, reverse=True)
     stated = [(Evidence(chunk, 0.0), heading, quote) for chunk in chunks for heading, quote in class_sections(chunk, klass)]
     # No section lists the class: a note that names one of it in its prose still states it.
-    stated = stated or [(Evidence(chunk, 0.0), heading, sentence) for chunk in chunks
-                        for heading, sentence in class_mentions(chunk, klass)][:CLASS_LIST_LIMIT]
+    if not stated and mentions:
+        stated = [(Evidence(chunk, 0.0), heading, sentence) for chunk in chunks
+                  for heading, sentence in class_mentions(chunk, klass)][:CLASS_LIST_LIMIT]
     similarity = ctx.retrieval.similarity
     if similarity is None or len(stated) < 2:
         return stated
@@ -178,8 +180,17 @@ def notes_beside_coded(result: Answer, ctx: AnswerContext, klass: str) -> Answer
     if not klass or asked_members(ctx) or not asks_the_class(ctx, klass):
         return result
     cited = {c.ref for c in result.citations}
-    return with_note_statements(result, [s for s in class_in_notes(ctx, klass) if s[0].chunk.ref not in cited]
-                                [:SUPPORTING_NOTES])
+    # Only what the answer lacks: a note's list that repeats the coded entries adds nothing.
+    lacking = [s for s in class_in_notes(ctx, klass, mentions=False)
+               if s[0].chunk.ref not in cited and lists_more(s[2], result.answer)]
+    return with_note_statements(result, lacking[:SUPPORTING_NOTES])
+
+
+def lists_more(quote: str, answer: str) -> bool:
+    """A note's class list names something the answer does not (an allergy the coded list lacks)."""
+    items = [i for i in re.split(r"\d+\.\s|[,;]|\band\b|\n", quote) if re.search(r"[A-Za-z]{3}", i)]
+    words = [[t for t in content_tokens(i) if t.isalpha() and len(t) > 2][:2] for i in items]
+    return any(not names(" ".join(w), answer) for w in words if w)
 
 
 def with_note_statements(result: Answer, extra: list, context: bool = False) -> Answer:
