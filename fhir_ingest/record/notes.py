@@ -172,16 +172,33 @@ def _rush():
     return RuSH(str(_DATA / "rush_rules.tsv"), min_sent_chars=1)
 
 
+_LIST_NUMBER = re.compile(r"\(?\d{1,2}[.)]")
+_LIST_LINE = re.compile(r"\n(?=[ \t]*\(?\d{1,2}[.)]\s)")
+
+
+def _rush_spans(text: str):
+    """PyRuSH's sentence spans, a numbered line always starting a new one (RuSH alone may run a
+    list item on into the next line's)."""
+    start = 0
+    for cut in [m.start() for m in _LIST_LINE.finditer(text)] + [len(text)]:
+        # RuSH finds the last boundaries of a text reliably only when a line end follows them.
+        for span in _rush().segToSentenceSpans(text[start:cut] + "\n"):
+            yield start + span.begin, start + min(span.end, cut - start)
+        start = cut + 1
+
+
 def note_sentences(text: str) -> list[Sentence]:
     """The sentences of a note with their spans, by PyRuSH's clinical rules (medspaCy's rule file):
     "Dr.", "p.o.", "b.i.d." and numbered list items do not end or start a sentence wrongly. A
-    piece that begins in lower case on the same line continues the one before it ("81 mg. daily")."""
+    piece that begins in lower case on the same line continues the one before it ("81 mg. daily"),
+    and a list item's number stays with its item ("1. Levaquin 250 mg...")."""
     if not text.strip():
         return []
     spans: list[list[int]] = []
-    for span in _rush().segToSentenceSpans(text):
-        begin, end = span.begin, span.end
-        if spans and text[begin:begin + 1].islower() and "\n" not in text[spans[-1][1]:begin]:
+    for begin, end in _rush_spans(text):
+        joins = spans and "\n" not in text[spans[-1][1]:begin] and (
+            text[begin:begin + 1].islower() or _LIST_NUMBER.fullmatch(text[spans[-1][0]:spans[-1][1]]))
+        if joins:
             spans[-1][1] = end
         else:
             spans.append([begin, end])

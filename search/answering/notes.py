@@ -107,7 +107,7 @@ TERM_WEIGHT = 0.06          # a question word the sentence has (by its stem) add
 SECTION_WEIGHT = 0.12       # the sentence is in the section the question names ("plan", "impression")
 OPENING_WEIGHT = 0.1        # ...and more for its first sentences
 SIDE_WEIGHT = 0.15
-FAMILY_WEIGHT = 0.2         # a relative's history, asked about the patient
+FAMILY_WEIGHT = 0.3         # a relative's history, asked about the patient
 HYPOTHETICAL_WEIGHT = 0.1   # "return if...", asked what happened          # the question's side (left/right) said, or only the other side said
 SIDES = {"left": "right", "right": "left"}
 
