@@ -148,6 +148,42 @@ def hidden_match(result: dict, q: dict) -> bool:
     return bool(NEGATIVE_CLAIM.search(result["answer"]) or (result["abstained"] and shown & gold))
 
 
+def _norm(text: str) -> str:
+    return " ".join((text or "").split()).lower()
+
+
+def cited_texts(result: dict) -> str:
+    """The texts of the evidence the answer's statements cite (a citation is its evidence item of
+    the same record whose text begins with the citation's snippet), joined."""
+    numbers = {n for s in result.get("statements", []) for n in s.get("citations", [])}
+    texts = []
+    for c in result.get("citations", []):
+        if c.get("n") not in numbers:
+            continue
+        snippet = _norm(c.get("snippet", ""))[:150]
+        items = [e for e in result.get("evidence", []) if e["ref"] == c["ref"]]
+        texts += [e.get("text", "") for e in items if _norm(e.get("text", "")).startswith(snippet)] or \
+            [e.get("text", "") for e in items]
+    return _norm(" ".join(texts))
+
+
+def sentence_cited(result: dict, q: dict) -> float | None:
+    """1 when every answering sentence of the question (`sentence`: a string, or a list of required
+    items, an inner list holding alternatives) is in the evidence the answer cites; None for a
+    question without one. An abstention cites no answer."""
+    wanted = q.get("sentence")
+    if not wanted or not q["answerable"]:
+        return None
+    if result["abstained"]:
+        return 0.0
+    text = cited_texts(result)
+    items = wanted if isinstance(wanted, list) else [wanted]
+    return float(all(any(_norm(s) in text for s in (item if isinstance(item, list) else [item])) for item in items))
+
+
+EMPTY_CLASS = re.compile(r"\bNo (?:allergies|problems|medications|procedures)\b[^.]* recorded in this patient's record")
+
+
 def reciprocal_rank(result: dict, gold: list[list[str]]) -> float:
     wanted = {ref for group in gold for ref in group}
     for ev in result["evidence"]:
@@ -203,7 +239,10 @@ def evaluate(service, tenant: str, questions_path: str, ks: list[int], pipelines
                          "abstained": result["abstained"], "corpus_ratio": ratio, "filter_recall": filter_recall,
                          **answer_figures(result, q.get("facts") or []),
                          "class_no_evidence": class_present_no_evidence(result),
-                         "wrong_yes": wrong_yes(result, q), "hidden_match": hidden_match(result, q)})
+                         "wrong_yes": wrong_yes(result, q), "hidden_match": hidden_match(result, q),
+                         "sentence_cited": sentence_cited(result, q),
+                         "empty_class": bool(q["answerable"] and EMPTY_CLASS.search(result["answer"])),
+                         "conflict": any(st.get("conflict") for st in result.get("statements", []))})
         report["pipelines"][label] = summarise(rows, ks, latencies)
     return report
 
@@ -246,6 +285,10 @@ def summarise(rows: list[dict], ks: list[int], latencies: list[float]) -> dict:
         "class_present_no_evidence": sum(1 for r in rows if r.get("class_no_evidence")),
         "wrong_yes": sum(1 for r in rows if r.get("wrong_yes")),
         "hidden_match": sum(1 for r in rows if r.get("hidden_match")),
+        "sentence_cited": mean([r["sentence_cited"] for r in answerable if r.get("sentence_cited") is not None]),
+        "empty_class_answerable": sum(1 for r in rows if r.get("empty_class")),
+        "conflicts": sum(1 for r in rows if r.get("conflict")),
+        "answers_by_kind": answers_by_kind(rows),
         "p50_ms": round(percentile(latencies, 0.5), 1),
         "p95_ms": round(percentile(latencies, 0.95), 1),
         "by_kind": {kind: {str(k): mean([r["recall"][k] for r in items]) for k in ks} for kind, items in sorted(by_kind.items())},
@@ -255,6 +298,39 @@ def summarise(rows: list[dict], ks: list[int], latencies: list[float]) -> dict:
         "wrong_yes_ids": [r["id"] for r in rows if r.get("wrong_yes")],
         "hidden_match_ids": [r["id"] for r in rows if r.get("hidden_match")],
     }
+
+
+def answers_by_kind(rows: list[dict]) -> dict:
+    """Per question kind: facts stated, the answering sentence cited (where the set has one), false
+    abstentions (answerable) and abstentions (unanswerable)."""
+    kinds = defaultdict(list)
+    for r in rows:
+        kinds[r["kind"]].append(r)
+    mean = lambda xs: round(statistics.fmean(xs), 4) if xs else None
+    return {kind: {"n": len(items),
+                   "facts": mean([r["facts"] for r in items if r["answerable"]]),
+                   "sentence_cited": mean([r["sentence_cited"] for r in items if r.get("sentence_cited") is not None]),
+                   "false_abstentions": sum(1 for r in items if r["answerable"] and r["abstained"]),
+                   "abstained": sum(1 for r in items if not r["answerable"] and r["abstained"])}
+            for kind, items in sorted(kinds.items())}
+
+
+def format_answers_by_kind(report: dict) -> list[str]:
+    """The sentence-level table, for a set whose questions name their answering sentence."""
+    lines = []
+    for name, p in report["pipelines"].items():
+        kinds = p.get("answers_by_kind") or {}
+        if not any(v.get("sentence_cited") is not None for v in kinds.values()):
+            continue
+        lines += ["", f"answers by question kind ({name}): sentence-cited {p['sentence_cited']:.3f}, "
+                      f"empty-class answers to answerable questions {p['empty_class_answerable']}, "
+                      f"conflicts stated {p['conflicts']}",
+                  f"{'kind':16} {'n':>4} {'facts':>6} {'sent-cited':>10} {'false-abst':>10} {'abstained':>9}"]
+        for kind, v in kinds.items():
+            show = lambda x: f"{x:.3f}" if x is not None else "-"
+            lines.append(f"{kind:16} {v['n']:>4} {show(v['facts']):>6} {show(v['sentence_cited']):>10} "
+                         f"{v['false_abstentions']:>10} {v['abstained']:>9}")
+    return lines
 
 
 def format_table(report: dict, ks: list[int]) -> str:
@@ -282,4 +358,4 @@ def format_table(report: dict, ks: list[int]) -> str:
     for kind in kinds:
         lines.append(f"{kind:12} " + " ".join(f"{p['by_kind'].get(kind, {}).get(str(k), 0):>16.3f}"
                                               for p in report["pipelines"].values()))
-    return "\n".join(lines)
+    return "\n".join(lines + format_answers_by_kind(report))

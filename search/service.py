@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import numpy as np
 from contextlib import closing
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -235,8 +236,17 @@ class SearchService:
         measurement = any(c["semantic_type"] in ("lab", "vital") for c in analysis.concepts)
         if is_general_question(question, about_record, measurement):
             return self.general(question, tenant, patient_id, question_id, retrieval, use_llm)
+        retrieval.similarity = self.similarity_to(question)
         result = compose(retrieval, patient_id, question_id)
         return apply_steps(result, self.answer_context(tenant, patient_id, retrieval, use_llm))
+
+    def similarity_to(self, question: str):
+        """Cosine similarity of texts (a note's sentences) to the question, by the index's embedder."""
+        def similarity(texts: list[str]) -> list[float]:
+            vectors = self.embedder.encode([question] + texts)
+            vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-9)
+            return (vectors[1:] @ vectors[0]).tolist()
+        return similarity
 
     def answer_context(self, tenant: str, patient_id: str, retrieval, use_llm: bool) -> AnswerContext:
         def grounded(result: Answer) -> Answer:

@@ -19,7 +19,7 @@ from .facts import Fact, NoteFact, SeriesFact, codings_of
 from .kinds import KINDS, clinical_date, fact_of
 from .kinds.observations import observation_category, observation_value, point_of
 from .normalize import binary_ref, code_keys, codings, concept_text, contained, ref_id, status_code
-from .notes import NoteDecodeError, decode_attachment, split_sections
+from .notes import NoteDecodeError, decode_attachment, note_sentences, section_kind, split_sections
 from .words import _join, _sentence, _to_date, day
 
 log = logging.getLogger(__name__)
@@ -278,7 +278,7 @@ class PatientChunker:
                 fact = NoteFact(name=note_type, codes=codings_of(r.get("code") if r["resourceType"] == "DiagnosticReport"
                                                                  else r.get("type")),
                                 date=clinical_date(r), status=str(r.get("status") or ""), note_type=note_type,
-                                sections=named)
+                                sections=named, section_kinds=[section_kind(h) for h in named])
                 chunks.append(self.new_chunk(r, f"{part_prefix}sec{n}", f"{header}. {current}", label, semantic,
                                              category=note_type, sections=named, refs=refs,
                                              status=r.get("status", ""), fact=fact))
@@ -303,7 +303,8 @@ class PatientChunker:
         the model's word pieces never cross a space, so text joined by spaces counts as the sum of
         its parts (counting every growing candidate again was most of chunking's time)."""
         lead = f"{heading}:" if heading else ""
-        sentences = re.split(r"(?<=[.!?;])\s+|\n", body)
+        # Cut between sentences as a clinician reads them, never at "Dr." or "p.o.".
+        sentences = [sentence.text for sentence in note_sentences(body)] or [body]
         sizes = [self.budget.count_tokens(sentence) for sentence in sentences]
         lead_size = self.budget.count_tokens(lead)
         if lead_size + sum(sizes) <= room:

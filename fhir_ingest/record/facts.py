@@ -199,6 +199,7 @@ class NoteFact(Fact):
     kind: str = "note"
     note_type: str = ""
     sections: list[str] = field(default_factory=list)
+    section_kinds: list[str] = field(default_factory=list)   # what each section is (notes.section_kind)
 
 
 @dataclass

@@ -9,10 +9,13 @@ import base64
 import binascii
 import html
 import io
+import json
 import logging
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from html.parser import HTMLParser
+from pathlib import Path
 
 
 class NoteDecodeError(ValueError):
@@ -157,32 +160,180 @@ def pdf_to_text(raw: bytes) -> str:
 class Section:
     heading: str
     text: str
+    kind: str = ""          # what the section is (section_kind): "medication", "allergy", "plan"...
+
+
+@dataclass(frozen=True)
+class Sentence:
+    """A sentence of a note and where it is: text[start:end] is the sentence, verbatim."""
+    start: int
+    end: int
+    text: str
+
+
+_DATA = Path(__file__).with_name("data")
+
+
+@lru_cache(maxsize=1)
+def _rush():
+    from PyRuSH import RuSH
+
+    # A list item or a heading's one word ("NONE.", "Sulfa.") is a sentence too.
+    return RuSH(str(_DATA / "rush_rules.tsv"), min_sent_chars=1)
+
+
+_LIST_NUMBER = re.compile(r"\(?\d{1,2}[.)]")
+_LIST_LINE = re.compile(r"\n(?=[ \t]*\(?\d{1,2}[.)]\s)")
+
+
+def _rush_spans(text: str):
+    """PyRuSH's sentence spans, a numbered line always starting a new one (RuSH alone may run a
+    list item on into the next line's)."""
+    start = 0
+    for cut in [m.start() for m in _LIST_LINE.finditer(text)] + [len(text)]:
+        # RuSH finds the last boundaries of a text reliably only when a line end follows them.
+        for span in _rush().segToSentenceSpans(text[start:cut] + "\n"):
+            yield start + span.begin, start + min(span.end, cut - start)
+        start = cut + 1
+
+
+def note_sentences(text: str) -> list[Sentence]:
+    """The sentences of a note with their spans, by PyRuSH's clinical rules (medspaCy's rule file):
+    "Dr.", "p.o.", "b.i.d." and numbered list items do not end or start a sentence wrongly. A
+    piece that begins in lower case on the same line continues the one before it ("81 mg. daily"),
+    and a list item's number stays with its item ("1. Levaquin 250 mg...")."""
+    if not text.strip():
+        return []
+    spans: list[list[int]] = []
+    for begin, end in _rush_spans(text):
+        joins = spans and "\n" not in text[spans[-1][1]:begin] and (
+            text[begin:begin + 1].islower() or _LIST_NUMBER.fullmatch(text[spans[-1][0]:spans[-1][1]]))
+        if joins:
+            spans[-1][1] = end
+        else:
+            spans.append([begin, end])
+    return [Sentence(b, e, text[b:e]) for b, e in spans if text[b:e].strip()]
+
+
+@lru_cache(maxsize=1)
+def _context_triggers() -> dict[str, re.Pattern]:
+    """ConText's triggers (medspaCy's rule file) for a sentence about someone else (FAMILY) or
+    about what may happen (HYPOTHETICAL), each rule's token pattern (or its literal) as a regular
+    expression. TERMINATE rules end a context rather than start one, so they are not triggers."""
+    rules = json.loads((_DATA / "context_rules.json").read_text())["context_rules"]
+    found: dict[str, list[str]] = {"family": [], "hypothetical": []}
+    for rule in rules:
+        category = rule["category"].lower()
+        if category in found and rule.get("direction") != "TERMINATE":
+            found[category].append(_trigger(rule))
+    return {category: re.compile(r"\b(?:" + "|".join(triggers) + r")\b", re.I) for category, triggers in found.items()}
+
+
+def _trigger(rule: dict) -> str:
+    if not rule.get("pattern"):
+        return r"\s+".join(map(re.escape, rule["literal"].split()))
+    parts = []
+    for token in rule["pattern"]:
+        lower = token.get("LOWER")
+        words = lower.get("IN", []) if isinstance(lower, dict) else [lower]
+        alternatives = "|".join(re.escape(w) for w in words if isinstance(w, str) and w.strip())
+        parts.append(f"(?:\\s*(?:{alternatives}))?" if token.get("OP") == "?" else f"\\s+(?:{alternatives})")
+    return "".join(parts).removeprefix("\\s+")
+
+
+def sentence_context(text: str) -> set[str]:
+    """"family" when a sentence speaks of a relative ("Mother had breast cancer."), "hypothetical"
+    when of what may happen ("Return if chest pain recurs."), by ConText's triggers."""
+    return {category for category, pattern in _context_triggers().items() if pattern.search(text)}
+
+
+@lru_cache(maxsize=1)
+def _known_titles() -> dict[str, str]:
+    """Section titles medspaCy knows (lower case, without the colon) → their category."""
+    rules = json.loads((_DATA / "section_patterns.json").read_text())["section_rules"]
+    return {r["literal"].rstrip(":").strip().lower(): r["category"] for r in rules if r.get("literal")}
+
+
+# The words a title is known by, in the order they decide ("DISCHARGE MEDICATIONS" is a medication
+# list, "ASSESSMENT AND PLAN" a plan, "PAST SURGICAL HISTORY" procedures), then medspaCy's category.
+_CATEGORY_KIND = {"allergy": "allergy", "allergies": "allergy", "medications": "medication",
+                  "observation_and_plan": "plan", "diagnoses": "problem", "problem_list": "problem",
+                  "past_medical_history": "history", "history_of_present_illness": "hpi",
+                  "hospital_course": "hospital_course", "labs_and_studies": "findings", "imaging": "findings",
+                  "family_history": "family_history", "social_history": "social_history",
+                  "physical_exam": "physical_exam", "chief_complaint": "chief_complaint",
+                  "patient_instructions": "instructions"}
+_TITLE_WORDS = (("description", "narrative"), ("allerg", "allergy"), ("medication", "medication"), ("meds", "medication"),
+                ("plan", "plan"), ("recommendation", "plan"), ("impression", "impression"),
+                ("assessment", "impression"), ("conclusion", "impression"), ("diagnos", "problem"),
+                ("procedure", "procedure"), ("operation", "procedure"), ("surgical history", "procedure"),
+                ("finding", "findings"), ("laboratory", "findings"), ("labs", "findings"),
+                ("hospital course", "hospital_course"), ("present illness", "hpi"), ("family history", "family_history"),
+                ("social history", "social_history"), ("medical history", "history"), ("physical exam", "physical_exam"),
+                ("chief complaint", "chief_complaint"), ("instruction", "instructions"), ("technique", "technique"),
+                ("indication", "indication"), ("reason for", "indication"))
+
+
+def section_kind(heading: str) -> str:
+    """What a section heading names, as one of a few kinds the answer reads ("" when none)."""
+    return next(iter(section_kinds(heading)), "")
+
+
+def section_kinds(heading: str) -> list[str]:
+    """Every kind a heading names, the deciding one first ("IMPRESSION/PLAN": plan, impression)."""
+    title = " ".join(heading.lower().rstrip(":").split())
+    kinds = [kind for word, kind in _TITLE_WORDS if word in title]
+    category = _CATEGORY_KIND.get(_known_titles().get(title, ""), "")
+    return list(dict.fromkeys(kinds + ([category] if category else [])))
 
 
 _HEADING = re.compile(
-    r"^\s*(?:#{1,6}\s*(?P<md>[^\n#].*?)|(?P<caps>[A-Z][A-Z /&\-]{2,60}):?)\s*$"
+    r"^\s*(?:#{1,6}\s*(?P<md>[^\n#].*?)|(?P<caps>[A-Z][A-Z /&\-]{2,60}):?|(?P<titled>[A-Z][A-Z0-9 /&,'()\-#.]{2,60}):)\s*$"
 )
+# A heading written inline, its text after it on the same line ("PLAN: She will follow up").
+_INLINE = re.compile(r"^\s*(?P<title>[A-Za-z][A-Za-z /&'()\-]{1,60}?):\s+(?P<rest>\S.*)$")
+
+
+def _inline_heading(line: str) -> tuple[str, str] | None:
+    """(heading, rest) when a line opens with a section title that names a kind of section; an
+    exam's "HEENT: normal" or a sentence's "Note: ..." stays text."""
+    match = _INLINE.match(line)
+    if not match:
+        return None
+    title = match.group("title").strip()
+    known = title.lower() in _known_titles()
+    if not (known or title.isupper() or len(title.split()) <= 4 and title[:1].isupper()):
+        return None
+    return (title, match.group("rest")) if section_kind(title) else None
 
 
 def split_sections(text: str) -> list[Section]:
-    """Split a note on its headings (markdown `# Heading` or ALL-CAPS `HEADING:` lines).
+    """Split a note on its headings: markdown `# Heading` or ALL-CAPS `HEADING:` lines, and
+    section titles written inline at the start of a line ("PLAN: She will...").
 
     Subheadings ("## Plan") stay inside their parent section so "Assessment and Plan" keeps its plan.
     """
     sections: list[Section] = []
     heading, lines = "", []
+
+    def close():
+        if any(l.strip() for l in lines) or heading:
+            sections.append(Section(heading, _tidy("\n".join(lines)), section_kind(heading)))
+
     for line in text.splitlines():
         match = _HEADING.match(line)
         is_sub = line.lstrip().startswith("##")
+        inline = None if match or is_sub else _inline_heading(line)
         if match and not is_sub:
-            if any(l.strip() for l in lines) or heading:
-                sections.append(Section(heading, _tidy("\n".join(lines))))
-            heading = (match.group("md") or match.group("caps") or "").strip().rstrip(":")
+            close()
+            heading = (match.group("md") or match.group("caps") or match.group("titled") or "").strip().rstrip(":")
             lines = []
+        elif inline:
+            close()
+            heading, lines = inline[0], [inline[1]]
         else:
             lines.append(line.lstrip("#").strip() if is_sub else line)
-    if any(l.strip() for l in lines) or heading:
-        sections.append(Section(heading, _tidy("\n".join(lines))))
+    close()
     return [s for s in sections if s.text or s.heading]
 
 

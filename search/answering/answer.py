@@ -11,11 +11,13 @@ from dataclasses import dataclass, replace
 
 from search.answering.charts import series_chart
 from search.answering.facts import Fact, fact_of
+from fhir_ingest.record.notes import note_sentences
 from search.answering.lead import ALLERGY_WORDS, SUPPORTING, Draft, Lead, first_sentence, note_words
+from search.answering.notes import Ranked, best_of_chunk, note_sections, quote, rank_note_sentences
 from search.answering.types import Answer, Citation, EvidenceItem, Statement
 from search.nlp.annotate import RecordTerm, asserted_keys, default_annotator
 from search.nlp import terminology
-from search.nlp.lexicon import tokens
+from search.nlp.lexicon import content_tokens, tokens
 from search.nlp.vocabulary import clinical_words
 from search.retrieval.pipeline import Analysis, Evidence, Retrieval, concept_overlap, holds_asked_section, in_window
 
@@ -49,6 +51,26 @@ def term_in(term: str, text: str) -> bool:
     return re.search(rf"\b(?:{MEDICAL_PREFIXES})?{re.escape(_stem(term))}", text, re.I) is not None
 
 
+def names(member: str, text: str) -> bool:
+    """The text names the member: each of its words, by its stem ("pulmonary function test" is
+    not named by "pulmonary embolism")."""
+    words = [w for w in content_tokens(member) if len(w) > 1]
+    return bool(words) and all(term_in(w, text) for w in words)
+
+
+def said_in_notes(analysis: Analysis, evidence: list[Evidence], required: set[str]) -> bool:
+    """Every required concept is written in a note of the evidence in the question's own words or
+    in a long form ("BNP shows 3788" answers "bnp?" though the note's concepts missed it)."""
+    notes = " ".join(e.chunk.text for e in evidence if e.chunk.semantic_type == "note")
+    if not notes:
+        return False
+    forms: dict[str, set[str]] = {}
+    for c in analysis.concepts:
+        if c["key"] in required:
+            forms.setdefault(c["key"], set()).update(f for f in (c.get("text"), c["display"], c.get("via")) if f)
+    return all(any(names(f, notes) for f in forms.get(key, ())) for key in required)
+
+
 def judge_support(retrieval: Retrieval) -> Support:
     """Does the evidence carry what the question asks about? Concepts absent, only denied, or a
     clinical word of the question that this record never uses all mean: no evidence."""
@@ -73,6 +95,8 @@ def judge_support(retrieval: Retrieval) -> Support:
     members = {c["key"] for c in analysis.concepts if c.get("role") == "member"}
     if required:
         hit = required & asserted
+        if not hit and said_in_notes(analysis, evidence, required):
+            return Support(True, 0.5, "said in a note in the question's words")
         if not hit:
             mentioned = any(c["key"] in required for e in evidence for c in e.chunk.concepts)
             return Support(False, 0.0, "the record only denies it" if mentioned else "the question's concepts are not in the record")
@@ -250,18 +274,6 @@ def entry_words(ev) -> str:
 WHOLE_SECTION_CHARS = 400
 
 
-def note_sections(body: str, headings: list[str]) -> list[tuple[str, str]]:
-    """(heading, text) pairs of a note chunk's body, split on the headings the chunker recorded
-    (Chunk.sections); text before the first heading has none."""
-    if not headings:
-        return [("", body.strip())]
-    names = "|".join(re.escape(h) for h in sorted(headings, key=len, reverse=True))
-    parts = re.split(rf"(?:^|(?<=\s))((?:{names})(?: \(continued\))?):\s*", body)
-    sections = [("", parts[0].strip())] if parts[0].strip() else []
-    sections += [(heading, text.strip()) for heading, text in zip(parts[1::2], parts[2::2])]
-    return sections
-
-
 def note_units(text: str) -> list[str]:
     """A section's sentences, with the items of a list kept with the line that introduces them
     ("The following procedures were conducted: echocardiography; thrombectomy")."""
@@ -273,7 +285,7 @@ def note_units(text: str) -> list[str]:
             else:
                 units.append([line])
         elif line and not re.fullmatch(r"[A-Z][a-z]+", line):       # a bare subheading ("Plan") says nothing
-            units += [[sentence] for sentence in re.split(r"(?<=[.!?])\s+", line) if sentence]
+            units += [[sentence.text] for sentence in note_sentences(line)]
     return [_join_list(unit) for unit in units]
 
 
@@ -301,11 +313,11 @@ def coded_names(chunk) -> list[RecordTerm]:
             for c in chunk.concepts if c.get("display") and not c["key"].startswith("lex:")]
 
 
-def statement_for(ev: Evidence, analysis: Analysis, first: bool = False) -> str:
+def statement_for(ev: Evidence, analysis: Analysis, first: bool = False, ranked: list[Ranked] | None = None) -> str:
     """One or two passages of a chunk: the whole fact for structured data; for a note the section
-    the question names when it is short, else the lines that assert what was asked (never a line
-    that denies it), lists kept whole. A note with nothing to the point gives "" unless it is the
-    first statement of the answer."""
+    the question names when it is short, else the note's sentences that answer best (`ranked`),
+    quoted whole, else the lines that assert what was asked, lists kept whole. A note with nothing
+    to the point gives "" unless it is the first statement of the answer."""
     text = ev.chunk.text
     if ev.chunk.semantic_type != "note":
         return text
@@ -319,13 +331,17 @@ def statement_for(ev: Evidence, analysis: Analysis, first: bool = False) -> str:
         if len(section) <= WHOLE_SECTION_CHARS:
             return f"{header}: {heading}: " + " ".join(note_units(section))
         sections = named
+    best = best_of_chunk(ranked or [], ev.chunk.chunk_id)
+    if best:
+        return f"{header}: {quote(best)}"
     units = [(heading, unit) for heading, section in sections for unit in note_units(section)]
     if not units:
         return text
     # Units carry no heading: a leading "Allergies:" is not an assertion of allergy.
     concepts = (default_annotator().annotate([u for _, u in units], coded_names(ev.chunk)) if analysis.keys
                 else [[] for _ in units])
-    wanted = set(analysis.terms) | {t for name in analysis.names for t in tokens(name)}
+    wanted = set(analysis.terms) | {t for name in analysis.names for t in tokens(name)} | \
+        {t for long in analysis.expansions for t in content_tokens(long)}
 
     def score(i: int) -> tuple:
         asserted = len(asserted_keys(concepts[i]) & analysis.keys)
@@ -468,8 +484,10 @@ def clinical_statements(retrieval: Retrieval, relevant: list[Evidence]) -> tuple
     """The answer first, in clinical words, then a few short supporting sentences; every clause
     cites. Evidence that cannot be put in clinical words keeps its own words."""
     analysis = retrieval.analysis
+    ranked = rank_note_sentences(analysis, retrieval.evidence, retrieval.similarity)
+    relevant = notes_by_their_best_sentence(relevant, ranked)
     try:
-        lead = first_sentence(analysis, relevant, lambda ev: _passage(ev, statement_for(ev, analysis, first=True)),
+        lead = first_sentence(analysis, relevant, lambda ev: _passage(ev, statement_for(ev, analysis, True, ranked)),
                               retrieval.histories)
     except Exception:      # a resource shape the sentence writer did not foresee: the record's own words
         log.exception("writing the first sentence failed; the evidence's own words are used")
@@ -488,9 +506,9 @@ def clinical_statements(retrieval: Retrieval, relevant: list[Evidence]) -> tuple
         if ev.chunk.chunk_id in said or (stated_series and ev.chunk.semantic_type in ("lab", "vital")) \
                 or (fact is not None and (fact.kind, fact.series or fact.name) in said_names):
             continue
-        if drafts and ev.chunk.semantic_type == "note" and any(d.sources()[0].chunk.semantic_type == "note" for d in drafts):
-            continue       # one note passage is enough beside the record's structured facts
-        words = supporting_words(ev, fact, analysis, first=not drafts)
+        if drafts and ev.chunk.semantic_type == "note" and not another_note_answers(ev, drafts, ranked):
+            continue       # one passage of a note is enough; another note may say what changed
+        words = supporting_words(ev, fact, analysis, first=not drafts, ranked=ranked)
         if words and all(words != c for d in drafts for c, _ in d.clauses):
             drafts.append(Draft([(words, [ev])]))
             said.add(ev.chunk.chunk_id)
@@ -501,14 +519,55 @@ SUPPORTING_WORDS = 30     # a supporting sentence in the record's own words; the
 FIRST_WORDS = 60
 
 
-def supporting_words(ev: Evidence, fact: Fact | None, analysis: Analysis, first: bool) -> str:
+NOTE_MARGIN = 0.12     # a second note is quoted when its best sentence scores this near the best one
+NOTES_QUOTED = 2
+
+
+def notes_by_their_best_sentence(relevant: list[Evidence], ranked: list[Ranked]) -> list[Evidence]:
+    """The relevant evidence with its notes in the order of their best sentence, the note holding
+    the best sentence of all among them even when its chunk was not relevant by its concepts;
+    structured records keep their places."""
+    if not ranked:
+        return relevant
+    order: dict[str, int] = {}
+    for r in ranked:
+        order.setdefault(r.ev.chunk.chunk_id, len(order))
+    best = ranked[0].ev
+    slots = [i for i, ev in enumerate(relevant) if ev.chunk.semantic_type == "note"]
+    if not slots:
+        return relevant + [best]
+    notes = [relevant[i] for i in slots if relevant[i].chunk.chunk_id != best.chunk.chunk_id]
+    notes = [best] + sorted(notes, key=lambda ev: order.get(ev.chunk.chunk_id, len(order)))
+    out = list(relevant)
+    for i, ev in zip(slots, notes):
+        out[i] = ev
+    if len(notes) > len(slots):
+        out.append(notes[-1])
+    return out
+
+
+def another_note_answers(ev: Evidence, drafts: list[Draft], ranked: list[Ranked]) -> bool:
+    """A passage of another note is said too when its best sentence is nearly as good as the
+    best of all (a cross-note question: "at discharge" and "at follow-up"), at most two notes."""
+    quoted = [d.sources()[0].chunk for d in drafts if d.sources()[0].chunk.semantic_type == "note"]
+    if not quoted:
+        return True
+    if len(quoted) >= NOTES_QUOTED or any(c.ref == ev.chunk.ref for c in quoted) or not ranked:
+        return False
+    mine = next((r.score for r in ranked if r.ev.chunk.chunk_id == ev.chunk.chunk_id), None)
+    return mine is not None and mine >= ranked[0].score - NOTE_MARGIN
+
+
+def supporting_words(ev: Evidence, fact: Fact | None, analysis: Analysis, first: bool,
+                     ranked: list[Ranked] | None = None) -> str:
     """The fact in clinical words, else the record's own words, cut short unless they are the
     answer itself (a note passage the question asked for)."""
     if fact is not None:
         return fact.words
     if ev.chunk.semantic_type == "note":
-        passage = _passage(ev, statement_for(ev, analysis, first=first))
-        return note_words(ev, passage if first else shortened(passage, SUPPORTING_WORDS)) if passage else ""
+        # Quoted whole: the passage is one or two of the note's sentences, never cut inside one.
+        passage = _passage(ev, statement_for(ev, analysis, first, ranked))
+        return note_words(ev, passage) if passage else ""
     return shortened(one_sentence(statement_for(ev, analysis, first=first)), FIRST_WORDS if first else SUPPORTING_WORDS)
 
 

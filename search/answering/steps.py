@@ -8,8 +8,9 @@ question's context and returns the answer to pass on.
    so "no evidence" is never read as "none recorded".
 3. `grounded_by_model`: with a configured language model, its verified statements replace the
    extractive ones (identifiers scrubbed before anything is sent).
-4. `trend_chart`: an answer that cites a trend gets its chart.
-5. `while_reading`: an answer given while the record is still being embedded says so.
+4. `cite_sentences`: a note's citation names the sentences the answer quotes (the panel highlights them).
+5. `trend_chart`: an answer that cites a trend gets its chart.
+6. `while_reading`: an answer given while the record is still being embedded says so.
 """
 from __future__ import annotations
 
@@ -17,11 +18,13 @@ import re
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from search.answering.answer import (NEW_PATIENT, NO_EVIDENCE, asked_class, class_entries_answer, context_evidence,
-                                     while_reading as reading_notice)
+from search.answering.answer import (CLASS_LIST_LIMIT, CLASSES, NEW_PATIENT, NO_EVIDENCE, asked_class,
+                                     class_entries_answer, context_evidence, names, while_reading as reading_notice)
+from search.answering.notes import CLASS_SECTIONS, class_mentions, class_sections, note_header, quoted_sentences
 from search.answering.lead import ALLERGY_WORDS
 from search.answering.related import closest_first
 from search.nlp import terminology
+from search.nlp.lexicon import content_tokens
 from search.answering.charts import trend_chart as chart_of_trend
 from search.answering.types import Answer, Citation, EvidenceItem, Statement
 from search.backends.base import Backend, Scope
@@ -76,19 +79,146 @@ def never_hide_the_class(result: Answer, ctx: AnswerContext) -> Answer:
     klass = asked_class(ctx.retrieval.analysis)
     result.diagnostics["asked_class"] = {"class": klass}
     if not result.abstained:
-        return result          # an answer lists nothing more: no count on the common path
+        return notes_beside_coded(result, ctx, klass)
     scope = Scope(ctx.tenant, ctx.patient_id, semantic_types=(klass,)) if klass else None
     held = ctx.backend.count(scope) if scope else 0
     result.diagnostics["asked_class"]["records"] = held
     context = context_evidence(ctx.retrieval)
+    stated = class_in_notes(ctx, klass) if klass else []
+    if stated and (named_in_notes(ctx, stated) or not held and (asks_the_class(ctx, klass) or asked_members(ctx))):
+        return notes_class_answer(result, ctx, klass, stated, held)
     if klass and not held:
         return empty_class_answer(result, ctx, klass)
     if not held and context is None:
         return result
     entries = class_entries(ctx.backend, scope) if held else []
     related, others = closest_first(entries, ctx.retrieval.analysis, klass, ctx.retrieval.candidates)
-    return class_entries_answer(result, klass if held else "", others, context, related,
-                                absence(ctx.retrieval.analysis, klass, 0 < held <= CLASS_READ, related))
+    # The notes state the class too: what the coded entries lack is not said to be absent.
+    listed = class_entries_answer(result, klass if held else "", others, context, related,
+                                  "" if stated else absence(ctx.retrieval.analysis, klass, 0 < held <= CLASS_READ, related))
+    return with_note_statements(listed, stated[:SUPPORTING_NOTES], context=True)
+
+
+NOTES_READ = 50        # note chunks read, newest first, for what they state of a class
+
+
+def class_in_notes(ctx: AnswerContext, klass: str, mentions: bool = True) -> list[tuple[Evidence, str, str]]:
+    """(note chunk, heading, quote) for every section of the patient's notes that states the
+    class (an H&P's ALLERGIES, a discharge summary's MEDICATIONS ON DISCHARGE, an operative
+    note's PROCEDURE), newest first: a note is evidence of the class as much as a coded entry."""
+    if klass not in CLASS_SECTIONS:
+        return []
+    notes = Scope(ctx.tenant, ctx.patient_id, semantic_types=("note",))
+    chunks = ctx.backend.get_chunks(ctx.tenant, [h.chunk_id for h in ctx.backend.latest(notes, NOTES_READ)])
+    chunks.sort(key=lambda c: c.date, reverse=True)
+    stated = [(Evidence(chunk, 0.0), heading, quote) for chunk in chunks for heading, quote in class_sections(chunk, klass)]
+    # No section lists the class: a note that names one of it in its prose still states it.
+    if not stated and mentions:
+        stated = [(Evidence(chunk, 0.0), heading, sentence) for chunk in chunks
+                  for heading, sentence in class_mentions(chunk, klass)][:CLASS_LIST_LIMIT]
+    similarity = ctx.retrieval.similarity
+    if similarity is None or len(stated) < 2:
+        return stated
+    # Closest to the question first ("home meds at discharge" reads the discharge medications),
+    # each note's header saying which note it is; newest first among equals.
+    scores = similarity([f"{note_header(ev.chunk)}. {heading}: {quote}" for ev, heading, quote in stated])
+    order = sorted(range(len(stated)), key=lambda i: -scores[i])
+    return [stated[i] for i in order]
+
+
+def asked_members(ctx: AnswerContext) -> list[str]:
+    """What a class question names ("allergic to sulfa?" names sulfa), as the words to look for."""
+    analysis = ctx.retrieval.analysis
+    keys = analysis.required_keys - {ALLERGY_WORDS}
+    asked = [c for c in analysis.concepts if c["key"] in keys]
+    # A drug class is named in a note by its members: "antihypertensive?" by "benazepril".
+    return list(dict.fromkeys([c["display"] for c in asked] + [c["text"] for c in asked if c.get("text")]
+                              + [m for c in asked for m in sorted(terminology.members_of(c["display"]))]))
+
+
+def asks_the_class(ctx: AnswerContext, klass: str) -> bool:
+    """The question asks for the class itself ("any allergies?", "what surgeries has she had?"),
+    not for one thing of it."""
+    analysis = ctx.retrieval.analysis
+    return klass in analysis.kinds or (klass == "allergy" and not asked_members(ctx))
+
+
+def named_in_notes(ctx: AnswerContext, stated: list) -> list:
+    """The class statements of the notes that name what was asked."""
+    members = asked_members(ctx)
+    return [s for s in stated if members and any(names(m, s[2]) for m in members)]
+
+
+
+def note_statement(ev: Evidence, heading: str, quote: str) -> str:
+    where = f" under {heading}" if heading else ""
+    return f'the note of {ev.chunk.date[:10]} says{where}: "{quote}"'
+
+
+def notes_class_answer(result: Answer, ctx: AnswerContext, klass: str, stated: list, held: int) -> Answer:
+    """What the notes state of the asked class, each section cited. Asked about one member, the
+    statements naming it answer; when none does, the answer is still "no evidence", followed by
+    what the notes do state of the class (never "none recorded")."""
+    members = asked_members(ctx)
+    naming = named_in_notes(ctx, stated)
+    shown = (naming or stated)[:CLASS_LIST_LIMIT]
+    citations, statements = [], []
+    for i, (ev, heading, quote) in enumerate(shown):
+        citations.append(Citation.of(ev, i + 1))
+        words = note_statement(ev, heading, quote)
+        statements.append(Statement(words[0].upper() + words[1:], [i + 1], lead=i == 0, context=not naming and bool(members)))
+    coded = "" if held else f"No {CLASSES[klass]} are coded in this patient's record; its notes state: "
+    answer = " ".join(s.cited_text() for s in statements)
+    abstained = bool(members) and not naming
+    if abstained:
+        answer = f"{NO_EVIDENCE} {coded}{answer}"
+    elif coded:
+        answer = coded + answer
+    have = {e.chunk_id for e in result.evidence}
+    extra = list({ev.chunk.chunk_id: ev for ev, _, _ in shown if ev.chunk.chunk_id not in have}.values())
+    evidence = result.evidence + [EvidenceItem.of(ev, len(result.evidence) + i + 1) for i, ev in enumerate(extra)]
+    return replace(result, answer=answer, statements=statements, citations=citations, evidence=evidence,
+                   abstained=abstained, lead=statements[0].text if statements else None,
+                   class_entries=len(statements) if abstained else None)
+
+
+def notes_beside_coded(result: Answer, ctx: AnswerContext, klass: str) -> Answer:
+    """A question about a class as such ("any allergies?") answered from coded entries also says
+    what the notes state of it (a note's allergy list the coded list lacks), each cited."""
+    if not klass or asked_members(ctx) or not asks_the_class(ctx, klass):
+        return result
+    cited = {c.ref for c in result.citations}
+    # Only what the answer lacks: a note's list that repeats the coded entries adds nothing.
+    lacking = [s for s in class_in_notes(ctx, klass, mentions=False)
+               if s[0].chunk.ref not in cited and lists_more(s[2], result.answer)]
+    return with_note_statements(result, lacking[:SUPPORTING_NOTES])
+
+
+def lists_more(quote: str, answer: str) -> bool:
+    """A note's class list names something the answer does not (an allergy the coded list lacks)."""
+    items = [i for i in re.split(r"\d+\.\s|[,;]|\band\b|\n", quote) if re.search(r"[A-Za-z]{3}", i)]
+    words = [[t for t in content_tokens(i) if t.isalpha() and len(t) > 2][:2] for i in items]
+    return any(not names(" ".join(w), answer) for w in words if w)
+
+
+def with_note_statements(result: Answer, extra: list, context: bool = False) -> Answer:
+    """The answer with what the notes state of the class after it, each cited."""
+    if not extra:
+        return result
+    citations, statements = list(result.citations), list(result.statements)
+    evidence = list(result.evidence)
+    for ev, heading, quote in extra:
+        n = len(citations) + 1
+        citations.append(Citation.of(ev, n))
+        words = note_statement(ev, heading, quote)
+        statements.append(Statement(words[0].upper() + words[1:] + ".", [n], context=context))
+        if all(e.chunk_id != ev.chunk.chunk_id for e in evidence):
+            evidence.append(EvidenceItem.of(ev, len(evidence) + 1))
+    answer = " ".join([result.answer] + [s.cited_text() for s in statements[len(result.statements):]])
+    return replace(result, answer=answer, statements=statements, citations=citations, evidence=evidence)
+
+
+SUPPORTING_NOTES = 3
 
 
 def absence(analysis, klass: str, read_whole: bool, related: list) -> str:
@@ -166,6 +296,23 @@ def class_entries(backend: Backend, scope: Scope) -> list[Evidence]:
     return entries
 
 
+def cite_sentences(result: Answer, ctx: AnswerContext) -> Answer:
+    """Each citation of a note says which of its sentences the answer quotes, so the side panel
+    opens the note at that sentence, highlighted; records cited whole keep their citation."""
+    if not result.citations:
+        return result
+    texts: dict[str, list[str]] = {}
+    for item in result.evidence:
+        texts.setdefault(item.ref, []).append(item.text)
+    citations = []
+    for citation in result.citations:
+        said = " ".join(s.text for s in result.statements if citation.n in s.citations)
+        quoted = [q for text in texts.get(citation.ref, []) if text.startswith(citation.snippet)
+                  for q in quoted_sentences(text, said)]
+        citations.append(replace(citation, quotes=tuple(dict.fromkeys(quoted))) if quoted else citation)
+    return replace(result, citations=citations)
+
+
 def grounded_by_model(result: Answer, ctx: AnswerContext) -> Answer:
     return ctx.grounded(result) if ctx.grounded is not None and not result.abstained else result
 
@@ -182,7 +329,8 @@ def while_reading(result: Answer, ctx: AnswerContext) -> Answer:
     return reading_notice(result, ctx.retrieval)
 
 
-STEPS: tuple[AnswerStep, ...] = (empty_record, never_hide_the_class, grounded_by_model, trend_chart, while_reading)
+STEPS: tuple[AnswerStep, ...] = (empty_record, never_hide_the_class, grounded_by_model, cite_sentences, trend_chart,
+                                  while_reading)
 
 
 def apply_steps(result: Answer, ctx: AnswerContext, steps: tuple[AnswerStep, ...] = STEPS) -> Answer:

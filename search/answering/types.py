@@ -18,6 +18,7 @@ class Citation:
     date: str
     label: str
     snippet: str
+    quotes: tuple[str, ...] = ()   # a note's sentences the answer quotes: the side panel scrolls to them, highlighted
 
     @classmethod
     def of(cls, ev, n: int) -> "Citation":
@@ -25,11 +26,14 @@ class Citation:
         return cls(n, chunk.ref, chunk.resource_type, chunk.date[:10], chunk.label, chunk.text[:SNIPPET_CHARS])
 
     def renumbered(self, n: int) -> "Citation":
-        return Citation(n, self.ref, self.resource_type, self.date, self.label, self.snippet)
+        return Citation(n, self.ref, self.resource_type, self.date, self.label, self.snippet, self.quotes)
 
     def to_dict(self) -> dict:
-        return {"n": self.n, "ref": self.ref, "resource_type": self.resource_type, "date": self.date,
-                "label": self.label, "snippet": self.snippet}
+        out = {"n": self.n, "ref": self.ref, "resource_type": self.resource_type, "date": self.date,
+               "label": self.label, "snippet": self.snippet}
+        if self.quotes:
+            out["quotes"] = list(self.quotes)
+        return out
 
 
 @dataclass

@@ -54,7 +54,7 @@ def expansions(question: str, covered: list[tuple[int, int]]) -> list[tuple[int,
         start, end = match.span()
         token = match.group(0)
         if not is_abbreviation_like(token) or (any(s < end and start < e for s, e in covered)
-                                                 and not reviewed_as_ambiguous(token)):
+                                                 and not reviewed_as_ambiguous(token)) or after_my(question, start, token):
             continue
         context = context_at(question, start)
         forms = terminology.abbreviation(token, context) or (
@@ -62,6 +62,15 @@ def expansions(question: str, covered: list[tuple[int, int]]) -> list[tuple[int,
         if forms:
             found.append((start, token, by_the_other_words(forms, question, token)))
     return found
+
+
+_MY = re.compile(r"\b(?:my|your|our)\s+$", re.I)
+
+
+def after_my(question: str, start: int, token: str) -> bool:
+    """A lower-case word after "my", "your" or "our" is the asker's own word for a person or a
+    thing ("my mom" is the mother, not milk of magnesia); an abbreviation is typed in capitals."""
+    return token.islower() and _MY.search(question[:start]) is not None
 
 
 def reviewed_as_ambiguous(token: str) -> bool:

@@ -199,6 +199,7 @@ class Retrieval:
     histories: list[Evidence] = field(default_factory=list)    # every order of the drugs the evidence names
     ranked_after: dict[str, list[list[str]]] = field(default_factory=dict)   # stage -> each evidence's refs, in order
     vectors_pending: int = 0          # chunks still waiting for their vector (a first sync under way)
+    similarity: Callable[[list[str]], list[float]] | None = None   # texts' similarity to the question (the embedder's)
 
 
 # --- stage 2: analyse ---------------------------------------------------------------------------
@@ -796,6 +797,7 @@ def analyse_question(state: RetrievalState, tools: Tools) -> tuple[int, str]:
     analysis = analyse(state.question, state.terms)
     if state.corpus:
         read_ambiguous_words_by_the_record(analysis, backend, tenant, state.patient_id)
+        read_abbreviations_by_the_record(analysis, backend, tenant, state.patient_id)
     # A clinical word that this patient's record never uses is something the record cannot
     # answer: "breast" for a patient with prostate cancer, "monofilament" for a patient never
     # tested. Clinical by the general vocabulary, never by other patients' records
@@ -803,6 +805,28 @@ def analyse_question(state: RetrievalState, tools: Tools) -> tuple[int, str]:
     absent = absent_words(backend, tenant, state.patient_id, analysis) if state.corpus else set()
     state.analysis, state.absent = analysis, absent
     return state.corpus, ", ".join(analysis.names + analysis.intents() + [f"absent: {t}" for t in sorted(absent)])
+
+
+def read_abbreviations_by_the_record(analysis: Analysis, backend: Backend, tenant: str, patient_id: str) -> None:
+    """An abbreviation with several long forms means the ones this patient's record spells out
+    ("CEA" is a carotid endarterectomy in a vascular patient's notes, carcinoembryonic antigen in
+    an oncology workup): forms whose every word the record has are kept, the others dropped with
+    the concepts read through them; when the record spells out none, or all, all stay."""
+    ambiguous = {token: forms for token, forms in analysis.abbreviations.items() if len(forms) > 1}
+    if not ambiguous:
+        return
+    probes = {form: [presence_prefix(t) for t in re.findall(r"[a-z0-9]{2,}", form.lower()) if t not in STOP_WORDS]
+              for forms in ambiguous.values() for form in forms}
+    present = backend.has_terms(tenant, patient_id, sorted({t for ts in probes.values() for t in ts if t}), prefix=True)
+    dropped = set()
+    for token, forms in ambiguous.items():
+        spelt = [form for form in forms if probes[form] and all(t in present for t in probes[form])]
+        if spelt and len(spelt) < len(forms):
+            analysis.abbreviations[token] = spelt
+            dropped |= set(forms) - set(spelt)
+    if dropped:
+        analysis.concepts = [c for c in analysis.concepts if c.get("via") not in dropped]
+        analysis.expansions = [e for e in analysis.expansions if e not in dropped]
 
 
 def read_ambiguous_words_by_the_record(analysis: Analysis, backend: Backend, tenant: str, patient_id: str) -> None:

@@ -415,7 +415,7 @@
   function openCitation(n) {
     if (!current) return;
     const citation = current.citations.find((c) => c.n === n);
-    if (citation) openRecord(citation.ref);
+    if (citation) openRecord(citation.ref, citation.quotes || []);
   }
 
   // The panel belongs to the answer it was opened from: a new answer or draft closes it, and a
@@ -428,7 +428,27 @@
     $("panel-note").textContent = ""; $("panel-note").hidden = true;
     $("panel-raw").textContent = ""; $("panel-raw").hidden = true;
   }
-  function openRecord(ref) {
+
+  // The note's sentences the answer quotes, marked where they stand in the note's own text
+  // (matched word by word: the note keeps its line breaks), the first scrolled into view.
+  function showNote(box, text, quotes) {
+    box.textContent = "";
+    const escape = (w) => w.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
+    const found = quotes.map((q) => new RegExp(q.split(/\s+/).filter(Boolean).map(escape).join("\\s+")).exec(text))
+      .filter(Boolean).sort((a, b) => a.index - b.index);
+    let at = 0;
+    found.forEach((m) => {
+      if (m.index < at) return;
+      box.appendChild(document.createTextNode(text.slice(at, m.index)));
+      box.appendChild(el("mark", { class: "quoted" }, m[0]));
+      at = m.index + m[0].length;
+    });
+    box.appendChild(document.createTextNode(text.slice(at)));
+    const first = box.querySelector("mark.quoted");
+    if (first) first.scrollIntoView({ block: "center" });
+  }
+
+  function openRecord(ref, quotes) {
     const request = ++panelRequest;
     api("/api/record?ref=" + encodeURIComponent(ref)).then(({ ok, body }) => {
       if (request !== panelRequest) return;
@@ -441,7 +461,7 @@
       fields.textContent = "";
       body.readable.fields.forEach(([k, v]) => { fields.appendChild(el("dt", {}, k)); fields.appendChild(el("dd", {}, datedText(v))); });
       $("panel-note").hidden = !body.readable.note_text;
-      $("panel-note").textContent = body.readable.note_text || "";
+      showNote($("panel-note"), body.readable.note_text || "", quotes || []);
       $("panel-raw").textContent = JSON.stringify(body.resource, null, 2);
       $("panel-raw").hidden = true;
       $("raw-toggle").textContent = "Show raw JSON";

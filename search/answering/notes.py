@@ -1,0 +1,212 @@
+"""Notes as evidence, sentence by sentence: a note chunk's sections and sentences (split by the
+clinical splitter of `fhir_ingest.record.notes`, so a quote never ends at "Dr." or "p.o."), and what
+a note states of a clinical class (its ALLERGIES, MEDICATIONS or PROCEDURE section)."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+from fhir_ingest.record.notes import note_sentences, section_kind, section_kinds, sentence_context
+
+# The note sections that state each clinical class a question may ask about.
+CLASS_SECTIONS = {"allergy": ("allergy",), "medication": ("medication",), "procedure": ("procedure",),
+                  "problem": ("problem",)}
+CLASS_QUOTE_CHARS = 500      # a section quoted for a class answer: whole sentences up to about this long
+
+
+@dataclass(frozen=True)
+class NoteSentence:
+    """One sentence of a note chunk, with the section it is in."""
+    heading: str
+    kind: str            # section_kind(heading)
+    text: str
+    index: int = 0       # its place in its section (0: the section's first sentence)
+
+
+def note_header(chunk) -> str:
+    """The note's own header in its chunk text ("Discharge summary of 2008-03-04")."""
+    return chunk.text.partition(". ")[0]
+
+
+def note_sections(body: str, headings: list[str]) -> list[tuple[str, str]]:
+    """(heading, text) pairs of a note chunk's body, split on the headings the chunker recorded
+    (Chunk.sections); text before the first heading has none."""
+    if not headings:
+        return [("", body.strip())]
+    names = "|".join(re.escape(h) for h in sorted(headings, key=len, reverse=True))
+    parts = re.split(rf"(?:^|(?<=\s))((?:{names})(?: \(continued\))?):\s*", body)
+    sections = [("", parts[0].strip())] if parts[0].strip() else []
+    sections += [(heading, text.strip()) for heading, text in zip(parts[1::2], parts[2::2])]
+    return sections
+
+
+def chunk_sections(chunk) -> list[tuple[str, str]]:
+    return note_sections(chunk.text.partition(". ")[2], chunk.sections)
+
+
+def sentences_of(chunk) -> list[NoteSentence]:
+    """Every sentence of a note chunk, in order, each with its section."""
+    out = []
+    title = _plain(note_header(chunk))
+    for heading, text in chunk_sections(chunk):
+        base = heading.removesuffix(" (continued)")
+        kind = section_kind(base)
+        # A section continued from the chunk before does not open here.
+        start = CONTINUED if heading.endswith(" (continued)") else 0
+        out += [NoteSentence(base, kind, " ".join(s.text.split()), start + i)
+                for i, s in enumerate(note_sentences(text))
+                if _plain(s.text) not in title]        # the note's own title line says nothing
+    return out
+
+
+CONTINUED = 10
+
+
+def _plain(text: str) -> str:
+    return " ".join(re.findall(r"[a-z0-9]+", text.lower()))
+
+
+def class_sections(chunk, klass: str) -> list[tuple[str, str]]:
+    """(heading, quote) for each section of this note chunk that states the class: whole
+    sentences, verbatim, up to CLASS_QUOTE_CHARS (a longer list says how much more the note has)."""
+    kinds = CLASS_SECTIONS.get(klass, ())
+    out = []
+    for heading, text in chunk_sections(chunk):
+        base = heading.removesuffix(" (continued)")
+        if not text or section_kind(base) not in kinds:
+            continue
+        sentences = [" ".join(s.text.split()) for s in note_sentences(text)] or [" ".join(text.split())]
+        quote, shown = "", 0
+        for sentence in sentences:
+            if quote and len(quote) + len(sentence) > CLASS_QUOTE_CHARS:
+                break
+            quote, shown = f"{quote} {sentence}".strip(), shown + 1
+        if shown < len(sentences):
+            quote += f" (and {len(sentences) - shown} more in the note)"
+        out.append((base, quote))
+    return out
+
+
+def class_mentions(chunk, klass: str) -> list[tuple[str, str]]:
+    """(heading, sentence) for each sentence of a note chunk that names a thing of the class
+    (a drug in "will not be placed on Plavix"), by the concepts annotation found in it, not denied."""
+    names = {c["text"].lower() for c in chunk.concepts
+             if c.get("semantic_type") == klass and not c.get("negated") and c.get("text")}
+    if not names:
+        return []
+    return [(s.heading, s.text) for s in sentences_of(chunk)
+            if any(re.search(rf"\b{re.escape(name)}\b", s.text.lower()) for name in names)]
+
+
+# --- the sentences that answer ------------------------------------------------------------------
+
+Similarity = Callable[[list[str]], list[float]]     # texts → cosine similarity of each to the question
+NOTE_CHUNKS_READ = 4        # the best note chunks of the evidence whose sentences are ranked
+TERM_WEIGHT = 0.06          # a question word the sentence has (by its stem) adds this to the similarity
+SECTION_WEIGHT = 0.12       # the sentence is in the section the question names ("plan", "impression")
+OPENING_WEIGHT = 0.1        # ...and more for its first sentences
+SIDE_WEIGHT = 0.15
+FAMILY_WEIGHT = 0.3         # a relative's history, asked about the patient
+HYPOTHETICAL_WEIGHT = 0.1   # "return if...", asked what happened          # the question's side (left/right) said, or only the other side said
+SIDES = {"left": "right", "right": "left"}
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """A note sentence scored for how well it answers the question."""
+    ev: object               # the Evidence (note chunk) it is in
+    sentence: NoteSentence
+    score: float
+
+
+def _stem(word: str) -> str:
+    return word[:6] if len(word) > 6 else word.rstrip("s")
+
+
+def question_words(analysis) -> list[str]:
+    """The question's content words and the long forms of its abbreviations, as stems."""
+    words = list(analysis.terms) + [w for long in analysis.expansions for w in re.findall(r"[a-z0-9]+", long.lower())]
+    return list(dict.fromkeys(_stem(w) for w in words if len(w) > 2))
+
+
+def asked_section_kinds(analysis) -> set[str]:
+    """The kinds of section the question names: "plan", "impression", "a/p" (assessment and plan)."""
+    words = list(analysis.terms) + list(analysis.sections_asked) + list(analysis.expansions)
+    return {kind for w in words for kind in section_kinds(w)}
+
+
+def rank_note_sentences(analysis, evidence: list, similarity: Similarity | None) -> list[Ranked]:
+    """Every sentence of the best note chunks, best answer first: its similarity to the question
+    (the embedding model's), the question's words it has, the section the question names, and the
+    side the question names (a question about the right breast is not answered from the left)."""
+    notes = [ev for ev in evidence if ev.chunk.semantic_type == "note"][:NOTE_CHUNKS_READ]
+    if not notes:
+        return []       # nothing to embed: an answer from coded records costs no more than before
+    pairs = [(ev, s) for ev in notes for s in sentences_of(ev.chunk) if re.search(r"[A-Za-z]{2}", s.text)]
+    if not pairs:
+        return []
+    texts = [f"{s.heading}: {s.text}" if s.heading else s.text for _, s in pairs]
+    sims = similarity(texts) if similarity is not None else [0.0] * len(pairs)
+    stems, kinds = question_words(analysis), asked_section_kinds(analysis)
+    q = analysis.question.lower()
+    sides = {side for side in SIDES if re.search(rf"\b{side}\b", q)}
+    asked_context = sentence_context(analysis.question)
+    about_drugs = "medication" in analysis.kinds or any(c["semantic_type"] == "medication" for c in analysis.concepts)
+    ranked = []
+    for (ev, sentence), sim, text in zip(pairs, sims, texts):
+        low = text.lower()
+        score = float(sim) + TERM_WEIGHT * sum(1 for stem in stems if re.search(rf"\b{re.escape(stem)}", low))
+        if kinds & set(section_kinds(sentence.heading)):
+            # The section asked for, its opening sentences first: a plan or an impression leads
+            # with what matters most.
+            score += SECTION_WEIGHT + OPENING_WEIGHT / (1 + sentence.index)
+        # ConText: a relative's history or what may happen does not answer for the patient,
+        # unless the question is itself about family or about what to do if.
+        context = sentence_context(sentence.text) - asked_context
+        score -= FAMILY_WEIGHT * ("family" in context or sentence.kind == "family_history" and "family" not in asked_context)
+        score -= HYPOTHETICAL_WEIGHT * ("hypothetical" in context and not about_drugs)
+        for side in sides:
+            said, other = re.search(rf"\b{side}\b", low), re.search(rf"\b{SIDES[side]}\b", low)
+            score += SIDE_WEIGHT if said else (-SIDE_WEIGHT if other else 0.0)
+        ranked.append(Ranked(ev, sentence, score))
+    return sorted(ranked, key=lambda r: r.score, reverse=True)
+
+
+def best_of_chunk(ranked: list[Ranked], chunk_id: str, n: int = 2, within: float = 0.08) -> list[NoteSentence]:
+    """The chunk's best sentence, and the next best when nearly as good, in the note's order."""
+    mine = [r for r in ranked if r.ev.chunk.chunk_id == chunk_id]
+    if not mine:
+        return []
+    chosen = [r for r in mine[:n] if r.score >= mine[0].score - within]
+    order = {id(r.sentence): i for i, r in enumerate(mine)}
+    everything = sentences_of(mine[0].ev.chunk)
+    position = {s: i for i, s in enumerate(everything)}
+    return sorted((r.sentence for r in chosen), key=lambda s: position.get(s, order.get(id(s), 0)))
+
+
+def quote(sentences: list[NoteSentence]) -> str:
+    """Sentences quoted verbatim, each section's heading said once before its first sentence."""
+    parts, previous = [], None
+    for s in sentences:
+        parts.append(f"{s.heading}: {s.text}" if s.heading and s.heading != previous else s.text)
+        previous = s.heading
+    return " ".join(parts)
+
+
+def quoted_sentences(note_text: str, statement_text: str) -> list[str]:
+    """The sentences of a note chunk's text that a statement quotes, in the note's order (a
+    heading the chunk writes before a sentence need not be quoted with it)."""
+    said = " ".join(statement_text.split())
+    found = []
+    for part in _HEADING_IN_CHUNK.split(note_text.partition(". ")[2]):
+        for s in note_sentences(part):
+            words = " ".join(s.text.split())
+            if len(words) >= MIN_QUOTE and words in said:
+                found.append(words)
+    return list(dict.fromkeys(found))
+
+
+MIN_QUOTE = 4
+# The chunker writes each section as "HEADING: text" on one line.
+_HEADING_IN_CHUNK = re.compile(r"(?:^|(?<=\s))[A-Z][A-Z0-9 /&,'()#\-]{1,60}(?: \(continued\))?:\s+")

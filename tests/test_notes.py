@@ -1,0 +1,153 @@
+"""Notes as evidence: the clinical sentence splitter, note sections inline and on their own lines,
+class answers the notes state, the sentence an answer quotes and cites (by its side, not a
+relative's history), and the citation that names the quoted sentence."""
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from fhir_ingest.record.notes import note_sentences, section_kind, sentence_context, split_sections
+
+from .conftest import indexed_record
+
+PID = "p-notes"
+
+
+# --- the splitter -----------------------------------------------------------------------------------------
+
+def test_sentences_are_not_cut_at_clinical_abbreviations():
+    text = ("She was seen by Dr. Smith on admission. Levaquin 250 mg p.o. every other day for the next 5 days. "
+            "Metoprolol 25 mg b.i.d. was started. Aspirin 81 mg. daily.\n1.  Prednisone 40 mg daily.\n"
+            "2.  Lasix 20 mg daily.")
+    sentences = note_sentences(text)
+    assert [s.text for s in sentences] == [
+        "She was seen by Dr. Smith on admission.",
+        "Levaquin 250 mg p.o. every other day for the next 5 days.",
+        "Metoprolol 25 mg b.i.d. was started.",
+        "Aspirin 81 mg. daily.",
+        "1.  Prednisone 40 mg daily.",
+        "2.  Lasix 20 mg daily."]
+    # Each sentence keeps its place in the note: the side panel finds it there.
+    assert all(text[s.start:s.end] == s.text for s in sentences)
+
+
+def test_a_one_word_list_item_is_a_sentence():
+    assert [s.text for s in note_sentences("ALLERGIES:\nNONE.")] == ["ALLERGIES:", "NONE."]
+
+
+# --- sections ---------------------------------------------------------------------------------------------
+
+NOTE = """HISTORY OF PRESENT ILLNESS: A 64-year-old man seen by Dr. Smith for chest pain.
+PAST SURGICAL HISTORY:
+Laparoscopic cholecystectomy in 2001.
+
+ALLERGIES:
+SULFA AND IVP DYE.
+
+PHYSICAL EXAMINATION:
+HEENT: Normal.
+LUNGS: Clear.
+DISCHARGE MEDICATIONS:
+1.  Levaquin 250 mg p.o. every other day for the next 5 days.
+2.  Novolin 70/30, 15 units b.i.d.
+Plan: Follow up with cardiology in 2 weeks."""
+
+
+def test_sections_inline_and_on_their_own_lines_are_typed():
+    sections = {s.heading: s for s in split_sections(NOTE)}
+    assert list(sections) == ["HISTORY OF PRESENT ILLNESS", "PAST SURGICAL HISTORY", "ALLERGIES",
+                              "PHYSICAL EXAMINATION", "DISCHARGE MEDICATIONS", "Plan"]
+    assert sections["HISTORY OF PRESENT ILLNESS"].text.startswith("A 64-year-old man")      # written inline
+    assert sections["Plan"].text == "Follow up with cardiology in 2 weeks."                   # inline, title case
+    # An exam's findings stay inside the exam: "HEENT:" is no section of the note.
+    assert sections["PHYSICAL EXAMINATION"].text == "HEENT: Normal.\nLUNGS: Clear."
+    kinds = {h: s.kind for h, s in sections.items()}
+    assert kinds == {"HISTORY OF PRESENT ILLNESS": "hpi", "PAST SURGICAL HISTORY": "procedure", "ALLERGIES": "allergy",
+                     "PHYSICAL EXAMINATION": "physical_exam", "DISCHARGE MEDICATIONS": "medication", "Plan": "plan"}
+
+
+@pytest.mark.parametrize("heading, kind", [("MEDICATIONS ON DISCHARGE", "medication"), ("IMPRESSION/PLAN", "plan"),
+                                           ("PROCEDURES PERFORMED", "procedure"), ("A/P", "plan"),
+                                           ("DIAGNOSES ON DISCHARGE", "problem"), ("ALLERGIC REACTIONS", "allergy")])
+def test_section_titles_are_read_by_their_words_and_by_medspacys_titles(heading, kind):
+    assert section_kind(heading) == kind
+
+
+def test_context_marks_a_relatives_history_and_what_may_happen():
+    assert sentence_context("Her mother had breast cancer at 50.") == {"family"}
+    assert sentence_context("Return if chest pain recurs.") == {"hypothetical"}
+    assert sentence_context("Right breast mass, biopsy pending.") == set()
+
+
+# --- answers from notes -----------------------------------------------------------------------------------
+
+def note(note_id: str, date: str, text: str) -> dict:
+    return {"resourceType": "DocumentReference", "id": note_id, "status": "current", "subject": {"reference": f"Patient/{PID}"},
+            "type": {"coding": [{"system": "http://loinc.org", "code": "18842-5", "display": "Discharge summary"}]},
+            "date": date, "content": [{"attachment": {"contentType": "text/plain",
+                                                      "data": base64.b64encode(text.encode()).decode()}}]}
+
+
+PATIENT = {"resourceType": "Patient", "id": PID, "gender": "female", "birthDate": "1950-01-01"}
+SUMMARY = note("ds-1", "2010-05-02T10:00:00Z", NOTE)
+CONSULT = note("bc-1", "2011-03-01T10:00:00Z", """REASON FOR CONSULTATION:
+Breast mass.
+
+FAMILY HISTORY:
+Her mother had breast cancer at 50.
+
+IMPRESSION:
+Left breast: a simple cyst, benign.
+Right breast: a 2 cm spiculated mass at 10 o'clock, highly suspicious for carcinoma; core biopsy scheduled.""")
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory, embedder):
+    svc = indexed_record(tmp_path_factory.mktemp("notes"), [PATIENT, SUMMARY, CONSULT])
+    yield svc
+    svc.close()
+
+
+def ask(service, question: str) -> dict:
+    return service.ask("t", PID, question)
+
+
+def test_allergies_only_a_note_states_are_never_said_to_be_none(service):
+    result = ask(service, "any allergies?")
+    assert "No allergies" not in result["answer"] and not result["abstained"], result["answer"]
+    assert "SULFA AND IVP DYE." in result["answer"]
+    cited = {c["ref"] for c in result["citations"]}
+    assert "DocumentReference/ds-1" in cited
+
+
+def test_medications_only_a_note_lists_are_the_answer_to_a_medication_question(service):
+    result = ask(service, "what meds did she go home on?")
+    assert "No medications" not in result["answer"], result["answer"]
+    assert "Novolin 70/30, 15 units b.i.d." in result["answer"]
+
+
+def test_an_allergy_the_note_does_not_name_is_no_evidence_with_what_the_notes_do_say(service):
+    result = ask(service, "is she allergic to penicillin?")
+    assert result["abstained"], result["answer"]
+    assert "No allergies or intolerances are recorded" not in result["answer"]
+    assert "SULFA AND IVP DYE." in result["answer"]          # what the notes do state, cited
+
+
+def test_a_quoted_sentence_is_whole_and_its_citation_names_it(service):
+    result = ask(service, "how long is the levaquin course?")
+    assert "Levaquin 250 mg p.o. every other day for the next 5 days." in result["answer"], result["answer"]
+    quotes = [q for c in result["citations"] for q in c.get("quotes", [])]
+    assert any("Levaquin 250 mg p.o. every other day for the next 5 days." in q for q in quotes), result["citations"]
+
+
+def test_the_side_asked_about_answers_not_the_other_one(service):
+    result = ask(service, "what was found in the right breast?")
+    assert "Right breast: a 2 cm spiculated mass" in result["answer"], result["answer"]
+    assert "Left breast: a simple cyst" not in result["answer"]
+
+
+def test_a_relatives_history_does_not_answer_for_the_patient(service):
+    result = ask(service, "does she have breast cancer?")
+    assert "Her mother had breast cancer" not in result["answer"], result["answer"]
+    assert "suspicious for carcinoma" in result["answer"]
