@@ -190,11 +190,32 @@ def test_an_index_of_the_earlier_layout_is_migrated_on_opening(tmp_path):
                                                 tokenize = 'porter unicode61');
         INSERT INTO old_fts SELECT lexical, chunk_id, tenant, patient_id FROM chunks_fts;
         DROP TABLE chunks_fts;
-        ALTER TABLE old_fts RENAME TO chunks_fts;""")
+        ALTER TABLE old_fts RENAME TO chunks_fts;
+        DELETE FROM meta WHERE key = 'schema_version';""")       # as that release wrote it: no version kept
     db.close()
     reopened = EmbeddedBackend(path, "test-model", 4)
     assert_lexical_work_is_the_patients_own(reopened)
     assert not [p for p in reopened.check("t").problems if "lexical" in p]      # no summaries: none written
+    version = reopened._db().execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0]
+    from search.backends.embedded import SCHEMA_VERSION
+
+    assert int(version) == SCHEMA_VERSION
+
+
+def test_an_index_written_by_a_newer_chartcite_is_refused_untouched(tmp_path):
+    import sqlite3
+
+    from search.backends.base import BackendError
+    from search.backends.embedded import SCHEMA_VERSION, EmbeddedBackend
+
+    path = tmp_path / "index.sqlite"
+    a_with_others_holding_a_word(path).close()
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION + 1),))
+    before = path.read_bytes()
+    with pytest.raises(BackendError, match=r"written by a newer chartcite .* `chartcite index <files>`"):
+        EmbeddedBackend(path, "test-model", 4)
+    assert path.read_bytes() == before
 
 
 # --- the audit trail never loses an answer -----------------------------------------------------

@@ -6,6 +6,7 @@ patient's chunks (a few hundred to a few thousand vectors), which is fast and de
 from __future__ import annotations
 
 import json
+import logging
 import re
 import sqlite3
 import threading
@@ -18,9 +19,16 @@ import orjson
 from fhir_ingest.record.contract import Chunk
 
 from search.nlp.annotate import asserted_keys
-from search.backends.base import (PENDING_PROBLEM, VECTOR_PENDING, Backend, Hit, IndexCheck, ModelMismatch, Scope,
+from search.backends.base import (PENDING_PROBLEM, VECTOR_PENDING, Backend, BackendError, Hit, IndexCheck,
+                                  ModelMismatch, Scope,
                                   summary_after_removal)
 from search.nlp.lexicon import tokens
+
+# The index's layout, kept in meta as `schema_version`. 1: every index written before versions were
+# kept; 2: the full-text table's scope columns (issue 42). An older index is brought forward on
+# opening, step by step; a newer one is refused, since this code would misread it.
+SCHEMA_VERSION = 2
+log = logging.getLogger(__name__)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -120,9 +128,10 @@ class EmbeddedBackend(Backend):
         self.embedding_model = embedding_model
         self.dimension = dimension
         self._local = threading.local()
+        found = self._schema_version()
         with self._db() as db:
             db.executescript(SCHEMA)
-        self._scope_lexical_rows()
+        self._upgrade_schema(found)
         self._check_model()
 
     # One connection per thread: the web app answers on several threads, the indexer on another.
@@ -152,6 +161,28 @@ class EmbeddedBackend(Backend):
         except BaseException:
             db.execute("ROLLBACK")
             raise
+
+    def _schema_version(self) -> int:
+        """The layout the file holds: SCHEMA_VERSION for a new file, 1 for an index written before
+        versions were kept; refused when newer than this code."""
+        db = self._db()
+        tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if "chunks" not in tables:
+            return SCHEMA_VERSION
+        row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() if "meta" in tables else None
+        found = int(row[0]) if row else 1
+        if found > SCHEMA_VERSION:
+            raise BackendError(f"{self.path} was written by a newer chartcite (index schema {found}; this one reads up "
+                               f"to {SCHEMA_VERSION}): run the newer chartcite, or move the file aside and build the "
+                               f"index again with `chartcite index <files>` or a sync of each patient")
+        return found
+
+    def _upgrade_schema(self, found: int) -> None:
+        steps = {1: self._scope_lexical_rows}        # the step that brings version n to n + 1
+        for version in range(found, SCHEMA_VERSION):
+            log.info("upgrading the embedded index from schema %d to %d", version, version + 1)
+            steps[version]()
+        self._db().execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
 
     def _scope_lexical_rows(self) -> None:
         """An index written before the full-text table had its `scope` and `scoped` columns is
