@@ -127,3 +127,56 @@ def test_without_redis_each_process_keeps_only_its_own_budget(ehr):
     statuses = run_processes(ehr, "", concurrency=2, per_second=0)
     assert statuses == [200] * 36
     assert CountingEhr.peak > 2          # three processes, two each: what the shared budget prevents
+
+
+class StreamingEhr(BaseHTTPRequestHandler):
+    """A Bulk output file that streams until the client hangs up, and a small resource; notes the
+    paths asked, in order."""
+    asked: list[str] = []
+
+    def do_GET(self):
+        type(self).asked.append(self.path)
+        if self.path.startswith("/file"):
+            self.send_response(200)
+            self.send_header("Content-Type", "application/fhir+ndjson")
+            self.end_headers()
+            try:
+                for _ in range(600):
+                    self.wfile.write(b'{"resourceType":"Observation"}\n')
+                    self.wfile.flush()
+                    time.sleep(0.05)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            return
+        body = b'{"resourceType":"Patient","id":"x"}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/fhir+json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_streamed_download_counts_against_the_budget_until_it_is_closed():
+    """A Bulk file streams outside the moment its headers arrive: with a budget of one request in
+    flight, nothing else reaches the EHR while it is still being read."""
+    from fhir_ingest.connection.client import FhirClient
+
+    StreamingEhr.asked = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), StreamingEhr)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    client = FhirClient(f"http://127.0.0.1:{server.server_port}/", budget=LocalBudget(1), retries=0)
+    try:
+        download = client.request("GET", "file", stream=True)
+        next(download.iter_lines())                                   # the body is flowing
+        other = threading.Thread(target=lambda: client.request("GET", "Patient/x"), daemon=True)
+        other.start()
+        other.join(1.0)
+        assert StreamingEhr.asked == ["/file"], StreamingEhr.asked  # held back while the file streams
+        download.close()
+        other.join(60)
+        assert not other.is_alive() and StreamingEhr.asked == ["/file", "/Patient/x"]
+    finally:
+        server.shutdown()

@@ -382,8 +382,8 @@ def download_round(deps: RoundDeps, ehr: Ehr, round_: BulkRound, say: Say) -> No
 def read_files(deps: RoundDeps, export: BulkExport, round_: BulkRound, manifest: Manifest, files: list,
                said: Callable[[int], None], total: int, say: Say | None = None) -> None:
     """The files read several at once, as many as the EHR's request budget lets run in flight (a
-    file's body streams outside the budget's slot, so the pool is what keeps downloads within it);
-    one file's parsing overlaps another's transfer. A file that ends the round stops the rest.
+    file's body holds its budget slot until it is read, so downloads and any other request to the
+    EHR share the budget); one file's parsing overlaps another's transfer. A file that ends the round stops the rest.
     `say` hears each file's lines as they come, which is the progress that keeps the lease."""
     from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 

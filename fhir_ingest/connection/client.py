@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import logging
 import random
+import sys
+import threading
 import time
 from email.utils import parsedate_to_datetime
 from typing import Callable, Iterator, Protocol
@@ -85,6 +87,22 @@ def never_sent(exc: Exception) -> bool:
     return isinstance(reason, NewConnectionError)
 
 
+def release_on_close(response: requests.Response, slot) -> None:
+    """The budget slot goes back when the streamed response is closed (once, however often)."""
+    close, lock, released = response.close, threading.Lock(), []
+
+    def closing() -> None:
+        try:
+            close()
+        finally:
+            with lock:
+                if not released:
+                    released.append(True)
+                    slot.__exit__(None, None, None)
+
+    response.close = closing
+
+
 def asked_to_retry(response: requests.Response) -> bool:
     """429 or 503 with Retry-After: the EHR did nothing and says when to come back."""
     return response.status_code in (429, 503) and bool(response.headers.get("Retry-After"))
@@ -139,10 +157,7 @@ class FhirClient:
                     sent["Authorization"] = f"Bearer {token}"
             self._wait_for_retry_after()
             try:
-                with self.budget.slot():
-                    self.requests_made += 1
-                    response = self.http.request(method, url, params=params, headers=sent, timeout=self.timeout,
-                                                 json=json_body, stream=stream)
+                response = self._send(method, url, params, sent, json_body, stream)
                 self.on_status(str(response.status_code))
             except (requests.ConnectionError, requests.Timeout) as exc:
                 self.on_status("unreachable")
@@ -155,12 +170,15 @@ class FhirClient:
                 self._sleep(attempt, None)
                 continue
             if response.status_code == 401 and authorized and not refreshed:
+                response.close()
                 refreshed = True
                 self.auth.refresh()      # raises AuthExpired when it cannot
                 continue
             if response.status_code == 401:
+                response.close()
                 raise AuthExpired(f"{method} {_path(url)} refused the refreshed token", 401)
             if response.status_code in retry_statuses and (idempotent or asked_to_retry(response)):
+                response.close()
                 self._hold_off(attempt, response.headers.get("Retry-After"))
                 if attempt == self.retries:
                     raise FhirUnavailable(f"{method} {_path(url)} still answers {response.status_code} after "
@@ -168,6 +186,25 @@ class FhirClient:
                 continue
             return response
         raise FhirUnavailable(f"{method} {_path(url)} failed")   # not reached
+
+    def _send(self, method: str, url: str, params, headers: dict, json_body, stream: bool) -> requests.Response:
+        """One request within the EHR's budget. A streamed body (a Bulk output file) holds its slot
+        until the response is closed: a download in flight is a request in flight, and the budget
+        is what keeps chartcite's load on the EHR what hospital IT set."""
+        slot = self.budget.slot()
+        slot.__enter__()
+        try:
+            self.requests_made += 1
+            response = self.http.request(method, url, params=params, headers=headers, timeout=self.timeout,
+                                         json=json_body, stream=stream)
+        except BaseException:
+            slot.__exit__(*sys.exc_info())
+            raise
+        if not stream:
+            slot.__exit__(None, None, None)
+        else:
+            release_on_close(response, slot)
+        return response
 
     def _sleep(self, attempt: int, retry_after: str | None) -> None:
         time.sleep(self._wait_seconds(attempt, retry_after))
