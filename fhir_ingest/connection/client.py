@@ -109,13 +109,15 @@ class FhirClient:
         authorized = authorized and urlsplit(url).netloc == urlsplit(self.base_url).netloc
         refreshed, unreachable = False, 0
         for attempt in range(self.retries + 1):
-            sent = {"Accept": accept, **(headers or {})}
-            if authorized:
-                token = self.auth.token()
-                if token:
-                    sent["Authorization"] = f"Bearer {token}"
             try:
                 with self.budget.slot():
+                    # The token is read once the slot is ours: one read before a wait for a slot
+                    # may expire during it (a short-lived token, several searches side by side).
+                    sent = {"Accept": accept, **(headers or {})}
+                    if authorized:
+                        token = self.auth.token()
+                        if token:
+                            sent["Authorization"] = f"Bearer {token}"
                     self.requests_made += 1
                     response = self.http.request(method, url, params=params, headers=sent, timeout=self.timeout,
                                                  json=json_body, stream=stream)
