@@ -2,8 +2,9 @@
 
 Each check says what it found and, when it fails, what to fix. The checks read the EHR's public
 discovery documents, probe the token endpoint with a made-up authorization code (which tells a
-wrong client id, secret or key apart from a right one; skipped for a registration without
-launches), sign in as chartcite's Backend Services client asking for what a Bulk round asks for,
+wrong client id, secret or key apart from a right one, where the EHR keeps a client registry: the
+same probe with deliberately wrong credentials shows whether it does; skipped for a registration
+without launches), sign in as chartcite's Backend Services client asking for what a Bulk round asks for,
 and read the registered Group (it must exist and have members); they read no patient's record and
 print no patient data.
 """

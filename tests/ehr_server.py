@@ -503,9 +503,22 @@ def create_server(upstream: str, client_id: str, redirect_prefix: str, client_jw
 
     @app.route("/fhir/<path:path>", methods=["GET", "POST", "DELETE"])
     def fhir(path):
-        state["log"].append({"method": request.method, "path": request.path, "args": request.args.to_dict(flat=False),
-                             "accept": request.headers.get("Accept", ""), "auth": bool(request.headers.get("Authorization")),
-                             "range": request.headers.get("Range", ""), "at": time.time()})
+        # How many FHIR requests were being answered when this one arrived (itself included): a
+        # client's concurrency as the server sees it.
+        with lock:
+            state["in_flight"] = state.get("in_flight", 0) + 1
+            in_flight = state["in_flight"]
+        try:
+            state["log"].append({"method": request.method, "path": request.path,
+                                 "args": request.args.to_dict(flat=False), "accept": request.headers.get("Accept", ""),
+                                 "auth": bool(request.headers.get("Authorization")),
+                                 "range": request.headers.get("Range", ""), "at": time.time(), "in_flight": in_flight})
+            return answer_fhir(path)
+        finally:
+            with lock:
+                state["in_flight"] -= 1
+
+    def answer_fhir(path):
         if path == "metadata":
             return without_unsupported(forward())
         if path.split("/")[0] in state.get("unsupported", ()):

@@ -513,6 +513,25 @@ def test_short_lived_tokens_are_renewed_before_expiry_through_a_long_sync(stack)
     assert ehr_status_count(stack, "401") == refused_before          # renewed before, never after, a refusal
 
 
+def test_a_patient_sync_searches_the_kinds_of_record_side_by_side_within_the_budget(stack):
+    """A record's searches go to the EHR side by side, never more at once than the budget allows
+    (`fhir_max_concurrency`, 2 here): one after another, a launch waited on each round trip in turn."""
+    first, _ = launch(stack, stack.test_api("launch", {"patient": PID})["launch"])
+    handle = handle_of(first.text)
+    wait_synced(stack, handle)
+    stack.test_api("latency", {"seconds": 0.3})
+    try:
+        stack.test_api("clear-log")
+        assert api(stack, handle, "POST", "/api/sync").status_code in (200, 202)
+        assert wait_synced(stack, handle)["job"]["state"] == "done"
+    finally:
+        stack.test_api("latency", {"seconds": 0})
+    searches = [e for e in stack.ehr_log() if e["method"] == "GET" and e["path"].count("/") == 2
+                and e["path"] != "/fhir/metadata"]
+    assert len(searches) > 10
+    assert max(e["in_flight"] for e in searches) == 2, [e["in_flight"] for e in searches]
+
+
 def test_a_public_client_without_a_refresh_token_ends_a_long_sync_cleanly(stack):
     """Epic gives public clients no refresh token: when the sign-in ends mid-sync, the sync stops
     with a sentence saying what to do, the index keeps what it had, and the log gets one line."""

@@ -150,14 +150,10 @@ class FhirClient:
         authorized = authorized and urlsplit(url).netloc == urlsplit(self.base_url).netloc
         refreshed, unreachable = False, 0
         for attempt in range(self.retries + 1):
-            sent = {"Accept": accept, **(headers or {})}
-            if authorized:
-                token = self.auth.token()
-                if token:
-                    sent["Authorization"] = f"Bearer {token}"
             self._wait_for_retry_after()
             try:
-                response = self._send(method, url, params, sent, json_body, stream)
+                response = self._send(method, url, params, lambda: self._headers(accept, headers, authorized),
+                                      json_body, stream)
                 self.on_status(str(response.status_code))
             except (requests.ConnectionError, requests.Timeout) as exc:
                 self.on_status("unreachable")
@@ -187,15 +183,26 @@ class FhirClient:
             return response
         raise FhirUnavailable(f"{method} {_path(url)} failed")   # not reached
 
-    def _send(self, method: str, url: str, params, headers: dict, json_body, stream: bool) -> requests.Response:
-        """One request within the EHR's budget. A streamed body (a Bulk output file) holds its slot
-        until the response is closed: a download in flight is a request in flight, and the budget
-        is what keeps chartcite's load on the EHR what hospital IT set."""
+    def _headers(self, accept: str, headers: dict | None, authorized: bool) -> dict:
+        sent = {"Accept": accept, **(headers or {})}
+        if authorized:
+            token = self.auth.token()
+            if token:
+                sent["Authorization"] = f"Bearer {token}"
+        return sent
+
+    def _send(self, method: str, url: str, params, headers_now: Callable[[], dict], json_body,
+              stream: bool) -> requests.Response:
+        """One request within the EHR's budget. The headers (the token) are made once the slot is
+        ours: a token read before a wait for a slot may expire during it (a short-lived token,
+        several searches side by side). A streamed body (a Bulk output file) holds its slot until
+        the response is closed: a download in flight is a request in flight, and the budget is what
+        keeps chartcite's load on the EHR what hospital IT set."""
         slot = self.budget.slot()
         slot.__enter__()
         try:
             self.requests_made += 1
-            response = self.http.request(method, url, params=params, headers=headers, timeout=self.timeout,
+            response = self.http.request(method, url, params=params, headers=headers_now(), timeout=self.timeout,
                                          json=json_body, stream=stream)
         except BaseException:
             slot.__exit__(*sys.exc_info())

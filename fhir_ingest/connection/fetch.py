@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import logging
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
@@ -20,6 +21,7 @@ from ..record.reader import RawResource, ReadItem, ReadProblem
 log = logging.getLogger(__name__)
 
 PAGE_SIZE = 100
+SEARCHES_AT_ONCE = 4      # threads issuing a patient's searches; the request budget caps those in flight
 _CONDITIONAL = re.compile(r"^[A-Z][A-Za-z]+\?[^\s]+$")
 
 Progress = Callable[[str, int, int], None]
@@ -104,19 +106,31 @@ def fetch_patient(client: FhirClient, patient_id: str, since: str = "", progress
             raise PatientNotFound("the EHR has no such patient") from exc
         raise
     not_read = list(offer.not_read)
-    for i, (rtype, param) in enumerate(offer.searches.items(), start=1):
+
+    def search(rtype: str, param: str) -> list[dict]:
         params = {param: patient_id, "_count": str(PAGE_SIZE)}
         if since:
             params["_lastUpdated"] = f"ge{since}"
+        return list(client.search(rtype, params))
+
+    # The kinds are searched side by side (the request budget keeps the EHR's limit on requests in
+    # flight): one after another, a large record waited on each search's round trip in turn.
+    with ThreadPoolExecutor(SEARCHES_AT_ONCE, thread_name_prefix="chartcite-fetch") as pool:
+        running = {rtype: pool.submit(search, rtype, param) for rtype, param in offer.searches.items()}
         try:
-            resources += list(client.search(rtype, params))
-        except FhirError as exc:
-            if exc.status not in (400, 403, 404, 405, 501) and rtype not in offer.undeclared:
-                raise
-            why = "not offered by this EHR" if rtype in offer.undeclared else "the EHR refused the search"
-            not_read.append(f"{rtype}: {why} ({exc.status or 'error'})")
-        if progress:
-            progress("fetching", i, steps)
+            for i, (rtype, future) in enumerate(running.items(), start=1):
+                try:
+                    resources += future.result()
+                except FhirError as exc:
+                    if exc.status not in (400, 403, 404, 405, 501) and rtype not in offer.undeclared:
+                        raise
+                    why = "not offered by this EHR" if rtype in offer.undeclared else "the EHR refused the search"
+                    not_read.append(f"{rtype}: {why} ({exc.status or 'error'})")
+                if progress:
+                    progress("fetching", i, steps)
+        except BaseException:
+            pool.shutdown(cancel_futures=True)
+            raise
     resources += referenced_medications(client, resources)
     resolver = ConditionalResolver(client)
     for resource in resources:
