@@ -6,7 +6,8 @@
 2. `chartcite index` as a real process, a fresh data directory each, model load included, with
    its peak RSS: an NDJSON file whose one line is `--line-mb` MB of spaces beside two results;
    a bundle of `--bundle-mb` MB (blank scans inline, each under the attachment cap) that is
-   parsed as a stream; and an NDJSON file of ordinary results of about the same size as the line.
+   parsed as a stream; and an NDJSON file of ordinary lines (Provenance: read and checked, not
+   embedded) of the same size as the long line, beside the same two results.
 
 Prints the processor first and, last, a line for scripts:
 `long_lines: split_long_s=… split_ordinary_s=… line_s=… line_rss_mb=… bundle_s=… bundle_rss_mb=…
@@ -64,12 +65,17 @@ def long_line_file(path: Path, megabytes: int) -> None:
 
 
 def ordinary_file(path: Path, megabytes: int) -> None:
+    """Ordinary lines of the same total size, of a type read, checked and counted but not embedded
+    (Provenance), so that both files measure reading, not the model."""
     with path.open("wb") as out:
-        out.write(json.dumps(PATIENT).encode() + b"\n")
+        out.write(json.dumps(observation(1)).encode() + b"\n")
         i = 0
         while out.tell() < megabytes * 2**20:
-            out.write(json.dumps(observation(i)).encode() + b"\n")
+            out.write(json.dumps({"resourceType": "Provenance", "id": f"prov-{i}", "recorded": "2024-05-01T09:00:00Z",
+                                  "target": [{"reference": f"Observation/obs-{i}"}],
+                                  "agent": [{"who": {"reference": "Practitioner/bench-doc"}}]}).encode() + b"\n")
             i += 1
+        out.write(json.dumps(observation(2)).encode() + b"\n")
 
 
 def scanned_bundle(path: Path, megabytes: int) -> None:

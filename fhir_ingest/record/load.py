@@ -250,13 +250,21 @@ def kept_by_rule(record: PatientRecord, lacking: list[dict], report: LoadReport 
     """The held resources the record lacks that it may not remove: of a type it did not read whole,
     or newer than the record itself. One line per reason says why they stay."""
     as_of = record_date(record)
-    kept, reasons = [], Counter()
+    kept, reasons, newer = [], Counter(), []
     for resource in lacking:
-        why = record.partial_types.get(resource["resourceType"]) or record.partial_types.get(ANY_TYPE) or \
-            newer_than_input(resource, as_of)
+        why = record.partial_types.get(resource["resourceType"]) or record.partial_types.get(ANY_TYPE)
+        updated = held_date(resource)
         if why:
-            kept.append(resource)
             reasons[why] += 1
+        elif updated is not None and (as_of is None or updated > as_of):
+            newer.append(updated)
+        else:
+            continue
+        kept.append(resource)
+    if newer:
+        newest = max(newer).date()
+        reasons[f"older than the record held ({as_of.date()} vs {newest})" if as_of is not None else
+                f"undated, and the record held is dated ({newest})"] += len(newer)
     if report is not None:
         for why, count in reasons.items():
             report.not_removed.append(Skipped(record.document or "input", f"patient {record.patient_id}: {why}: "
@@ -269,20 +277,12 @@ def record_date(record: PatientRecord) -> datetime | None:
     own = instant_of(record.as_of) if record.as_of else None
     if own is not None:
         return own
-    dates = [when for r in record.resources if (when := instant_of(meta_of(r).get("lastUpdated"))) is not None]
-    return max(dates, default=None)
+    return max((when for r in record.resources if (when := held_date(r)) is not None), default=None)
 
 
-def newer_than_input(resource: dict, as_of: datetime | None) -> str:
-    """Why a held resource is too recent for the input to remove, or ''."""
-    updated = instant_of(meta_of(resource).get("lastUpdated")) if meta_of(resource).get("lastUpdated") else None
-    if updated is None:
-        return ""
-    if as_of is None:
-        return f"undated, and the record held is dated ({updated.date()})"
-    if updated > as_of:
-        return f"older than the record held ({as_of.date()} vs {updated.date()})"
-    return ""
+def held_date(resource: dict) -> datetime | None:
+    updated = meta_of(resource).get("lastUpdated")
+    return instant_of(updated) if updated else None
 
 
 def over_budget_words(record: PatientRecord, removing: int, held: list[dict], budget: RemovalBudget) -> str:
