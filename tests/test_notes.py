@@ -98,7 +98,7 @@ FAMILY HISTORY:
 Her mother had breast cancer at 50.
 
 IMPRESSION:
-Left breast: a simple cyst, benign.
+Left breast: the biopsy showed a benign fibroadenoma.
 Right breast: a 2 cm spiculated mass at 10 o'clock, highly suspicious for carcinoma; core biopsy scheduled.""")
 
 
@@ -125,6 +125,8 @@ def test_medications_only_a_note_lists_are_the_answer_to_a_medication_question(s
     result = ask(service, "what meds did she go home on?")
     assert "No medications" not in result["answer"], result["answer"]
     assert "Novolin 70/30, 15 units b.i.d." in result["answer"]
+    # The plan written inline after the list is its own section, not a medication.
+    assert "Follow up with cardiology" not in result["answer"]
 
 
 def test_an_allergy_the_note_does_not_name_is_no_evidence_with_what_the_notes_do_say(service):
@@ -142,9 +144,9 @@ def test_a_quoted_sentence_is_whole_and_its_citation_names_it(service):
 
 
 def test_the_side_asked_about_answers_not_the_other_one(service):
-    result = ask(service, "what was found in the right breast?")
+    result = ask(service, "what did the biopsy of the right breast show?")
     assert "Right breast: a 2 cm spiculated mass" in result["answer"], result["answer"]
-    assert "Left breast: a simple cyst" not in result["answer"]
+    assert "fibroadenoma" not in result["answer"]
 
 
 def test_a_relatives_history_does_not_answer_for_the_patient(service):
