@@ -153,3 +153,29 @@ def test_a_relatives_history_does_not_answer_for_the_patient(service):
     result = ask(service, "does she have breast cancer?")
     assert "Her mother had breast cancer" not in result["answer"], result["answer"]
     assert "suspicious for carcinoma" in result["answer"]
+
+
+# --- conflicts only when two cited facts disagree -----------------------------------------------------------
+
+MELANOMA = {"resourceType": "Condition", "id": "mel-1", "subject": {"reference": f"Patient/{PID}"},
+            "clinicalStatus": {"coding": [{"system": "http://terminology.hl7.org/CodeSystem/condition-clinical",
+                                           "code": "active"}]},
+            "code": {"coding": [{"system": "http://snomed.info/sct", "code": "372244006",
+                                 "display": "Malignant melanoma"}], "text": "Malignant melanoma"},
+            "onsetDateTime": "2004-01-01"}
+ORTHO = note("or-1", "2008-11-03T10:00:00Z", """IMPRESSION:
+Based on her presentation without any history of obvious fall or trauma and past history of malignant melanoma, this appears to be a pathological fracture of the left proximal hip.""")
+
+
+CHEST_CT = note("ct-1", "2008-11-04T10:00:00Z", """FINDINGS:
+The lungs are clear with no infiltrates, effusions, or masses.""")
+
+
+def test_a_sentence_that_does_not_deny_the_coded_problem_is_no_conflict(tmp_path, embedder):
+    service = indexed_record(tmp_path, [PATIENT, MELANOMA, ORTHO, CHEST_CT])
+    try:
+        result = service.ask("t", PID, "Did the scan show the cancer in my lungs?")
+    finally:
+        service.close()
+    assert not any(s.get("conflict") for s in result["statements"]), result["answer"]
+    assert "conflicts with" not in result["answer"]

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 from search.answering.charts import series_chart
 from search.answering.facts import Fact, fact_of
-from fhir_ingest.record.notes import note_sentences
+from fhir_ingest.record.notes import denies, note_sentences, sentence_context
 from search.answering.lead import ALLERGY_WORDS, SUPPORTING, Draft, Lead, first_sentence, note_words
 from search.answering.notes import Ranked, best_of_chunk, note_sections, note_units, quote, rank_note_sentences
 from search.answering.types import Answer, Citation, EvidenceItem, Statement
@@ -366,24 +366,42 @@ def relevant_evidence(retrieval: Retrieval) -> list[Evidence]:
 
 def note_conflict(retrieval: Retrieval, cited: list[Evidence]) -> tuple[Evidence, str] | None:
     """A note that denies what the structured record asserts ("No Known Allergies." beside a
-    recorded shellfish allergy): surfaced, not silently dropped, and never the answer itself."""
+    recorded shellfish allergy): surfaced, not silently dropped, and never the answer itself. Two
+    cited facts disagree only about the same thing in the same period: the note's own sentence
+    denies the concept (a negation right before it, not a "without" a clause away), says it of the
+    patient and not of a relative or of what may happen, and was written on or after the
+    structured record's date."""
     keys = retrieval.analysis.keys
-    structured = set()
+    since: dict[str, str] = {}
     for ev in cited:
         if ev.chunk.semantic_type != "note":
-            structured |= asserted_keys(ev.chunk.concepts) & keys
-    if not structured:
+            for key in asserted_keys(ev.chunk.concepts) & keys:
+                since[key] = min(since.get(key, ev.chunk.date), ev.chunk.date)
+    if not since:
         return None
     for ev in sorted(retrieval.candidates, key=lambda e: e.chunk.date, reverse=True):
         if ev.chunk.semantic_type != "note":
             continue
-        denied = [c for c in ev.chunk.concepts if c["key"] in structured and c.get("negated")]
-        if denied and not (asserted_keys(ev.chunk.concepts) & structured):
-            surface = denied[0].get("text", "")
-            for sentence in re.split(r"(?<=[.!?])\s+|\n", ev.chunk.text):
-                if surface and surface.lower() in sentence.lower():
-                    return ev, sentence.strip().split(": ")[-1]
+        denied = [c for c in ev.chunk.concepts if c["key"] in since and c.get("negated")
+                  and ev.chunk.date[:10] >= since[c["key"]][:10]]
+        if not denied or asserted_keys(ev.chunk.concepts) & set(since):
+            continue
+        sentence = denying_sentence(ev, denied)
+        if sentence:
+            return ev, sentence
     return None
+
+
+def denying_sentence(ev: Evidence, denied: list[dict]) -> str:
+    """The note's sentence that itself denies one of the concepts, if any."""
+    surfaces = [c.get("text", "").lower() for c in denied if c.get("text")]
+    for sentence in note_sentences(ev.chunk.text.partition(". ")[2]):
+        text = sentence.text.strip().split(": ")[-1]
+        if not any(surface in text.lower() for surface in surfaces) or sentence_context(text):
+            continue
+        if any(denies(text, surface) for surface in surfaces):
+            return text
+    return ""
 
 
 def compose(retrieval: Retrieval, patient_id: str, question_id: str | None = None) -> Answer:
