@@ -98,7 +98,7 @@ FAMILY HISTORY:
 Her mother had breast cancer at 50.
 
 IMPRESSION:
-Left breast: a simple cyst, benign.
+Left breast: the biopsy showed a benign fibroadenoma.
 Right breast: a 2 cm spiculated mass at 10 o'clock, highly suspicious for carcinoma; core biopsy scheduled.""")
 
 
@@ -125,6 +125,8 @@ def test_medications_only_a_note_lists_are_the_answer_to_a_medication_question(s
     result = ask(service, "what meds did she go home on?")
     assert "No medications" not in result["answer"], result["answer"]
     assert "Novolin 70/30, 15 units b.i.d." in result["answer"]
+    # The plan written inline after the list is its own section, not a medication.
+    assert "Follow up with cardiology" not in result["answer"]
 
 
 def test_an_allergy_the_note_does_not_name_is_no_evidence_with_what_the_notes_do_say(service):
@@ -142,12 +144,38 @@ def test_a_quoted_sentence_is_whole_and_its_citation_names_it(service):
 
 
 def test_the_side_asked_about_answers_not_the_other_one(service):
-    result = ask(service, "what was found in the right breast?")
+    result = ask(service, "what did the biopsy of the right breast show?")
     assert "Right breast: a 2 cm spiculated mass" in result["answer"], result["answer"]
-    assert "Left breast: a simple cyst" not in result["answer"]
+    assert "fibroadenoma" not in result["answer"]
 
 
 def test_a_relatives_history_does_not_answer_for_the_patient(service):
     result = ask(service, "does she have breast cancer?")
     assert "Her mother had breast cancer" not in result["answer"], result["answer"]
     assert "suspicious for carcinoma" in result["answer"]
+
+
+# --- conflicts only when two cited facts disagree -----------------------------------------------------------
+
+MELANOMA = {"resourceType": "Condition", "id": "mel-1", "subject": {"reference": f"Patient/{PID}"},
+            "clinicalStatus": {"coding": [{"system": "http://terminology.hl7.org/CodeSystem/condition-clinical",
+                                           "code": "active"}]},
+            "code": {"coding": [{"system": "http://snomed.info/sct", "code": "372244006",
+                                 "display": "Malignant melanoma"}], "text": "Malignant melanoma"},
+            "onsetDateTime": "2004-01-01"}
+ORTHO = note("or-1", "2008-11-03T10:00:00Z", """IMPRESSION:
+Based on her presentation without any history of obvious fall or trauma and past history of malignant melanoma, this appears to be a pathological fracture of the left proximal hip.""")
+
+
+CHEST_CT = note("ct-1", "2008-11-04T10:00:00Z", """FINDINGS:
+The lungs are clear with no infiltrates, effusions, or masses.""")
+
+
+def test_a_sentence_that_does_not_deny_the_coded_problem_is_no_conflict(tmp_path, embedder):
+    service = indexed_record(tmp_path, [PATIENT, MELANOMA, ORTHO, CHEST_CT])
+    try:
+        result = service.ask("t", PID, "Did the scan show the cancer in my lungs?")
+    finally:
+        service.close()
+    assert not any(s.get("conflict") for s in result["statements"]), result["answer"]
+    assert "conflicts with" not in result["answer"]

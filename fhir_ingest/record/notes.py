@@ -221,10 +221,11 @@ def _context_triggers() -> dict[str, re.Pattern]:
     about what may happen (HYPOTHETICAL), each rule's token pattern (or its literal) as a regular
     expression. TERMINATE rules end a context rather than start one, so they are not triggers."""
     rules = json.loads((_DATA / "context_rules.json").read_text())["context_rules"]
-    found: dict[str, list[str]] = {"family": [], "hypothetical": []}
+    found: dict[str, list[str]] = {"family": [], "hypothetical": [], "negated_existence": []}
     for rule in rules:
         category = rule["category"].lower()
-        if category in found and rule.get("direction") != "TERMINATE":
+        if category in found and rule.get("direction") != "TERMINATE" and (
+                category != "negated_existence" or rule.get("direction") in ("FORWARD", "BIDIRECTIONAL")):
             found[category].append(_trigger(rule))
     return {category: re.compile(r"\b(?:" + "|".join(triggers) + r")\b", re.I) for category, triggers in found.items()}
 
@@ -244,7 +245,23 @@ def _trigger(rule: dict) -> str:
 def sentence_context(text: str) -> set[str]:
     """"family" when a sentence speaks of a relative ("Mother had breast cancer."), "hypothetical"
     when of what may happen ("Return if chest pain recurs."), by ConText's triggers."""
-    return {category for category, pattern in _context_triggers().items() if pattern.search(text)}
+    return {category for category, pattern in _context_triggers().items()
+            if category != "negated_existence" and pattern.search(text)}
+
+
+NEGATION_WINDOW = 5     # words between a negation and what it denies, as NegEx counts them
+
+
+def denies(text: str, surface: str) -> bool:
+    """The sentence denies `surface` itself: a ConText negation trigger ("no", "without",
+    "negative for") stands at most NEGATION_WINDOW words before it ("without any history of
+    obvious fall or trauma and past history of malignant melanoma" does not deny the melanoma)."""
+    low = text.lower()
+    at = low.find(surface.lower())
+    if at < 0:
+        return False
+    before = " ".join(low[:at].split()[-NEGATION_WINDOW:])
+    return _context_triggers()["negated_existence"].search(before) is not None
 
 
 @lru_cache(maxsize=1)

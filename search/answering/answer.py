@@ -11,9 +11,9 @@ from dataclasses import dataclass, replace
 
 from search.answering.charts import series_chart
 from search.answering.facts import Fact, fact_of
-from fhir_ingest.record.notes import note_sentences
+from fhir_ingest.record.notes import denies, note_sentences, sentence_context
 from search.answering.lead import ALLERGY_WORDS, SUPPORTING, Draft, Lead, first_sentence, note_words
-from search.answering.notes import Ranked, best_of_chunk, note_sections, quote, rank_note_sentences
+from search.answering.notes import Ranked, best_of_chunk, note_sections, note_units, quote, rank_note_sentences
 from search.answering.types import Answer, Citation, EvidenceItem, Statement
 from search.nlp.annotate import RecordTerm, asserted_keys, default_annotator
 from search.nlp import terminology
@@ -274,27 +274,6 @@ def entry_words(ev) -> str:
 WHOLE_SECTION_CHARS = 400
 
 
-def note_units(text: str) -> list[str]:
-    """A section's sentences, with the items of a list kept with the line that introduces them
-    ("The following procedures were conducted: echocardiography; thrombectomy")."""
-    units: list[list[str]] = []
-    for line in (part.strip() for part in text.split("\n")):
-        if line.startswith("- "):
-            if units and units[-1][-1].endswith(":") or units and units[-1][-1].startswith("- "):
-                units[-1].append(line)
-            else:
-                units.append([line])
-        elif line and not re.fullmatch(r"[A-Z][a-z]+", line):       # a bare subheading ("Plan") says nothing
-            units += [[sentence.text] for sentence in note_sentences(line)]
-    return [_join_list(unit) for unit in units]
-
-
-def _join_list(unit: list[str]) -> str:
-    lead = [] if unit[0].startswith("- ") else unit[:1]
-    items = list(dict.fromkeys(line[2:].strip() for line in unit if line.startswith("- ")))
-    return " ".join(lead + (["; ".join(items)] if items else []))
-
-
 def _asks_for_section(heading: str, analysis: Analysis) -> bool:
     """The question names this section: "presenting complaints" → Chief Complaint (through the
     lexicon's section concepts), "meds" → Medications (a word the heading begins with)."""
@@ -388,24 +367,42 @@ def relevant_evidence(retrieval: Retrieval) -> list[Evidence]:
 
 def note_conflict(retrieval: Retrieval, cited: list[Evidence]) -> tuple[Evidence, str] | None:
     """A note that denies what the structured record asserts ("No Known Allergies." beside a
-    recorded shellfish allergy): surfaced, not silently dropped, and never the answer itself."""
+    recorded shellfish allergy): surfaced, not silently dropped, and never the answer itself. Two
+    cited facts disagree only about the same thing in the same period: the note's own sentence
+    denies the concept (a negation right before it, not a "without" a clause away), says it of the
+    patient and not of a relative or of what may happen, and was written on or after the
+    structured record's date."""
     keys = retrieval.analysis.keys
-    structured = set()
+    since: dict[str, str] = {}
     for ev in cited:
         if ev.chunk.semantic_type != "note":
-            structured |= asserted_keys(ev.chunk.concepts) & keys
-    if not structured:
+            for key in asserted_keys(ev.chunk.concepts) & keys:
+                since[key] = min(since.get(key, ev.chunk.date), ev.chunk.date)
+    if not since:
         return None
     for ev in sorted(retrieval.candidates, key=lambda e: e.chunk.date, reverse=True):
         if ev.chunk.semantic_type != "note":
             continue
-        denied = [c for c in ev.chunk.concepts if c["key"] in structured and c.get("negated")]
-        if denied and not (asserted_keys(ev.chunk.concepts) & structured):
-            surface = denied[0].get("text", "")
-            for sentence in re.split(r"(?<=[.!?])\s+|\n", ev.chunk.text):
-                if surface and surface.lower() in sentence.lower():
-                    return ev, sentence.strip().split(": ")[-1]
+        denied = [c for c in ev.chunk.concepts if c["key"] in since and c.get("negated")
+                  and ev.chunk.date[:10] >= since[c["key"]][:10]]
+        if not denied or asserted_keys(ev.chunk.concepts) & set(since):
+            continue
+        sentence = denying_sentence(ev, denied)
+        if sentence:
+            return ev, sentence
     return None
+
+
+def denying_sentence(ev: Evidence, denied: list[dict]) -> str:
+    """The note's sentence that itself denies one of the concepts, if any."""
+    surfaces = [c.get("text", "").lower() for c in denied if c.get("text")]
+    for sentence in note_sentences(ev.chunk.text.partition(". ")[2]):
+        text = sentence.text.strip().split(": ")[-1]
+        if not any(surface in text.lower() for surface in surfaces) or sentence_context(text):
+            continue
+        if any(denies(text, surface) for surface in surfaces):
+            return text
+    return ""
 
 
 def compose(retrieval: Retrieval, patient_id: str, question_id: str | None = None) -> Answer:
@@ -509,7 +506,8 @@ def clinical_statements(retrieval: Retrieval, relevant: list[Evidence]) -> tuple
         if drafts and ev.chunk.semantic_type == "note" and not another_note_answers(ev, drafts, ranked):
             continue       # one passage of a note is enough; another note may say what changed
         words = supporting_words(ev, fact, analysis, first=not drafts, ranked=ranked)
-        if words and all(words != c for d in drafts for c, _ in d.clauses):
+        quoted = words.partition(" says")[2]       # the same passage in another note is said once
+        if words and all(words != c and (not quoted or c.partition(" says")[2] != quoted) for d in drafts for c, _ in d.clauses):
             drafts.append(Draft([(words, [ev])]))
             said.add(ev.chunk.chunk_id)
     return numbered(drafts) + (series_chart(lead.series[0]) if lead.series else None,)
@@ -535,7 +533,7 @@ def notes_by_their_best_sentence(relevant: list[Evidence], ranked: list[Ranked])
     best = ranked[0].ev
     slots = [i for i, ev in enumerate(relevant) if ev.chunk.semantic_type == "note"]
     if not slots:
-        return relevant + [best]
+        return relevant        # answered from coded records: no note is added to them
     notes = [relevant[i] for i in slots if relevant[i].chunk.chunk_id != best.chunk.chunk_id]
     notes = [best] + sorted(notes, key=lambda ev: order.get(ev.chunk.chunk_id, len(order)))
     out = list(relevant)

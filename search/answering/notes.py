@@ -45,6 +45,27 @@ def chunk_sections(chunk) -> list[tuple[str, str]]:
     return note_sections(chunk.text.partition(". ")[2], chunk.sections)
 
 
+def note_units(text: str) -> list[str]:
+    """A section's sentences, with the items of a list kept with the line that introduces them
+    ("The following procedures were conducted: echocardiography; thrombectomy")."""
+    units: list[list[str]] = []
+    for line in (part.strip() for part in text.split("\n")):
+        if line.startswith("- "):
+            if units and units[-1][-1].endswith(":") or units and units[-1][-1].startswith("- "):
+                units[-1].append(line)
+            else:
+                units.append([line])
+        elif line and not re.fullmatch(r"[A-Z][a-z]+", line):       # a bare subheading ("Plan") says nothing
+            units += [[sentence.text] for sentence in note_sentences(line)]
+    return [_join_list(unit) for unit in units]
+
+
+def _join_list(unit: list[str]) -> str:
+    lead = [] if unit[0].startswith("- ") else unit[:1]
+    items = list(dict.fromkeys(line[2:].strip() for line in unit if line.startswith("- ")))
+    return " ".join(lead + (["; ".join(items)] if items else []))
+
+
 def sentences_of(chunk) -> list[NoteSentence]:
     """Every sentence of a note chunk, in order, each with its section."""
     out = []
@@ -54,9 +75,10 @@ def sentences_of(chunk) -> list[NoteSentence]:
         kind = section_kind(base)
         # A section continued from the chunk before does not open here.
         start = CONTINUED if heading.endswith(" (continued)") else 0
-        out += [NoteSentence(base, kind, " ".join(s.text.split()), start + i)
-                for i, s in enumerate(note_sentences(text))
-                if _plain(s.text) not in title]        # the note's own title line says nothing
+        # A list ("- cbc panel") stays with the line that introduces it, as one unit.
+        texts = note_units(text) if re.search(r"^- ", text, re.M) else [s.text for s in note_sentences(text)]
+        out += [NoteSentence(base, kind, " ".join(t.split()), start + i) for i, t in enumerate(texts)
+                if _plain(t) not in title]        # the note's own title line says nothing
     return out
 
 
@@ -200,8 +222,9 @@ def quoted_sentences(note_text: str, statement_text: str) -> list[str]:
     said = " ".join(statement_text.split())
     found = []
     for part in _HEADING_IN_CHUNK.split(note_text.partition(". ")[2]):
-        for s in note_sentences(part):
-            words = " ".join(s.text.split())
+        units = note_units(part) if re.search(r"^- ", part, re.M) else [s.text for s in note_sentences(part)]
+        for unit in units:
+            words = " ".join(unit.split())
             if len(words) >= MIN_QUOTE and words in said:
                 found.append(words)
     return list(dict.fromkeys(found))

@@ -94,8 +94,9 @@ def never_hide_the_class(result: Answer, ctx: AnswerContext) -> Answer:
     entries = class_entries(ctx.backend, scope) if held else []
     related, others = closest_first(entries, ctx.retrieval.analysis, klass, ctx.retrieval.candidates)
     # The notes state the class too: what the coded entries lack is not said to be absent.
+    # No note names what was asked either (else the notes answered above): the absence stands.
     listed = class_entries_answer(result, klass if held else "", others, context, related,
-                                  "" if stated else absence(ctx.retrieval.analysis, klass, 0 < held <= CLASS_READ, related))
+                                  absence(ctx.retrieval.analysis, klass, 0 < held <= CLASS_READ, related))
     return with_note_statements(listed, stated[:SUPPORTING_NOTES], context=True)
 
 
