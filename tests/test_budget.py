@@ -10,6 +10,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -95,10 +96,40 @@ def most_starts_within(starts: list[float], span: float) -> int:
 def test_processes_share_one_budget_through_redis(ehr):
     # A fresh origin name per run: the budget's keys in Redis are per EHR origin.
     base = ehr.replace("/fhir/", f"/fhir-{uuid.uuid4().hex[:6]}/")
-    statuses = run_processes(base, redis_url(), concurrency=2, per_second=12)
+    with starts_granted(base) as granted:
+        statuses = run_processes(base, redis_url(), concurrency=2, per_second=12)
     assert statuses == [200] * 36
     assert CountingEhr.peak <= 2
-    assert most_starts_within(CountingEhr.starts, SPAN) <= 12
+    # The rate is judged on the instants Redis itself granted (its own clock, in the budget's
+    # window), not on arrivals at the server, which a loaded machine delays unevenly.
+    assert len(granted) >= 24, len(granted)
+    assert most_starts_within(sorted(granted.values()), 1.0) <= 12
+
+
+@contextmanager
+def starts_granted(base: str):
+    """Every start the Redis budget records for this origin, read while the processes run (a
+    start stays in the budget's window for a second, and is read every 50 ms)."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url())
+    key = f"chartcite:ehr-budget:{base.split('//')[1].rstrip('/')}:starts"
+    seen: dict[bytes, float] = {}
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            seen.update(client.zrange(key, 0, -1, withscores=True))
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield seen
+    finally:
+        done.set()
+        watcher.join(10)
+        seen.update(client.zrange(key, 0, -1, withscores=True))
 
 
 def test_a_process_budget_spreads_its_rate_over_any_second():
