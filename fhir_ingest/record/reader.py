@@ -392,27 +392,34 @@ def everything_patient(bundle: dict) -> str:
 
 def partial_words(bundle: dict, entries: int | None = None) -> str:
     """Why a searchset Bundle holds only part of a record, or '': a search other than the
-    patient's `$everything`, a filtered one (`_since`, `_type`, `start`, `_count`…), one page of
-    several, or fewer entries than its `total` counts. What a search leaves out it says nothing of."""
+    patient's `$everything`, a filtered one (`_since`, `_type`, `start`, `_count` with a full
+    page…), one page of several, or fewer entries than its `total` counts. What a search leaves
+    out it says nothing of."""
     if bundle.get("type") != "searchset":
         return ""
     url = self_url(bundle)
-    what = "a `$everything`" if everything_patient(bundle) else f"a search ({urlsplit(url).path.rsplit('/', 1)[-1] or 'no self link'})"
     if not everything_patient(bundle):
-        return f"{what}, not a whole record"
-    filters = sorted({name for name, _ in parse_qsl(urlsplit(url).query, keep_blank_values=True)}
-                     - PRESENTATION_PARAMETERS)
-    if filters:
-        return f"{what} filtered by {', '.join(f'`{name}`' for name in filters)}"
-    paging = sorted({link.get("relation") for link in bundle_links(bundle)} & {"next", "previous", "prev"})
-    if paging:
-        return f"{what} page that links to a {' and a '.join(paging)} page"
+        return f"a search ({urlsplit(url).path.rsplit('/', 1)[-1] or 'no self link'}), not a whole record"
     if entries is None:
         entries = len(bundle["entry"]) if isinstance(bundle.get("entry"), list) else 0
+    parameters = dict(parse_qsl(urlsplit(url).query, keep_blank_values=True))
+    filters = sorted(set(parameters) - PRESENTATION_PARAMETERS - ({"_count"} if page_not_full(parameters, entries)
+                                                                   else set()))
+    if filters:
+        return f"a `$everything` filtered by {', '.join(f'`{name}`' for name in filters)}"
+    paging = sorted({link.get("relation") for link in bundle_links(bundle)} & {"next", "previous", "prev"})
+    if paging:
+        return f"a `$everything` page that links to a {' and a '.join(paging)} page"
     total = bundle.get("total")
     if isinstance(total, int) and not isinstance(total, bool) and total > entries:
-        return f"{what} holding {entries} of the {total} entries its total counts"
+        return f"a `$everything` holding {entries} of the {total} entries its total counts"
     return ""
+
+
+def page_not_full(parameters: dict[str, str], entries: int) -> bool:
+    """A page size (`_count`) the answer did not fill: nothing was left for a next page."""
+    count = parameters.get("_count", "")
+    return count.isdigit() and entries < int(count)
 
 
 def document_items(parsed: object, origin: str, document: Document) -> Iterator[ReadItem]:
