@@ -304,7 +304,7 @@ class PatientChunker:
         its parts (counting every growing candidate again was most of chunking's time)."""
         lead = f"{heading}:" if heading else ""
         # Cut between sentences as a clinician reads them, never at "Dr." or "p.o.".
-        sentences = [sentence.text for sentence in note_sentences(body)] or [body]
+        sentences = [s.text for line in body.split("\n") for s in note_sentences(line)] or [body]
         sizes = [self.budget.count_tokens(sentence) for sentence in sentences]
         lead_size = self.budget.count_tokens(lead)
         if lead_size + sum(sizes) <= room:

@@ -147,6 +147,8 @@ def asks_the_class(ctx: AnswerContext, klass: str) -> bool:
 def named_in_notes(ctx: AnswerContext, stated: list) -> list:
     """The class statements of the notes that name what was asked."""
     members = asked_members(ctx)
+    if ctx.retrieval.absent_terms:
+        return []       # a word of the question this record never uses: no note names what was asked
     return [s for s in stated if members and any(names(m, s[2]) for m in members)]
 
 

@@ -810,8 +810,8 @@ def analyse_question(state: RetrievalState, tools: Tools) -> tuple[int, str]:
 def read_abbreviations_by_the_record(analysis: Analysis, backend: Backend, tenant: str, patient_id: str) -> None:
     """An abbreviation with several long forms means the ones this patient's record spells out
     ("CEA" is a carotid endarterectomy in a vascular patient's notes, carcinoembryonic antigen in
-    an oncology workup): forms whose every word the record has are kept, the others dropped with
-    the concepts read through them; when the record spells out none, or all, all stay."""
+    an oncology workup): forms whose every word the record has are kept, the others dropped from
+    the words searched; when the record spells out none, or all, all stay."""
     ambiguous = {token: forms for token, forms in analysis.abbreviations.items() if len(forms) > 1}
     if not ambiguous:
         return
@@ -825,7 +825,8 @@ def read_abbreviations_by_the_record(analysis: Analysis, backend: Backend, tenan
             analysis.abbreviations[token] = spelt
             dropped |= set(forms) - set(spelt)
     if dropped:
-        analysis.concepts = [c for c in analysis.concepts if c.get("via") not in dropped]
+        # The concepts stay (a coded name may match one the record words otherwise); the words
+        # searched and the sentences read are the record's own reading.
         analysis.expansions = [e for e in analysis.expansions if e not in dropped]
 
 
