@@ -52,6 +52,11 @@ DEFAULTS = {
 
 
 def schema(op):
+    cursors_and_files(op)
+    parts_rounds_and_leases(op)
+
+
+def cursors_and_files(op):
     op.create_table('bulk_cursor',
     sa.Column('tenant', sa.String(length=40), nullable=False),
     sa.Column('group_id', sa.String(length=200), nullable=False),
@@ -74,6 +79,9 @@ def schema(op):
     sa.Column('report', sa.Text(), nullable=False),
     sa.PrimaryKeyConstraint('round_id', 'n')
     )
+
+
+def parts_rounds_and_leases(op):
     op.create_table('bulk_part',
     sa.Column('round_id', sa.String(length=40), nullable=False),
     sa.Column('n', sa.Integer(), nullable=False),
