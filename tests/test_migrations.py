@@ -46,8 +46,9 @@ def test_the_previous_releases_databases_are_upgraded_without_losing_a_row(tmp_p
     assert rounds.cursor("epic-prod", "g1").since == "2026-11-01T00:00:00Z"
     kinds = [e["kind"] for e in audit.entries()]
     assert kinds == ["draft-saved", "ask"] and audit.entries(kind="ask")[0]["evidence"] == ["Observation/1"]
-    for table in ("alembic_version_registry", "alembic_version_rounds"):
-        assert current_revision(registry_url, table) == "0001"
+    assert ehr.similar_patients is False           # off for a registration made before the option
+    assert current_revision(registry_url, "alembic_version_registry") == "0002"
+    assert current_revision(registry_url, "alembic_version_rounds") == "0001"
     assert current_revision(audit_url, "alembic_version_audit") == "0001"
 
 
