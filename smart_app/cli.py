@@ -306,8 +306,9 @@ def format_cohort(result: dict) -> str:
     lines = [f"{result['outcome']} change within {result['window_months']} months after each exposure started, "
              f"patients with {result['condition']}:"]
     for group in result["groups"]:
-        if group["suppressed"] or group["median_change"] is None:
-            lines.append(f"  {group['exposure']}: {group['note']}")
+        if group["median_change"] is None:
+            lines.append(f"  {group['exposure']}: " + (f"{group['patients']} patients; " if group["patients"] else "")
+                         + group["note"])
         else:
             lines.append(f"  {group['exposure']}: {group['patients']} patients, {group['with_measure']} with readings "
                          f"before and after, median change {group['median_change']:+g}")
@@ -686,7 +687,7 @@ def check_ehr(args, settings: Settings, registry) -> int:
          arg("--patient", default="", help="only this patient's entries"),
          arg("--tenant", default="", help="only this tenant's entries"),
          arg("--kind", default="", help="only entries of this kind: ask, refused, draft, draft-saved, "
-             "draft-written, session-ended, admin"), arg("--limit", type=int, default=50, help="the newest N entries"),
+             "draft-written, session-ended, admin, similar, cohort"), arg("--limit", type=int, default=50, help="the newest N entries"),
          arg("--jsonl", action="store_true", help="export as JSON lines, oldest first"))
 def cmd_audit(args, settings: Settings) -> int:
     from .audit import open_audit

@@ -120,9 +120,12 @@ def group_result(word: str, key: str, members: list[dict], measure: str, asked: 
     if not members:
         return {"exposure": word, "patients": 0, "with_measure": 0, "median_change": None, "suppressed": False,
                 "note": f"no patient with the condition has {word} in this workspace's records"}
-    if len(members) < asked.minimum or len(changes) < asked.minimum:
+    if len(members) < asked.minimum:
         return {"exposure": word, "patients": None, "with_measure": None, "median_change": None, "suppressed": True,
                 "note": f"fewer than {asked.minimum} patients: suppressed, so that no one can be recognised"}
+    if len(changes) < asked.minimum:
+        return {"exposure": word, "patients": len(members), "with_measure": None, "median_change": None,
+                "suppressed": True, "note": f"fewer than {asked.minimum} of them have {measure} before and after the "
+                                            "start: the change is suppressed"}
     return {"exposure": word, "patients": len(members), "with_measure": len(changes),
-            "median_change": round(median(changes), 2) if changes else None, "suppressed": False,
-            "note": "" if changes else f"no patient has {measure} both before and after the start"}
+            "median_change": round(median(changes), 2), "suppressed": False, "note": ""}
