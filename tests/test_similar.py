@@ -343,3 +343,13 @@ def test_the_profile_store_keeps_tenants_apart_on_both_backends(backend):
     put(mine, "p1", [0, 0, 1, 0], ["drug:lisinopril"])         # rebuilt: replaced, keys and all
     assert [pid for pid, _ in backend.nearest_profiles(mine, "p1", 1)] == ["p3"]
     assert [p["patient_id"] for p in backend.profiles_with(mine, ["drug:losartan"])] == ["p3"]
+
+
+def test_a_record_indexed_before_profiles_is_said_not_compared_rather_than_alone(tmp_path):
+    from search.backends.embedded import EmbeddedBackend
+    from search.similar.peers import NO_PEERS, NO_PROFILE, similar_patients
+
+    backend = EmbeddedBackend(tmp_path / "index.sqlite", "test-model", 4)
+    backend.put_profile("t", "peer", {"patient_id": "peer"}, [], np.asarray([1, 0, 0, 0], dtype=np.float32))
+    result = similar_patients(backend, "t", "indexed-long-ago", 5)
+    assert result["message"] == NO_PROFILE != NO_PEERS and not result["similar"]

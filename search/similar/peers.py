@@ -16,6 +16,9 @@ from search.backends.base import Backend
 from search.similar.profile import latest_trend
 
 NO_PEERS = "No comparable patients found in this workspace. Manual review recommended."
+# A record indexed before profiles existed has none until it is indexed again: not "no peers".
+NO_PROFILE = ("This patient's record has not been compared yet: its profile is built when the record is next "
+              "indexed (a sync, or `chartcite index`). Manual review recommended.")
 SOURCE_NOTE = ("Other patients of this workspace's own records, de-identified: no names, identifiers or dates; "
                "ages in 5-year bands.")
 FLOOR = 0.3          # below this similarity a patient is not called comparable
@@ -31,11 +34,11 @@ def similar_patients(backend: Backend, tenant: str, patient_id: str, k: int = 5)
     nearest = backend.nearest_profiles(tenant, patient_id, max(CANDIDATES, k))
     profiles = backend.get_profiles(tenant, [patient_id, *(pid for pid, _ in nearest)])
     own = profiles.get(patient_id)
-    scored = []
-    if own is not None:
-        weights = rarity([profiles[pid] for pid, _ in nearest if pid in profiles] + [own])
-        scored = sorted(((similarity(own, profiles[pid], cosine, weights), pid) for pid, cosine in nearest
-                         if pid in profiles), key=lambda sp: -sp[0])
+    if own is None:
+        return {"similar": [], "message": NO_PROFILE, "confidence": "low", "source": SOURCE_NOTE}
+    weights = rarity([profiles[pid] for pid, _ in nearest if pid in profiles] + [own])
+    scored = sorted(((similarity(own, profiles[pid], cosine, weights), pid) for pid, cosine in nearest
+                     if pid in profiles), key=lambda sp: -sp[0])
     chosen = [(score, profiles[pid]) for score, pid in scored if score >= FLOOR][:k]
     if not chosen:
         return {"similar": [], "message": NO_PEERS, "confidence": "low", "source": SOURCE_NOTE}
