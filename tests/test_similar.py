@@ -84,7 +84,7 @@ def has_concept(profile: dict, concept: str) -> bool:
     return any(concept in p["concepts"] for p in profile["problems"])
 
 
-def test_every_indexed_patient_has_a_profile_rebuilt_when_indexed(svc, files, tmp_path):
+def test_every_indexed_patient_has_a_profile_rebuilt_when_indexed(svc, files):
     held = profiles(svc, "clinic")
     assert len(held) == SUBSET
     assert all(re.fullmatch(r"\d{1,2}-\d{1,2}|90\+", p["age_band"]) for p in held.values())
