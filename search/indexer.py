@@ -23,6 +23,7 @@ from fhir_ingest.record.normalize import human_name
 from search.nlp.annotate import canonical_names, default_annotator, record_terms_from_chunks
 from search.backends.base import Backend
 from search.models.embed import Embedder
+from search.similar.profile import build_profile, profile_keys, profile_text
 from search.backends.embedded import text_hash
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,7 @@ class PreparedRecord:
     lexicals: list[str]
     terms: list
     problems: list[ChunkProblem]
+    profile: dict = field(default_factory=dict)    # for similar patients and cohorts (search/similar/)
 
 
 def prepare_record(tenant: str, record: PatientRecord, budget) -> PreparedRecord:
@@ -102,7 +104,8 @@ def prepare_record(tenant: str, record: PatientRecord, budget) -> PreparedRecord
     chunks = chunker.chunks()
     terms = record_terms_from_chunks(chunks)
     default_annotator().annotate_chunks(chunks, terms)
-    return PreparedRecord(record, chunks, [lexical_text(c) for c in chunks], terms, chunker.problems)
+    return PreparedRecord(record, chunks, [lexical_text(c) for c in chunks], terms, chunker.problems,
+                          build_profile(record.patient_id, record.resources, chunks))
 
 
 @dataclass
@@ -116,7 +119,8 @@ class RecordPlan:
 
     @property
     def texts(self) -> list[str]:
-        return [c.text for c, _ in self.changed]
+        """What the model embeds: the changed chunks' texts, then the profile's (always: one text)."""
+        return [c.text for c, _ in self.changed] + [profile_text(self.prepared.profile)]
 
 
 def plan_record(backend: Backend, tenant: str, prepared: PreparedRecord) -> RecordPlan:
@@ -141,15 +145,24 @@ def store_record(backend: Backend, tenant: str, plan: RecordPlan, pending: int =
 
 
 def write_record(backend: Backend, tenant: str, plan: RecordPlan, vectors) -> IndexResult:
-    """The changed chunks with their vectors, the stale ones out, the record and its summary:
-    together, so that a stop between them leaves the patient as before, not half written."""
+    """The changed chunks with their vectors (`vectors` ends with the profile's), the stale ones
+    out, the record, its summary and its profile: together, so that a stop between them leaves
+    the patient as before, not half written."""
     if not plan.prepared.record.resources:
         return IndexResult()        # nothing of a patient the index does not hold passed the checks
+    changed = len(plan.changed)
     with backend.written_together():
-        backend.index([c for c, _ in plan.changed], vectors, [lx for _, lx in plan.changed])
+        backend.index([c for c, _ in plan.changed], vectors[:changed], [lx for _, lx in plan.changed])
         removed = remove_stale(backend, tenant, plan)
         store_record(backend, tenant, plan)
+        store_profile(backend, tenant, plan, vectors[changed])
     return result_of(plan, removed)
+
+
+def store_profile(backend: Backend, tenant: str, plan: RecordPlan, vector) -> None:
+    """The patient's profile, rebuilt from the whole record each time the patient is indexed."""
+    profile = plan.prepared.profile
+    backend.put_profile(tenant, plan.prepared.record.patient_id, profile, profile_keys(profile), vector)
 
 
 def result_of(plan: RecordPlan, removed: int) -> IndexResult:
@@ -170,10 +183,12 @@ def index_record(backend: Backend, embedder: Embedder, tenant: str, record: Pati
 
     def report(done: int) -> None:
         if progress:
-            progress("embedding", done, total)
+            progress("embedding", min(done, total), total)     # the profile's text is one more
 
     report(0)
-    if words_first and plan.changed:
+    if not plan.prepared.record.resources:
+        result = IndexResult()
+    elif words_first and plan.changed:
         result = result_of(plan, write_words_then_vectors(backend, embedder, tenant, plan, report))
     else:
         result = write_record(backend, tenant, plan,
@@ -202,6 +217,7 @@ def write_words_then_vectors(backend: Backend, embedder: Embedder, tenant: str, 
         backend.upsert_patient(tenant, record.patient_id,
                                patient_summary(record, plan.counts, plan.prepared.terms, len(ordered) - done))
         report(done)
+    store_profile(backend, tenant, plan, embedder.encode([profile_text(plan.prepared.profile)])[0])
     return removed
 
 
@@ -251,5 +267,5 @@ def write_group(backend: Backend, tenant: str, plans: list[RecordPlan],
     computed = vectors()
     offset = 0
     for plan in plans:
-        yield write_record(backend, tenant, plan, computed[offset:offset + len(plan.changed)])
-        offset += len(plan.changed)
+        yield write_record(backend, tenant, plan, computed[offset:offset + len(plan.texts)])
+        offset += len(plan.texts)

@@ -321,11 +321,28 @@ class SearchService:
 
         return DraftBuilder(kind, self.context(tenant, patient_id)).build()
 
-    def context(self, tenant: str, patient_id: str) -> dict:
-        """The structured context bundle (problems, medications, allergies, labs, vitals, encounters)."""
+    def context(self, tenant: str, patient_id: str, similar: bool = False) -> dict:
+        """The structured context bundle (problems, medications, allergies, labs, vitals, encounters);
+        with `similar` (the caller checked it is enabled), the similar patients too."""
         from fhir_ingest.record.context import context_bundle
 
-        return context_bundle(self.catalog.patient_resources(tenant, patient_id))
+        bundle = context_bundle(self.catalog.patient_resources(tenant, patient_id))
+        if similar:
+            bundle["similar_patients"] = self.similar(tenant, patient_id)
+        return bundle
+
+    def similar(self, tenant: str, patient_id: str, k: int = 5) -> dict:
+        """The k most similar patients of the tenant, de-identified (search/similar/peers.py); the
+        profiles hold their vectors, so no model is loaded."""
+        from search.similar.peers import similar_patients
+
+        return similar_patients(self.catalog, tenant, patient_id, k)
+
+    def cohort(self, tenant: str, comparison) -> dict:
+        """Aggregates over the tenant's patients (search/similar/cohort.py)."""
+        from search.similar.cohort import compare
+
+        return compare(self.catalog, tenant, comparison)
 
     def close(self) -> None:
         for backend in (self._backend, self._catalog):

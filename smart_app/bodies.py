@@ -35,6 +35,17 @@ class DraftBody(Body):
     kind: str
 
 
+class SimilarBody(Body):
+    k: int = Field(default=5, ge=1, le=20)
+
+
+class CohortBody(Body):
+    condition: Annotated[str, BeforeValidator(_clean_if_text)] = Field(min_length=1, max_length=200)
+    exposures: list[Annotated[str, BeforeValidator(_clean_if_text)]] = Field(min_length=2, max_length=6)
+    outcome: Annotated[str, BeforeValidator(_clean_if_text)] = Field(min_length=1, max_length=100)
+    window_months: int = Field(default=12, ge=1, le=120)
+
+
 class DraftLine(Body):
     text: str = Field(max_length=2000)
     citations: list[int] = Field(min_length=1)

@@ -259,12 +259,107 @@ def cmd_context(args, settings: Settings) -> int:
     if svc.patient(tenant, args.patient) is None:
         print(f"chartcite: patient {args.patient} is not indexed in tenant {tenant}", file=sys.stderr)
         return 1
-    bundle = svc.context(tenant, args.patient)
+    bundle = svc.context(tenant, args.patient, similar=not similar_refused(settings, tenant))
     if args.json:
         print(json.dumps(bundle, indent=2))
         return 0
     print(format_context(bundle))
     return 0
+
+
+def similar_refused(settings: Settings, tenant: str) -> str:
+    from .similar_access import refusal
+
+    return refusal(settings, registry_for(settings) if settings.similar_patients else None, tenant)
+
+
+def audit_cli_use(settings: Settings, kind: str, tenant: str, patient_id: str, **data) -> None:
+    """Every use is audited: the clinician (here the OS account) and the current patient, never the others."""
+    import getpass
+
+    from .audit import open_audit
+
+    open_audit(settings.audit_db).record(kind, tenant, f"cli:{getpass.getuser()}", patient_id, **data)
+
+
+@command("similar", "the most similar patients of the same tenant, de-identified (opt-in: CHARTCITE_SIMILAR_PATIENTS)",
+         arg("--patient", required=True, help="the patient's id"), TENANT,
+         arg("--k", type=int, default=5, help="how many similar patients (1-20)"), JSON)
+def cmd_similar(args, settings: Settings) -> int:
+    tenant = args.tenant or settings.tenant
+    refused = similar_refused(settings, tenant)
+    if refused:
+        print(f"chartcite: {refused}", file=sys.stderr)
+        return 2
+    if not 1 <= args.k <= 20:
+        print("chartcite: --k must be between 1 and 20", file=sys.stderr)
+        return 2
+    svc = service(settings)
+    if svc.patient(tenant, args.patient) is None:
+        print(f"chartcite: patient {args.patient} is not indexed in tenant {tenant}", file=sys.stderr)
+        return 1
+    result = svc.similar(tenant, args.patient, args.k)
+    audit_cli_use(settings, "similar", tenant, args.patient, k=args.k, found=len(result["similar"]))
+    print(json.dumps(result, indent=2) if args.json else format_similar(result))
+    return 0
+
+
+def format_similar(result: dict) -> str:
+    lines = [result["message"], result["source"]]
+    for n, peer in enumerate(result["similar"], start=1):
+        lines.append(f"{n}. similarity {peer['similarity']:.2f} · {peer['sex']}, aged {peer['age_band']}")
+        lines += [f"   shares {item}" for item in peer["shared"]]
+        lines += [f"   then: {item}" for item in peer["followed"]]
+    return "\n".join(lines)
+
+
+@command("cohort", "compare an outcome after exposures among the tenant's patients with a condition, aggregates only "
+                   "(opt-in: CHARTCITE_SIMILAR_PATIENTS)",
+         arg("--condition", required=True, help="the condition, as a clinician says it (hypertension)"),
+         arg("--exposure", action="append", required=True, help="a drug or class of one group (repeat: losartan, "
+                                                                  "lisinopril)"),
+         arg("--outcome", required=True, help="the measure followed (systolic BP, HbA1c, LDL, eGFR)"),
+         arg("--window-months", type=int, default=12, help="the change is read this long after the exposure started"),
+         arg("--min-group", type=int, default=11, help="groups with fewer patients are suppressed (at least 11)"),
+         arg("--patient", help="the patient in context, for the audit trail"), TENANT, JSON)
+def cmd_cohort(args, settings: Settings) -> int:
+    from search.similar.cohort import MINIMUM_GROUP, CohortError, Comparison
+
+    tenant = args.tenant or settings.tenant
+    refused = similar_refused(settings, tenant)
+    if refused:
+        print(f"chartcite: {refused}", file=sys.stderr)
+        return 2
+    if len(args.exposure) < 2 or args.min_group < MINIMUM_GROUP or not 1 <= args.window_months <= 120:
+        print(f"chartcite: give two or more --exposure groups, --min-group of at least {MINIMUM_GROUP} and "
+              "--window-months from 1 to 120", file=sys.stderr)
+        return 2
+    asked = Comparison(args.condition, tuple(args.exposure), args.outcome, args.window_months, args.min_group)
+    try:
+        result = service(settings).cohort(tenant, asked)
+    except CohortError as exc:
+        print(f"chartcite: {exc}", file=sys.stderr)
+        return 2
+    audit_cli_use(settings, "cohort", tenant, args.patient or "", condition=args.condition, exposures=args.exposure,
+                  outcome=args.outcome)
+    print(json.dumps(result, indent=2) if args.json else format_cohort(result))
+    return 0
+
+
+def format_cohort(result: dict) -> str:
+    lines = [f"{result['outcome']} change within {result['window_months']} months after each exposure started, "
+             f"patients with {result['condition']}:"]
+    for group in result["groups"]:
+        if group["median_change"] is None:
+            lines.append(f"  {group['exposure']}: " + (f"{group['patients']} patients; " if group["patients"] else "")
+                         + group["note"])
+        else:
+            lines.append(f"  {group['exposure']}: {group['patients']} patients, {group['with_measure']} with readings "
+                         f"before and after, median change {group['median_change']:+g}")
+    if result["left_out"]:
+        lines.append(f"  {result['left_out']}")
+    lines.append(result["statement"])
+    return "\n".join(lines)
 
 
 def format_context(bundle: dict) -> str:
@@ -536,6 +631,9 @@ def backend_changes(args) -> dict:
         arg("--group-id", help="Bulk Data Group for background sync"),
         arg("--write-back", action=argparse.BooleanOptionalAction, default=None,
             help="ask (or stop asking) for DocumentReference create"),
+        arg("--similar-patients", choices=("on", "off"), default=None,
+            help="similar patients and cohort comparisons over this EHR's tenant (also needs "
+                 "CHARTCITE_SIMILAR_PATIENTS=on)"),
         lambda parser: add_client_options(parser, defaults=False),
         lambda parser: add_backend_options(parser, defaults=False))),
     ("list", "registered EHRs and their last sync", (JSON,)),
@@ -561,6 +659,8 @@ def cmd_ehr(args, settings: Settings) -> int:
             ehr = registry.update_ehr(args.name, iss=args.iss, client_id=args.client_id, scopes=args.scopes,
                                       frame_origins=args.frame_origin, group_id=args.group_id,
                                       write_back=args.write_back, client_auth=args.client_auth,
+                                      similar_patients=None if args.similar_patients is None
+                                      else args.similar_patients == "on",
                                       client_secret=client_secret_from(args) or None,
                                       request_scopes=args.request_scopes, secret_encoding=args.secret_encoding,
                                       **backend_changes(args))
@@ -636,7 +736,7 @@ def check_ehr(args, settings: Settings, registry) -> int:
          arg("--patient", default="", help="only this patient's entries"),
          arg("--tenant", default="", help="only this tenant's entries"),
          arg("--kind", default="", help="only entries of this kind: ask, refused, draft, draft-saved, "
-             "draft-written, session-ended, admin"), arg("--limit", type=int, default=50, help="the newest N entries"),
+             "draft-written, session-ended, admin, similar, cohort"), arg("--limit", type=int, default=50, help="the newest N entries"),
          arg("--jsonl", action="store_true", help="export as JSON lines, oldest first"))
 def cmd_audit(args, settings: Settings) -> int:
     from .audit import open_audit

@@ -15,7 +15,8 @@ from fhir_ingest.record.load import BundleDirectorySource
 from fhir_ingest.record.normalize import human_name
 
 from .asked_patients import asked_patients
-from .bodies import PIPELINES, AskBody, DraftBody, SaveDraftBody, SyncBody, WriteBackBody, json_object, parse
+from .bodies import (PIPELINES, AskBody, CohortBody, DraftBody, SaveDraftBody, SimilarBody, SyncBody, WriteBackBody,
+                     json_object, parse)
 from .render import readable
 from .services import audit, metrics, registry, runner, search, sessions, settings
 from .sessions import FRAME_COOKIE, PATIENT_HEADER, SESSION_HEADER
@@ -264,9 +265,60 @@ def recorded(write):
 @bp.get("/api/context")
 @launched()
 def context_bundle():
-    """Structured facts only (problems, medications, allergies, labs, vitals, encounters), each with its ref."""
+    """Structured facts only (problems, medications, allergies, labs, vitals, encounters), each with its ref;
+    and the similar patients where they are enabled."""
     context = g.launch
-    return jsonify(search().context(context.tenant, context.patient_id))
+    enabled = not similar_refusal(context.tenant)
+    bundle = search().context(context.tenant, context.patient_id, similar=enabled)
+    if enabled:
+        audit().record("similar", context.tenant, context.clinician, context.patient_id, via="context",
+                       found=len(bundle["similar_patients"]["similar"]))
+    return jsonify(bundle)
+
+
+def similar_refusal(tenant: str) -> str:
+    from .similar_access import refusal
+
+    return refusal(settings(), registry(), tenant)
+
+
+def refuse_when_similar_off(context):
+    refused = similar_refusal(context.tenant)
+    if refused:
+        audit().record("refused", context.tenant, context.clinician, context.patient_id,
+                       request=f"{request.method} {request.path}", reason="similar patients off")
+        abort(make_response(jsonify(error=refused), 403))
+
+
+@bp.post("/api/similar")
+@launched(SimilarBody)
+def similar_patients():
+    """The launched patient's most similar patients of the same tenant, de-identified; handles open nothing."""
+    context = g.launch
+    refuse_when_similar_off(context)
+    result = search().similar(context.tenant, context.patient_id, g.body.k)
+    audit().record("similar", context.tenant, context.clinician, context.patient_id, k=g.body.k,
+                   found=len(result["similar"]))
+    return jsonify(result)
+
+
+@bp.post("/api/cohort")
+@launched(CohortBody)
+def cohort():
+    """Aggregates over the tenant's patients with a condition: per exposure group, count and median change."""
+    from search.similar.cohort import CohortError, Comparison
+
+    context = g.launch
+    refuse_when_similar_off(context)
+    body = g.body
+    try:
+        result = search().cohort(context.tenant, Comparison(body.condition, tuple(body.exposures), body.outcome,
+                                                            body.window_months))
+    except CohortError as exc:
+        return jsonify(error=str(exc)), 400
+    audit().record("cohort", context.tenant, context.clinician, context.patient_id, condition=body.condition,
+                   exposures=body.exposures, outcome=body.outcome)
+    return jsonify(result)
 
 
 @bp.post("/api/draft")

@@ -43,7 +43,7 @@ def apply_rate_limits(app: Flask, settings) -> Limiter:
 
     storage = settings.redis_url or rate_store_uri(settings.data_dir / "rate-limits.sqlite")
     limiter = Limiter(clinician_key, app=app, storage_uri=storage, strategy="fixed-window", headers_enabled=True)
-    for endpoint in ("frame.ask", "frame.draft"):
+    for endpoint in ("frame.ask", "frame.draft", "frame.similar_patients", "frame.cohort"):
         view = app.view_functions[endpoint]
         view = limiter.limit(settings.rate_limit_tenant, key_func=tenant_key, scope="tenant")(view)
         view = limiter.limit(settings.rate_limit_clinician, key_func=clinician_key, scope="clinician")(view)

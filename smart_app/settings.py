@@ -56,6 +56,7 @@ class Settings:
     demo_source: Path = field(default_factory=lambda: REPO_ROOT / "examples" / "synthea")
     demo_launch: bool = False             # the demo patient picker (no EHR needed); `make demo` turns it on
     show_pipeline: bool = False           # a developer's retrieval-pipeline selector in the frame
+    similar_patients: bool = False        # similar patients and cohort comparisons across the tenant's patients (opt-in; an EHR's tenant also per registration)
     secret_key: str = ""                  # signs session handles; generated per data dir when empty
     frame_ancestors: str = ""             # extra origins allowed to frame the app, space separated
     tasks_eager: bool = True              # run indexing tasks in-process (embedded default)

@@ -46,6 +46,7 @@ def test_the_previous_releases_databases_are_upgraded_without_losing_a_row(tmp_p
     assert rounds.cursor("epic-prod", "g1").since == "2026-11-01T00:00:00Z"
     kinds = [e["kind"] for e in audit.entries()]
     assert kinds == ["draft-saved", "ask"] and audit.entries(kind="ask")[0]["evidence"] == ["Observation/1"]
+    assert ehr.similar_patients is False           # off for a registration made before the option
     saved = audit.entries(kind="draft-saved")[0]            # named by a ref now, still found by it
     assert saved["id"] and audit.get(saved["id"])["draft"] == {"kind": "pre-visit"}
     for store in ("registry", "rounds"):

@@ -70,6 +70,9 @@ class Ehr(Base):
     # The Bulk export's types, comma separated, when hospital IT narrows them; "" = every kind
     # chartcite reads that the EHR's CapabilityStatement offers.
     bulk_types: Mapped[str] = mapped_column(Text, default="")
+    # Similar patients and cohort comparisons over this EHR's tenant (also needs the deployment's
+    # CHARTCITE_SIMILAR_PATIENTS): off until hospital IT turns it on.
+    similar_patients: Mapped[bool] = mapped_column(default=False)
 
     @property
     def auth_method(self) -> str:
@@ -77,7 +80,7 @@ class Ehr(Base):
 
     def to_dict(self) -> dict:
         return {"name": self.name, "iss": self.iss, "client_id": self.client_id, "scopes": self.scopes,
-                "frame_origins": self.frame_origins.split(), "group_id": self.group_id, "write_back": self.write_back,
+                "frame_origins": self.frame_origins.split(), "group_id": self.group_id, "write_back": self.write_back, "similar_patients": self.similar_patients,
                 "last_sync_at": self.last_sync_at, "last_sync_status": self.last_sync_status,
                 "client_auth": self.auth_method,
                 "secret_encoding": self.secret_encoding or "form", "request_scopes": self.request_scopes.split(),
@@ -251,7 +254,7 @@ class Registry:
                 raise RegistryError(f"no EHR named {name!r} (chartcite ehr list)")
             if changes.get("iss") is not None:
                 ehr.iss = self._unused_iss(s, name, changes.pop("iss"))
-            for plain in ("client_id", "group_id", "write_back"):
+            for plain in ("client_id", "group_id", "write_back", "similar_patients"):
                 if changes.get(plain) is not None:
                     setattr(ehr, plain, changes.pop(plain))
             self._apply(ehr, **{k: v for k, v in changes.items() if v is not None})

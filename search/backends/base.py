@@ -204,6 +204,26 @@ class Backend(ABC):
         """Whether the index holds any patient of the tenant (an emptied or new index does not)."""
         return bool(self.list_patients(tenant))
 
+    # --- patient profiles (similar patients, cohorts: search/similar/) ------------------------
+    # One profile per patient: the typed features as a dict, its keys (what cohorts select on:
+    # "problem:<code>", "drug:<ingredient>") and one vector. The tenant is inside every query.
+    @abstractmethod
+    def put_profile(self, tenant: str, patient_id: str, profile: dict, keys: list[str], vector: np.ndarray) -> None:
+        """The patient's profile, replacing the one held."""
+
+    @abstractmethod
+    def nearest_profiles(self, tenant: str, patient_id: str, n: int) -> list[tuple[str, float]]:
+        """The `n` patients of the tenant whose profile vector is nearest this patient's (cosine,
+        best first; the patient itself left out); empty when the patient has no profile."""
+
+    @abstractmethod
+    def get_profiles(self, tenant: str, patient_ids: list[str]) -> dict[str, dict]:
+        """The profiles of these patients of the tenant; those it does not hold are left out."""
+
+    @abstractmethod
+    def profiles_with(self, tenant: str, keys: list[str]) -> list[dict]:
+        """Every profile of the tenant holding any of these keys."""
+
     @abstractmethod
     def check(self, tenant: str) -> IndexCheck:
         """Chunks, lexical rows, vectors and patient summaries agree; nothing is orphaned."""

@@ -30,6 +30,9 @@ from search.nlp.lexicon import tokens
 
 log = logging.getLogger(__name__)
 TEMPLATE = "chartcite-chunks"
+# Every tenant's patient profiles, in one index with the tenant inside every query: a tenant's
+# indices are chartcite-<tenant without hyphens>[-vN|-records], so this name is no tenant's.
+PROFILES = "chartcite-patient-profiles"
 MAX_RESULT = 10_000
 
 
@@ -621,6 +624,75 @@ class ElasticsearchBackend(Backend):
         hits = self._call(lambda: self.es.search(index=index, size=MAX_RESULT, query={"term": {"kind": "patient"}},
                                                  sort=[{"patient_id": "asc"}]))["hits"]["hits"]
         return [h["_source"]["data"] for h in hits]
+
+    # --- patient profiles -------------------------------------------------------------------
+    # One index per vector dimension (a model of another size writes beside, never into, the
+    # other): chartcite-patient-profiles-d384. Reads go through the pattern.
+    def _ensure_profiles(self, dimension: int) -> str:
+        """The profiles index of this dimension, approximate kNN (HNSW): a workspace may hold 100,000 patients."""
+        index = f"{PROFILES}-d{dimension}"
+        if index in self._ready:
+            return index
+        if not self._call(lambda: self.es.indices.exists(index=index)):
+            self._create_index(index, settings={"number_of_shards": self.shards, "number_of_replicas": self.replicas},
+                               mappings={"dynamic": False, "properties": {
+                                   "tenant": {"type": "keyword"}, "patient_id": {"type": "keyword"},
+                                   "keys": {"type": "keyword"}, "data": {"type": "object", "enabled": False},
+                                   "vector": {"type": "dense_vector", "dims": dimension, "index": True,
+                                              "similarity": "cosine"}}})
+        self._ready.add(index)
+        return index
+
+    @staticmethod
+    def _profile_id(tenant: str, patient_id: str) -> str:
+        return f"{safe_tenant(tenant)}|{tenant}|{patient_id}"
+
+    def put_profile(self, tenant: str, patient_id: str, profile: dict, keys: list[str], vector: np.ndarray) -> None:
+        index = self._ensure_profiles(len(vector))
+        document = {"tenant": tenant, "patient_id": patient_id, "keys": keys, "data": profile,
+                    "vector": [float(x) for x in vector]}
+        deferred = getattr(self._deferred, "indices", None)
+        self._call(lambda: self.es.index(index=index, id=self._profile_id(tenant, patient_id),
+                                         refresh=deferred is None, document=document))
+        if deferred is not None:
+            deferred.add(index)
+
+    def _profile_search(self, tenant: str, query: dict, size: int, source: list[str]) -> list[dict]:
+        """Hits of every profiles index, the tenant's only."""
+        scoped = {"bool": {"filter": [{"term": {"tenant": tenant}}, query]}}
+        return self._call(lambda: self.es.search(index=f"{PROFILES}-d*", query=scoped, size=size, source=source,
+                                                 ignore_unavailable=True, allow_no_indices=True))["hits"]["hits"]
+
+    def nearest_profiles(self, tenant: str, patient_id: str, n: int) -> list[tuple[str, float]]:
+        own = self._profile_search(tenant, {"ids": {"values": [self._profile_id(tenant, patient_id)]}}, 1, ["vector"])
+        if not own:
+            return []
+        # The tenant filter is inside the kNN search, so the k nearest are the tenant's own.
+        knn = {"field": "vector", "query_vector": own[0]["_source"]["vector"], "k": n,
+               "num_candidates": min(max(10 * n, 100), MAX_RESULT),
+               "filter": {"bool": {"filter": [{"term": {"tenant": tenant}}],
+                                   "must_not": [{"term": {"patient_id": patient_id}}]}}}
+        hits = self._call(lambda: self.es.search(index=own[0]["_index"], knn=knn, size=n, source=["patient_id"],
+                                                 allow_partial_search_results=False))["hits"]["hits"]
+        # ES reports cosine as (1 + cos) / 2; callers get the cosine, as from the embedded backend.
+        return [(h["_source"]["patient_id"], 2.0 * float(h["_score"]) - 1.0) for h in hits]
+
+    def get_profiles(self, tenant: str, patient_ids: list[str]) -> dict[str, dict]:
+        if not patient_ids:
+            return {}
+        ids = [self._profile_id(tenant, pid) for pid in patient_ids]
+        hits = self._profile_search(tenant, {"ids": {"values": ids}}, min(len(ids) * 2, MAX_RESULT), ["patient_id", "data"])
+        return {h["_source"]["patient_id"]: h["_source"]["data"] for h in hits}
+
+    def profiles_with(self, tenant: str, keys: list[str]) -> list[dict]:
+        if not keys:
+            return []
+        from elasticsearch.helpers import scan
+
+        query = {"bool": {"filter": [{"term": {"tenant": tenant}}, {"terms": {"keys": keys}}]}}
+        hits = self._call(lambda: list(scan(self.es, index=f"{PROFILES}-d*", query={"query": query}, source=["data"],
+                                            ignore_unavailable=True, allow_no_indices=True)))
+        return sorted((hit["_source"]["data"] for hit in hits), key=lambda p: p["patient_id"])
 
     def check(self, tenant: str) -> IndexCheck:
         from search.backends.embedded import summary_disagreement

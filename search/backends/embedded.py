@@ -71,6 +71,14 @@ CREATE TABLE IF NOT EXISTS patients (
     tenant TEXT NOT NULL, patient_id TEXT NOT NULL, data TEXT NOT NULL,
     PRIMARY KEY (tenant, patient_id)
 );
+CREATE TABLE IF NOT EXISTS profiles (
+    tenant TEXT NOT NULL, patient_id TEXT NOT NULL, data TEXT NOT NULL, vector BLOB NOT NULL,
+    PRIMARY KEY (tenant, patient_id)
+);
+CREATE TABLE IF NOT EXISTS profile_keys (
+    tenant TEXT NOT NULL, key TEXT NOT NULL, patient_id TEXT NOT NULL,
+    PRIMARY KEY (tenant, key, patient_id)
+);
 """
 
 
@@ -449,6 +457,49 @@ class EmbeddedBackend(Backend):
 
     def list_patients(self, tenant: str) -> list[dict]:
         rows = self._db().execute("SELECT data FROM patients WHERE tenant=? ORDER BY patient_id", (tenant,)).fetchall()
+        return [json.loads(r[0]) for r in rows]
+
+    # --- patient profiles -------------------------------------------------------------------
+    def put_profile(self, tenant: str, patient_id: str, profile: dict, keys: list[str], vector: np.ndarray) -> None:
+        blob = np.asarray(vector, dtype=np.float32).tobytes()
+        with self._transaction() as db:
+            db.execute("INSERT OR REPLACE INTO profiles VALUES (?,?,?,?)", (tenant, patient_id, as_json(profile), blob))
+            db.execute("DELETE FROM profile_keys WHERE tenant=? AND patient_id=?", (tenant, patient_id))
+            db.executemany("INSERT OR IGNORE INTO profile_keys VALUES (?,?,?)",
+                           [(tenant, key, patient_id) for key in keys])
+
+    def nearest_profiles(self, tenant: str, patient_id: str, n: int) -> list[tuple[str, float]]:
+        # Exact cosine over the tenant's profile vectors (normalised when embedded): 10,000
+        # patients are 15 MB of vectors, one matrix product.
+        db = self._db()
+        own = db.execute("SELECT vector FROM profiles WHERE tenant=? AND patient_id=?", (tenant, patient_id)).fetchone()
+        if own is None:
+            return []
+        rows = db.execute("SELECT patient_id, vector FROM profiles WHERE tenant=? AND patient_id != ?",
+                          (tenant, patient_id)).fetchall()
+        rows = [r for r in rows if len(r[1]) == len(own[0])]
+        if not rows:
+            return []
+        matrix = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), -1)
+        scores = matrix @ np.frombuffer(own[0], dtype=np.float32)
+        top = np.argsort(-scores, kind="stable")[:n]
+        return [(rows[i][0], float(scores[i])) for i in top]
+
+    def get_profiles(self, tenant: str, patient_ids: list[str]) -> dict[str, dict]:
+        if not patient_ids:
+            return {}
+        marks = ",".join("?" * len(patient_ids))
+        rows = self._db().execute(f"SELECT patient_id, data FROM profiles WHERE tenant=? AND patient_id IN ({marks})",
+                                  [tenant, *patient_ids]).fetchall()
+        return {pid: json.loads(data) for pid, data in rows}
+
+    def profiles_with(self, tenant: str, keys: list[str]) -> list[dict]:
+        if not keys:
+            return []
+        marks = ",".join("?" * len(keys))
+        rows = self._db().execute(
+            f"SELECT p.data FROM profiles p WHERE p.tenant=? AND p.patient_id IN (SELECT patient_id FROM profile_keys "
+            f"WHERE tenant=? AND key IN ({marks})) ORDER BY p.patient_id", [tenant, tenant, *keys]).fetchall()
         return [json.loads(r[0]) for r in rows]
 
     def check(self, tenant: str) -> IndexCheck:

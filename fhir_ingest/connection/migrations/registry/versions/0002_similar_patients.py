@@ -1,0 +1,22 @@
+"""Similar patients and cohort comparisons per registration (issue 37): off for every EHR
+registered before, until hospital IT turns it on with `chartcite ehr update NAME --similar-patients on`.
+
+Revision ID: 0002
+Revises: 0001
+"""
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0002"
+down_revision = "0001"
+branch_labels = None
+depends_on = None
+
+
+def upgrade():
+    with op.batch_alter_table("ehr") as batch:
+        batch.add_column(sa.Column("similar_patients", sa.Boolean(), nullable=False, server_default=sa.false()))
+
+
+def downgrade():
+    raise NotImplementedError("chartcite's databases are upgraded only; restore a backup to go back")

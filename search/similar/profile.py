@@ -1,0 +1,188 @@
+"""A patient's profile: the typed features similar patients and cohorts compare, and its text.
+
+Read through the kinds' fact readers (the same typed facts the chunks, the context bundle and
+the side panel carry), from structured resources only. The profile keeps dates, since what
+followed a shared medication is measured from them; nothing that leaves `search.similar` does.
+"""
+from __future__ import annotations
+
+from datetime import date
+
+from fhir_ingest.record.context import NOT_A_PROBLEM, _withdrawn
+from fhir_ingest.record.kinds import fact_of
+from fhir_ingest.record.words import _strip_tag
+
+from search.answering.clinical import short_names
+from search.nlp.terminology import classes_of, ingredients_in
+
+PROFILE_VERSION = 1
+INACTIVE = {"resolved", "inactive", "remission"}
+# Encounter classes that are an admission (inpatient) or an emergency visit.
+ADMISSION = {"IMP", "ACUTE", "NONAC", "EMER", "inpatient", "emergency"}
+# Blood pressure comes as a panel whose components carry the values.
+PRESSURE_PARTS = {"8480-6": "systolic BP", "8462-4": "diastolic BP"}
+
+
+def day(text: str) -> str:
+    return (text or "")[:10]
+
+
+def years_between(start: str, end: str) -> float | None:
+    try:
+        return (date.fromisoformat(day(end)) - date.fromisoformat(day(start))).days / 365.25
+    except ValueError:
+        return None
+
+
+def age_band(birth: str, on: str) -> str:
+    """The 5-year band ('60-64') of the age on a date; '' when the birth date is unknown."""
+    age = years_between(birth, on)
+    if age is None or age < 0:
+        return ""
+    low = int(age) // 5 * 5
+    return f"{low}-{low + 4}" if low < 90 else "90+"
+
+
+def build_profile(patient_id: str, resources: list[dict], chunks=()) -> dict:
+    """The profile of one patient's record (resources as the index stores them); `chunks`, the
+    record's annotated chunks, give each problem its concepts ("Disorder of kidney due to
+    diabetes mellitus" and "Diabetes mellitus type 2" are both diabetes)."""
+    by_ref = {f"{r['resourceType']}/{r['id']}": r for r in resources}
+    facts = [(ref, r["resourceType"], fact_of(r, by_ref.get)) for ref, r in by_ref.items() if not _withdrawn(r)]
+    facts = [(ref, rt, f) for ref, rt, f in facts if f is not None]
+    patient = next((r for r in resources if r["resourceType"] == "Patient"), {})
+    newest = max((day(f.date) for _, _, f in facts if f.date), default="")
+    end = day(patient.get("deceasedDateTime", "")) or newest
+    return {
+        "version": PROFILE_VERSION, "patient_id": patient_id,
+        "sex": patient.get("gender", "") or "unknown",
+        "age_band": age_band(patient.get("birthDate", ""), end),
+        "birth": day(patient.get("birthDate", "")), "last_date": newest,
+        "problems": treated(problems(facts, problem_concepts(chunks)), facts), "medications": medications(facts),
+        "allergies": sorted({_strip_tag(f.name) for _, rt, f in facts if rt == "AllergyIntolerance" and f.name}),
+        "measures": measures(facts), "utilisation": utilisation(facts),
+    }
+
+
+def problem_concepts(chunks) -> dict[str, list[str]]:
+    """Condition ref -> the problem concepts its chunk asserts (not negated)."""
+    found: dict[str, set[str]] = {}
+    for chunk in chunks:
+        if chunk.resource_type == "Condition" and chunk.refs:
+            found.setdefault(chunk.refs[0], set()).update(
+                c["key"] for c in chunk.concepts if c.get("semantic_type") == "problem" and not c.get("negated"))
+    return {ref: sorted(keys) for ref, keys in found.items()}
+
+
+def problems(facts, concepts: dict[str, list[str]]) -> list[dict]:
+    """Each problem once (by code, else name): its concepts, first onset, and its end when it has one."""
+    found: dict[str, dict] = {}
+    for ref, rt, f in facts:
+        if rt != "Condition" or not f.name or NOT_A_PROBLEM.search(f.name):
+            continue
+        code = next((c.code for c in f.codes if c.code), "")
+        key = code or _strip_tag(f.name).lower()
+        onset = day(f.onset_date or f.date)
+        held = found.setdefault(key, {"key": key, "code": code, "name": _strip_tag(f.name), "onset": onset,
+                                      "active": False, "ended": "", "concepts": []})
+        held["concepts"] = sorted(set(held["concepts"]) | set(concepts.get(ref, ())))
+        held["onset"] = min(filter(None, (held["onset"], onset)), default="")
+        if f.status in INACTIVE:
+            held["ended"] = max(held["ended"], day(f.abatement) if f.abatement[:4].isdigit() else "")
+        else:
+            held["active"] = True
+    return sorted(found.values(), key=lambda p: p["key"])
+
+
+def treated(found: list[dict], facts) -> list[dict]:
+    """Marks each problem a medication order or statement names as its reason: the conditions
+    that drive treatment say most about who a patient is."""
+    reasons = {_strip_tag(reason).lower() for _, rt, f in facts if rt in ("MedicationRequest", "MedicationStatement")
+               for reason in (*f.reasons, *f.visit_reasons)}
+    return [dict(problem, treated=problem["name"].lower() in reasons) for problem in found]
+
+
+def medications(facts) -> list[dict]:
+    """Each ingredient once, with its classes, first start and whether an order is current."""
+    found: dict[str, dict] = {}
+    for _, rt, f in facts:
+        if rt not in ("MedicationRequest", "MedicationStatement") or not f.medication:
+            continue
+        for ingredient in sorted(ingredients_in(f.medication)):
+            held = found.setdefault(ingredient, {"ingredient": ingredient, "classes": sorted(classes_of(
+                ingredient, epc=False)), "start": day(f.date), "current": False})
+            held["start"] = min(filter(None, (held["start"], day(f.date))), default="")
+            held["current"] = held["current"] or f.status in ("active", "on-hold")
+    return sorted(found.values(), key=lambda m: m["ingredient"])
+
+
+def measures(facts) -> dict[str, list[list]]:
+    """The series [date, value] of every common lab and vital sign (those with a short name)."""
+    names = short_names()
+    series: dict[str, list[list]] = {}
+    for _, rt, f in facts:
+        if rt != "Observation" or f.category not in ("laboratory", "vital-signs"):
+            continue
+        for name, number in measured_numbers(f, names):
+            series.setdefault(name, []).append([day(f.date), number])
+    return {name: sorted(points) for name, points in sorted(series.items())}
+
+
+def measured_numbers(fact, names: dict[str, str]) -> list[tuple[str, float]]:
+    found = []
+    for coding in fact.codes:
+        quantity = fact.value.quantity if fact.value else None
+        if coding.code in names and quantity is not None and quantity.value is not None:
+            found.append((names[coding.code], float(quantity.value)))
+            break
+    for component in fact.components:
+        for coding in component.codes:
+            name = PRESSURE_PARTS.get(coding.code) or names.get(coding.code)
+            quantity = component.value.quantity if component.value else None
+            if name and quantity is not None and quantity.value is not None:
+                found.append((name, float(quantity.value)))
+                break
+    return found
+
+
+def utilisation(facts) -> dict:
+    """Visits and admissions (inpatient or emergency) per year of the record."""
+    visits = sorted(day(f.date) for _, rt, f in facts if rt == "Encounter" and f.date)
+    admissions = [f for _, rt, f in facts if rt == "Encounter" and f.encounter_class in ADMISSION]
+    span = max(years_between(visits[0], visits[-1]) or 0.0, 1.0) if visits else 1.0
+    return {"visits_per_year": round(len(visits) / span, 2), "admissions_per_year": round(len(admissions) / span, 2)}
+
+
+def latest_trend(points: list[list]) -> str:
+    """'rising', 'falling' or 'stable' over the last two readings (5% either way)."""
+    if len(points) < 2:
+        return "single reading"
+    before, last = points[-2][1], points[-1][1]
+    if before and abs(last - before) / abs(before) < 0.05:
+        return "stable"
+    return "rising" if last > before else "falling"
+
+
+def profile_text(profile: dict) -> str:
+    """What is embedded: the comparable features in words, no identifier and no date."""
+    problems_now = [p["name"] for p in profile["problems"] if p["active"]]
+    past = [p["name"] for p in profile["problems"] if not p["active"]]
+    meds = [m["ingredient"] + (f" ({', '.join(m['classes'])})" if m["classes"] else "")
+            for m in profile["medications"] if m["current"]]
+    labs = [f"{name} {points[-1][1]:g} {latest_trend(points)}" for name, points in profile["measures"].items()]
+    return ". ".join(part for part in (
+        f"{profile['sex']} aged {profile['age_band'] or 'unknown'}",
+        "Problems: " + "; ".join(problems_now) if problems_now else "",
+        "Medications: " + "; ".join(meds) if meds else "",
+        "Allergies: " + "; ".join(profile["allergies"]) if profile["allergies"] else "",
+        "Labs and vitals: " + "; ".join(labs) if labs else "",
+        "Past problems: " + "; ".join(past) if past else "") if part)
+
+
+def profile_keys(profile: dict) -> list[str]:
+    """What a cohort selects patients by: each problem (by code, else name), ingredient and class."""
+    keys = {f"problem:{p['key']}" for p in profile["problems"]}
+    keys |= {f"concept:{c}" for p in profile["problems"] for c in p["concepts"]}
+    keys |= {f"drug:{m['ingredient']}" for m in profile["medications"]}
+    keys |= {f"class:{c}" for m in profile["medications"] for c in m["classes"]}
+    return sorted(keys)

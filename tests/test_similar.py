@@ -1,0 +1,355 @@
+"""Similar patients and cohort comparisons (issue 37): likeness, de-identification, tenants, opt-in,
+cohort numbers against a direct computation, and the profile store on both backends."""
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import shutil
+import uuid
+from datetime import date, timedelta
+from statistics import median
+
+import numpy as np
+import pytest
+
+from .conftest import BACKENDS, InlineRunner, clean_env, demo_launch, es_url
+
+SUBSET = 10          # shared Synthea patients fully indexed in the clinic's tenant: fast on a loaded machine
+CONDITIONS = {"diabetes": "lex:diabetes", "hypertension": "lex:hypertension",
+              "chronic kidney disease": "lex:chronic kidney disease"}
+ISO_DATE = re.compile(r"\b\d{4}-\d{2}-\d{2}\b|\b\d{4}-\d{2}\b")
+
+
+def bundle(path) -> list[dict]:
+    with gzip.open(path, "rt") as fh:
+        return [e["resource"] for e in json.load(fh)["entry"]]
+
+
+@pytest.fixture(scope="module")
+def files(patient_files):
+    return patient_files[:SUBSET + 1]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory, files):
+    """The subset indexed in tenant "clinic"; the first patient's own record also in tenant
+    "other" (a twin there would be the most similar patient of all if tenants leaked), and one
+    patient alone in tenant "solo"."""
+    from search.service import SearchService
+
+    data = tmp_path_factory.mktemp("similar")
+    svc = SearchService("embedded", data / "index.sqlite")
+    assert not svc.index_paths("clinic", files[:SUBSET]).load.skipped
+    svc.index_paths("other", [files[0], files[SUBSET]])
+    svc.index_paths("solo", [files[1]])
+    svc.close()
+    return data
+
+
+@pytest.fixture(scope="module")
+def svc(data_dir):
+    from search.service import SearchService
+
+    service = SearchService("embedded", data_dir / "index.sqlite")
+    yield service
+    service.close()
+
+
+@pytest.fixture(scope="module")
+def shared(svc, patient_files, tmp_path_factory):
+    """Every shared Synthea patient's profile in tenant "shared", built as indexing builds it
+    (chunked and annotated, the profile text embedded) without embedding every chunk: likeness
+    needs a workspace of some size, and the whole index of 60 patients is minutes here."""
+    from fhir_ingest.record.load import LoadReport, assembled
+    from fhir_ingest.record.reader import read_path
+    from search.indexer import prepare_record
+    from search.similar.profile import profile_keys, profile_text
+
+    items = (item for path in patient_files for item in read_path(path))
+    with assembled(items, LoadReport(), tmp_path_factory.mktemp("staging")) as assembler:
+        built = [prepare_record("shared", assembler.record(pid), svc.embedder.budget()).profile
+                 for pid in assembler.patient_ids()]
+    for profile, vector in zip(built, svc.embedder.encode([profile_text(p) for p in built])):
+        svc.backend.put_profile("shared", profile["patient_id"], profile, profile_keys(profile), vector)
+    return {p["patient_id"]: p for p in built}
+
+
+def profiles(svc, tenant: str) -> dict[str, dict]:
+    ids = [p["patient_id"] for p in svc.patients(tenant)]
+    return svc.catalog.get_profiles(tenant, ids)
+
+
+def has_concept(profile: dict, concept: str) -> bool:
+    return any(concept in p["concepts"] for p in profile["problems"])
+
+
+def test_every_indexed_patient_has_a_profile_rebuilt_when_indexed(svc, files):
+    held = profiles(svc, "clinic")
+    assert len(held) == SUBSET
+    assert all(re.fullmatch(r"\d{1,2}-\d{1,2}|90\+", p["age_band"]) for p in held.values())
+    pid = files[2].name.split(".")[0]
+    before = held[pid]
+    resources = svc.held_resources("clinic", pid)
+    conditions = [r for r in resources if r["resourceType"] == "Condition"]
+    assert conditions
+    # The patient indexed again without their problem list: the profile follows the record.
+    from fhir_ingest.record.load import PatientRecord
+
+    record = PatientRecord(pid, [r for r in resources if r["resourceType"] != "Condition"])
+    svc.index_record("clinic", record)
+    assert before["problems"] and not svc.catalog.get_profiles("clinic", [pid])[pid]["problems"]
+    svc.index_record("clinic", PatientRecord(pid, resources))
+    assert svc.catalog.get_profiles("clinic", [pid])[pid]["problems"] == before["problems"]
+
+
+@pytest.mark.parametrize("condition", CONDITIONS)
+def test_similar_patients_share_the_condition_far_more_often_than_chance(svc, shared, condition):
+    concept = CONDITIONS[condition]
+    held = shared
+    holders = [pid for pid, p in held.items() if has_concept(p, concept)]
+    if len(holders) < 2:
+        pytest.fail(f"the subset holds fewer than two patients with {condition}: widen SUBSET")
+    names = {pid: [p["name"] for p in held[pid]["problems"] if concept in p["concepts"]] for pid in holders}
+    shares, chance = [], (len(holders) - 1) / (len(held) - 1)
+    for pid in holders:
+        top = svc.similar("shared", pid, 5)["similar"]
+        sharing = sum(any(item == f"condition: {name}" for item in peer["shared"] for name in names[pid]) for peer in top)
+        shares.append(sharing / min(5, len(holders) - 1))
+    # At least twice as often as chance, and over a third of what could share it on average
+    # (measured: hypertension 0.86, chance 0.31; diabetes 0.60, chance 0.15; CKD 0.40, chance 0.07).
+    assert sum(shares) / len(shares) >= max(2 * chance, 0.35), (condition, shares, chance)
+
+
+def test_a_patient_with_no_comparable_peer_gets_the_contracts_answer(svc, files):
+    pid = files[1].name.split(".")[0]
+    result = svc.similar("solo", pid, 5)
+    assert result == {"similar": [], "message": "No comparable patients found in this workspace. Manual review "
+                                                "recommended.", "confidence": "low", "source": result["source"]}
+
+
+def identifiers(resources: list[dict]) -> set[str]:
+    """Every name, id, birth date and address string of a patient record."""
+    found = set()
+    for r in resources:
+        found.add(r["id"])
+        if r["resourceType"] == "Patient":
+            found.add(r.get("birthDate", ""))
+            for name in r.get("name", []):
+                found.update([name.get("family", ""), *name.get("given", [])])
+            for address in r.get("address", []):
+                found.update([*address.get("line", []), address.get("postalCode", "")])
+            found.update(i.get("value", "") for i in r.get("identifier", []))
+    return {text for text in found if len(text) >= 4}
+
+
+def test_no_result_names_dates_or_identifies_another_patient(svc, shared, patient_files):
+    held = {f.name.split(".")[0]: identifiers(bundle(f)) for f in patient_files}
+    for pid in held:
+        text = json.dumps(svc.similar("shared", pid, 10))
+        others = set().union(*(ids for other, ids in held.items() if other != pid))
+        leaked = [word for word in others if word in text]
+        assert not leaked and not ISO_DATE.search(text), (pid, leaked, ISO_DATE.findall(text)[:3])
+    from search.similar.cohort import Comparison
+
+    text = json.dumps(svc.cohort("shared", Comparison("hypertension", ("hydrochlorothiazide", "amlodipine"),
+                                                     "systolic BP", 24, minimum=1)))
+    assert not ISO_DATE.search(text) and not any(word in text for ids in held.values() for word in ids)
+
+
+def test_handles_are_opaque_and_new_in_every_response(svc, shared):
+    pid = max(shared, key=lambda p: len(svc.similar("shared", p, 5)["similar"]))
+    first, second = svc.similar("shared", pid, 5), svc.similar("shared", pid, 5)
+    assert first["similar"]
+    handles = [p["handle"] for p in first["similar"]]
+    assert len(set(handles)) == len(handles) and not set(handles) & {p["handle"] for p in second["similar"]}
+    assert [p["similarity"] for p in first["similar"]] == [p["similarity"] for p in second["similar"]]
+    assert all(0 <= p["similarity"] <= 1 for p in first["similar"])
+
+
+def test_another_tenants_patients_never_appear(svc, files):
+    """The first patient's own record is in tenant "other": were tenants crossed, it would be
+    this patient's most similar patient, at similarity 1."""
+    pid = files[0].name.split(".")[0]
+    assert all(p["similarity"] < 0.95 for p in svc.similar("clinic", pid, 19)["similar"])
+    assert {p for p, _ in svc.catalog.nearest_profiles("clinic", pid, 100)} <= set(profiles(svc, "clinic"))
+    twin = svc.similar("other", pid, 5)["similar"]
+    assert len(twin) <= 1
+
+
+def direct_change(resources: list[dict], drug: str, window_months: int) -> tuple[bool, float | None]:
+    """The cohort's arithmetic done again on the raw FHIR: exposure = the first order naming the
+    drug; change = the last systolic reading within the window after it minus the last in the
+    year before it."""
+    orders = sorted(r.get("authoredOn", "")[:10] for r in resources if r["resourceType"] == "MedicationRequest"
+                    and drug in json.dumps(r.get("medicationCodeableConcept", {})).lower()
+                    and r.get("status") != "entered-in-error")
+    if not orders:
+        return False, None
+    start = date.fromisoformat(orders[0])
+    readings = sorted((r["effectiveDateTime"][:10], c["valueQuantity"]["value"]) for r in resources
+                      if r["resourceType"] == "Observation" and "effectiveDateTime" in r
+                      for c in r.get("component", []) if c["code"]["coding"][0]["code"] == "8480-6"
+                      and "valueQuantity" in c)
+    before = [v for d, v in readings if (start - timedelta(days=365)).isoformat() <= d <= start.isoformat()]
+    after = [v for d, v in readings if start.isoformat() < d <= (start + timedelta(days=round(window_months * 30.44))).isoformat()]
+    return True, (after[-1] - before[-1]) if before and after else None
+
+
+def test_cohort_numbers_equal_a_direct_computation_and_small_groups_are_suppressed(svc, shared, patient_files):
+    from search.similar.cohort import NOT_EVIDENCE, Comparison
+
+    drugs = ("hydrochlorothiazide", "amlodipine")
+    expected = {drug: [] for drug in drugs}
+    for path in patient_files:
+        resources = bundle(path)
+        if not any("hypertension" in json.dumps(r.get("code", {})).lower() for r in resources
+                   if r["resourceType"] == "Condition"):
+            continue
+        exposed = {drug: direct_change(resources, drug, 24) for drug in drugs}
+        taken = [drug for drug in drugs if exposed[drug][0]]
+        if len(taken) == 1:
+            expected[taken[0]].append(exposed[taken[0]][1])
+    result = svc.cohort("shared", Comparison("hypertension", drugs, "systolic BP", 24, minimum=1))
+    for group in result["groups"]:
+        changes = [c for c in expected[group["exposure"]] if c is not None]
+        assert group["patients"] == len(expected[group["exposure"]]), group
+        assert group["with_measure"] == (len(changes) or None)
+        assert group["median_change"] == (round(median(changes), 2) if changes else None)
+    assert result["statement"] == NOT_EVIDENCE
+    assert any(expected[drug] for drug in drugs)
+    small = svc.cohort("shared", Comparison("hypertension", drugs, "systolic BP", 24))     # at least 11 a group
+    assert all(g["suppressed"] for g in small["groups"]) and small["suppressed"] == list(drugs)
+    assert all(g["median_change"] is None and g["with_measure"] is None and "fewer than 11" in g["note"]
+               and (g["patients"] is None or g["patients"] >= 11) for g in small["groups"])
+
+
+def cli(args, env):
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+
+    return subprocess.run([sys.executable, "-m", "smart_app.cli", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_off_by_default_and_per_registration_with_a_sentence_saying_how(svc, data_dir):
+    pid = max((p["patient_id"] for p in svc.patients("clinic")), key=lambda p: len(svc.similar("clinic", p, 5)["similar"]))
+    off = cli(["similar", "--patient", pid, "--tenant", "clinic", "--json"], clean_env(data_dir=data_dir))
+    assert off.returncode != 0 and "CHARTCITE_SIMILAR_PATIENTS=on" in off.stderr and not off.stdout
+    refused = cli(["cohort", "--condition", "hypertension", "--exposure", "losartan", "--exposure", "lisinopril",
+                   "--outcome", "systolic BP", "--tenant", "clinic"], clean_env(data_dir=data_dir))
+    assert refused.returncode != 0 and "CHARTCITE_SIMILAR_PATIENTS=on" in refused.stderr
+    env = clean_env(data_dir=data_dir, similar_patients="on")
+    on = cli(["similar", "--patient", pid, "--tenant", "clinic", "--json"], env)
+    assert on.returncode == 0, on.stderr
+    result = json.loads(on.stdout)
+    assert result["message"] and all(set(peer) == {"handle", "similarity", "age_band", "sex", "shared", "followed"}
+                                     for peer in result["similar"])
+    # An EHR's tenant needs its registration's consent too.
+    assert cli(["ehr", "add", "--name", "clinic", "--iss", "https://ehr.example.org/fhir", "--client-id", "c"],
+               env).returncode == 0
+    per_ehr = cli(["similar", "--patient", pid, "--tenant", "clinic"], env)
+    assert per_ehr.returncode != 0 and "chartcite ehr update clinic --similar-patients on" in per_ehr.stderr
+    assert cli(["ehr", "update", "clinic", "--similar-patients", "on"], env).returncode == 0
+    assert cli(["similar", "--patient", pid, "--tenant", "clinic"], env).returncode == 0
+    audit = cli(["audit", "--kind", "similar", "--jsonl"], env)
+    entries = [json.loads(line) for line in audit.stdout.splitlines()]
+    assert len(entries) == 2 and {e["patient_id"] for e in entries} == {pid}
+
+
+@pytest.fixture(scope="module")
+def frame(tmp_path_factory, synthea_dir, files, embedder):
+    from smart_app.app import create_app
+    from smart_app.settings import Settings
+
+    source = tmp_path_factory.mktemp("frame-source")
+    for path in files[:3]:
+        shutil.copy(path, source)
+    settings = Settings.load({"CHARTCITE_DATA_DIR": str(tmp_path_factory.mktemp("frame-data")),
+                              "CHARTCITE_DEMO_SOURCE": str(source), "CHARTCITE_DEMO_LAUNCH": "true",
+                              "CHARTCITE_SIMILAR_PATIENTS": "on"})
+    app = create_app(settings, runner=InlineRunner(settings))
+    client = app.test_client()
+    handles = {path.name.split(".")[0]: {"X-Chartcite-Session": demo_launch(client, path.name.split(".")[0])}
+               for path in files[:3]}
+    return app, client, handles
+
+
+def test_the_route_the_bundle_and_the_audit(frame, files):
+    app, client, handles = frame
+    pid = files[0].name.split(".")[0]
+    response = client.post("/api/similar", json={"k": 2}, headers=handles[pid])
+    assert response.status_code == 200, response.get_data(as_text=True)
+    result = response.get_json()
+    assert len(result["similar"]) <= 2 and result["source"].startswith("Other patients of this workspace")
+    bundle = client.get("/api/context", headers=handles[pid]).get_json()
+    assert set(bundle["similar_patients"]) >= {"similar", "message"}
+    # A handle opens nothing: not as a patient, not as a record.
+    for handle in [p["handle"] for p in result["similar"]]:
+        for asked in (client.get(f"/api/record?ref=Patient/{handle}", headers=handles[pid]),
+                      client.post("/api/similar", json={"patient_id": handle}, headers=handles[pid])):
+            assert asked.status_code in (403, 404), asked.get_data(as_text=True)
+    assert client.post("/api/similar", json={"k": 0}, headers=handles[pid]).status_code == 400
+    assert client.post("/api/cohort", json={"condition": "hypertension", "exposures": ["losartan"], "outcome": "BP"},
+                       headers=handles[pid]).status_code == 400
+    audit = app.extensions["chartcite.audit"].entries(kind="similar")
+    assert audit and all(e["patient_id"] == pid for e in audit)
+
+
+def test_the_route_refuses_with_a_sentence_when_off(frame, files):
+    app, client, handles = frame
+    pid = files[0].name.split(".")[0]
+    app.config["CHARTCITE"].similar_patients = False
+    try:
+        response = client.post("/api/similar", json={}, headers=handles[pid])
+        assert response.status_code == 403 and "CHARTCITE_SIMILAR_PATIENTS=on" in response.get_json()["error"]
+        assert "similar_patients" not in client.get("/api/context", headers=handles[pid]).get_json()
+    finally:
+        app.config["CHARTCITE"].similar_patients = True
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request, tmp_path):
+    if request.param == "embedded":
+        from search.backends.embedded import EmbeddedBackend
+
+        store = EmbeddedBackend(tmp_path / "index.sqlite", "test-model", 4)
+    else:
+        from search.backends.elastic import ElasticsearchBackend
+
+        store = ElasticsearchBackend([es_url()], "test-model", 4)
+    yield store
+    store.close()
+
+
+def test_the_profile_store_keeps_tenants_apart_on_both_backends(backend):
+    run = uuid.uuid4().hex[:8]
+    mine, theirs = f"a{run}", f"b{run}"
+
+    def put(tenant, pid, vector, keys):
+        backend.put_profile(tenant, pid, {"patient_id": pid}, keys, np.asarray(vector, dtype=np.float32))
+
+    put(mine, "p1", [1, 0, 0, 0], ["drug:losartan"])
+    put(mine, "p2", [0.8, 0.6, 0, 0], ["drug:lisinopril"])
+    put(mine, "p3", [0, 0, 1, 0], ["drug:losartan"])
+    put(theirs, "p9", [1, 0, 0, 0], ["drug:losartan"])          # identical to p1, in another tenant
+    nearest = backend.nearest_profiles(mine, "p1", 5)
+    assert [pid for pid, _ in nearest] == ["p2", "p3"] and nearest[0][1] == pytest.approx(0.8, abs=1e-3)
+    assert [p["patient_id"] for p in backend.profiles_with(mine, ["drug:losartan"])] == ["p1", "p3"]
+    assert set(backend.get_profiles(mine, ["p1", "p9"])) == {"p1"}
+    assert backend.nearest_profiles(mine, "p9", 5) == []
+    put(mine, "p1", [0, 0, 1, 0], ["drug:lisinopril"])         # rebuilt: replaced, keys and all
+    assert [pid for pid, _ in backend.nearest_profiles(mine, "p1", 1)] == ["p3"]
+    assert [p["patient_id"] for p in backend.profiles_with(mine, ["drug:losartan"])] == ["p3"]
+
+
+def test_a_record_indexed_before_profiles_is_said_not_compared_rather_than_alone(tmp_path):
+    from search.backends.embedded import EmbeddedBackend
+    from search.similar.peers import NO_PEERS, NO_PROFILE, similar_patients
+
+    backend = EmbeddedBackend(tmp_path / "index.sqlite", "test-model", 4)
+    backend.put_profile("t", "peer", {"patient_id": "peer"}, [], np.asarray([1, 0, 0, 0], dtype=np.float32))
+    result = similar_patients(backend, "t", "indexed-long-ago", 5)
+    assert result["message"] == NO_PROFILE != NO_PEERS and not result["similar"]
