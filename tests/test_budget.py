@@ -4,23 +4,22 @@ budget (and, without Redis, each process only keeps its own)."""
 from __future__ import annotations
 
 import bisect
-import json
 import multiprocessing
 import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from fhir_ingest.connection.budget import LocalBudget
 
 from .conftest import redis_url
+from .stub_http import QuietHandler, serve
 
 
-class CountingEhr(BaseHTTPRequestHandler):
+class CountingEhr(QuietHandler):
     """Answers every GET after 60 ms, noting how many requests were in flight and when each began."""
     lock = threading.Lock()
     in_flight = 0
@@ -36,15 +35,7 @@ class CountingEhr(BaseHTTPRequestHandler):
         time.sleep(0.06)
         with cls.lock:
             cls.in_flight -= 1
-        body = json.dumps({"resourceType": "Patient", "id": "x"}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/fhir+json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
+        self.send_json({"resourceType": "Patient", "id": "x"}, "application/fhir+json")
 
 
 def client_process(base: str, redis: str, requests_each: int, concurrency: int, per_second: float, out) -> None:
@@ -62,8 +53,7 @@ def client_process(base: str, redis: str, requests_each: int, concurrency: int, 
 @pytest.fixture()
 def ehr():
     CountingEhr.in_flight, CountingEhr.peak, CountingEhr.starts = 0, 0, []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), CountingEhr)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = serve(CountingEhr)
     yield f"http://127.0.0.1:{server.server_port}/fhir/"
     server.shutdown()
 
@@ -160,7 +150,7 @@ def test_without_redis_each_process_keeps_only_its_own_budget(ehr):
     assert CountingEhr.peak > 2          # three processes, two each: what the shared budget prevents
 
 
-class StreamingEhr(BaseHTTPRequestHandler):
+class StreamingEhr(QuietHandler):
     """A Bulk output file that streams until the client hangs up, and a small resource; notes the
     paths asked, in order."""
     asked: list[str] = []
@@ -179,15 +169,7 @@ class StreamingEhr(BaseHTTPRequestHandler):
             except (BrokenPipeError, ConnectionResetError):
                 pass
             return
-        body = b'{"resourceType":"Patient","id":"x"}'
-        self.send_response(200)
-        self.send_header("Content-Type", "application/fhir+json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
+        self.send_json({"resourceType": "Patient", "id": "x"}, "application/fhir+json")
 
 
 def test_a_streamed_download_counts_against_the_budget_until_it_is_closed():
@@ -196,8 +178,7 @@ def test_a_streamed_download_counts_against_the_budget_until_it_is_closed():
     from fhir_ingest.connection.client import FhirClient
 
     StreamingEhr.asked = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), StreamingEhr)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = serve(StreamingEhr)
     client = FhirClient(f"http://127.0.0.1:{server.server_port}/", budget=LocalBudget(1), retries=0)
     try:
         download = client.request("GET", "file", stream=True)

@@ -1,10 +1,7 @@
 """The EHR's id_token keys: read once, not at every launch; read again when the EHR rotates them."""
 from __future__ import annotations
 
-import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from joserfc import jwt
@@ -14,26 +11,19 @@ from fhir_ingest.connection.registry import Ehr
 from fhir_ingest.connection.smart_auth import LaunchError
 from smart_app import smart
 
+from .stub_http import QuietHandler, serve
+
 
 @pytest.fixture()
 def issuer():
     state = {"keys": [RSAKey.generate_key(2048, parameters={"kid": "k1"})], "fetches": 0}
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_GET(self):
             state["fetches"] += 1
-            body = json.dumps(KeySet(state["keys"]).as_dict(private=False)).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            self.send_json(KeySet(state["keys"]).as_dict(private=False))
 
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = serve(Handler)
     state["uri"] = f"http://127.0.0.1:{server.server_port}/jwks"
     yield state
     server.shutdown()

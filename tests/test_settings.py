@@ -147,31 +147,19 @@ except LaunchError as exc:
 
 
 def test_an_ehr_behind_the_hospitals_own_authority_is_trusted_only_through_the_setting(tmp_path):
-    import json as _json
     import ssl
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from .stub_http import QuietHandler, serve
 
     ca, cert, key = self_signed_authority(tmp_path)
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_GET(self):
-            body = _json.dumps({"token_endpoint": "https://127.0.0.1/token",
-                                "authorization_endpoint": "https://127.0.0.1/auth"}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            self.send_json({"token_endpoint": "https://127.0.0.1/token", "authorization_endpoint": "https://127.0.0.1/auth"})
 
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = serve(Handler, lambda sock: context.wrap_socket(sock, server_side=True))
     iss = f"https://127.0.0.1:{server.server_port}/fhir"
     env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "CHARTCITE_DATA_DIR": str(tmp_path)}
     try:
