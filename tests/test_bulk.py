@@ -33,7 +33,9 @@ import pytest
 import requests
 
 from .fhir_servers import REPO, free_port
-from .test_smart import CLIENT_ID, GROUP, OTHER, PID, TENANT, Stack, held_resource, same_site, stack  # noqa: F401
+from .conftest import metric
+from .test_smart import (ADMIN_TOKEN, CLIENT_ID, GROUP, OTHER, PID, TENANT, Stack, held_resource,  # noqa: F401
+                         same_site, stack)
 
 CONDITION = "bulk-test-condition"
 
@@ -479,6 +481,8 @@ def test_a_transaction_time_in_the_future_never_becomes_the_cursor(stack):
     assert cursor_of(stack) == cursor
     status = last_status(stack)
     assert status.startswith("warning:") and "2099-01-01T00:00:00Z is after now" in status, status
+    scraped = requests.get(f"{stack.app}/metrics", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=30).text
+    assert metric(scraped, "chartcite_bulk_warnings_total", kind="future_cursor") >= 1
     put(stack, condition("after-the-future", PID, "Plantar fasciitis"))
     assert stack.cli("sync", "--tenant", TENANT).returncode == 0
     assert held_resource(stack, PID, "Condition/after-the-future")["code"]["text"] == "Plantar fasciitis"
