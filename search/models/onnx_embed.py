@@ -252,11 +252,11 @@ def new_session(onnx_file: Path, threads: int):
 class OpenVinoModel:
     """ONNX Runtime's session interface (run, get_inputs, get_outputs) over one OpenVINO model
     compiled for the CPU, one per session, each run on its caller's thread. Two threads with a
-    request each on one model compiled with two streams hung for good under load (issue 39: both
-    inside `infer`, every thread on a futex): the streams share the model's executor, kernel cache
-    and graphs, and a thread that is not one of the executor's own is handed a graph by a stream
-    number it does not own. A model per session shares none of that. OpenVINO's infer requests
-    are not to be shared between threads, so each call takes an idle one (made when none is)."""
+    request each on one model hung for good (issue 39: both inside `infer`, every thread on a
+    futex). Caught in the act, that was the bindings' first-use deadlock (`infer_alone_first`);
+    a model per session keeps the sessions from sharing an executor as well, for about 70 MB.
+    OpenVINO's infer requests are not to be shared between threads, so each call takes an idle one
+    (made when none is)."""
 
     def __init__(self, onnx_file: Path, streams: int, threads: int):
         core = require_openvino().Core()
@@ -293,10 +293,30 @@ class OpenVinoModel:
         with self._lock:
             request = self._idle.pop() if self._idle else self.compiled.create_infer_request()
         try:
-            return [np.asarray(request.infer(feeds)[0])]       # a copy, not the request's memory
+            return [np.asarray(infer_alone_first(request, feeds)[0])]       # a copy, not the request's memory
         finally:
             with self._lock:
                 self._idle.append(request)
+
+
+# OpenVINO's Python bindings build a table the first time a process reads a tensor's data (a C++
+# function-local static whose initializer takes the GIL). Two threads doing that at once deadlock
+# for good: one holds the static's guard and waits for the GIL, the other holds the GIL and waits
+# for the guard (issue 39's hang, caught in the act: both embedding threads in update_inputs, one
+# in __cxa_guard_acquire, the other in the GIL's wait, the main thread unable to run its deadline).
+# So the first inference of a process runs alone; once the table is built, threads run together.
+_FIRST_INFERENCE = threading.Lock()
+_bindings_ready = False
+
+
+def infer_alone_first(request, feeds: dict):
+    global _bindings_ready
+    if _bindings_ready:
+        return request.infer(feeds)
+    with _FIRST_INFERENCE:
+        result = request.infer(feeds)
+        _bindings_ready = True
+        return result
 
 
 M_MMAP_THRESHOLD = -3          # glibc's mallopt parameter
