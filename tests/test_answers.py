@@ -246,11 +246,13 @@ def test_rate_limits_are_shared_through_redis_across_app_processes(tmp_path, syn
 
 
 @pytest.mark.parametrize("question, empty", [
-    ("drug allergies?", "No allergies or intolerances are recorded"),
-    ("any statins?", "I don't have evidence for that in this patient's record. No medications are recorded")])
+    ("drug allergies?", "No allergies are coded in this patient's record, and its notes state:"),
+    ("any statins?", "I don't have evidence for that in this patient's record. No medications are coded in this "
+                     "patient's record, and its notes state:")])
 def test_an_empty_class_said_by_a_note_is_one_cited_claim(tmp_path, embedder, small_bundle, question, empty):
-    """A record with no entries of the asked class whose notes say so ("No Active Medications."):
-    the answer says the class is empty and cites the note for it, every clause carrying its [n]."""
+    """A record with no coded entries of the asked class whose notes say so ("No Active
+    Medications."): the answer says none are coded and quotes the notes that state it, each cited,
+    every clause carrying its [n] (issue 34: a note's statement of the class is itself evidence)."""
     from search.evaluate import uncited_clauses
     from search.service import SearchService
 

@@ -170,7 +170,7 @@ def notes_class_answer(result: Answer, ctx: AnswerContext, klass: str, stated: l
         citations.append(Citation.of(ev, i + 1))
         words = note_statement(ev, heading, quote)
         statements.append(Statement(words[0].upper() + words[1:], [i + 1], lead=i == 0, context=not naming and bool(members)))
-    coded = "" if held else f"No {CLASSES[klass]} are coded in this patient's record; its notes state: "
+    coded = "" if held else f"No {CLASSES[klass]} are coded in this patient's record, and its notes state: "
     answer = " ".join(s.cited_text() for s in statements)
     abstained = bool(members) and not naming
     if abstained:
