@@ -214,7 +214,8 @@ def with_note_statements(result: Answer, extra: list, context: bool = False) -> 
         n = len(citations) + 1
         citations.append(Citation.of(ev, n))
         words = note_statement(ev, heading, quote)
-        statements.append(Statement(words[0].upper() + words[1:] + ".", [n], context=context))
+        ended = words.rstrip('"').endswith((".", "!", "?"))     # a quote that ends its own sentence
+        statements.append(Statement(words[0].upper() + words[1:] + ("" if ended else "."), [n], context=context))
         if all(e.chunk_id != ev.chunk.chunk_id for e in evidence):
             evidence.append(EvidenceItem.of(ev, len(evidence) + 1))
     answer = " ".join([result.answer] + [s.cited_text() for s in statements[len(result.statements):]])
