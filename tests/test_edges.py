@@ -439,8 +439,17 @@ def client_check_with_probes(monkeypatch, *probes):
     checker = ehr_check.EhrChecker(registry, type("Ehr", (), {"name": "epic"})(), "https://chartcite.example", None)
     checker.config = {"token_endpoint": "https://ehr.example/token"}
     monkeypatch.setattr(ehr_check, "client_auth_for", lambda *_: ClientSecretBasic("cid", "s+cret", "form"))
-    answers = iter(probes)
-    monkeypatch.setattr(checker, "probe", lambda auth: next(answers))
+    ours, other = probes
+    # The deliberately wrong credentials ehr check also tries are told apart from ours, as an EHR
+    # with a client registry tells them apart; the secret's two encodings get the answers given.
+    decoy = ehr_check.Probe(401, "invalid_client", "HTTP 401 invalid_client: unknown credentials")
+
+    def probe(auth):
+        if getattr(auth, "secret", None) != "s+cret":
+            return decoy
+        return ours if auth.encoding == "form" else other
+
+    monkeypatch.setattr(checker, "probe", probe)
     return checker.client_credentials(), registry
 
 
