@@ -164,7 +164,7 @@ def notes_class_answer(result: Answer, ctx: AnswerContext, klass: str, stated: l
     what the notes do state of the class (never "none recorded")."""
     members = asked_members(ctx)
     naming = named_in_notes(ctx, stated)
-    shown = (naming or stated)[:CLASS_LIST_LIMIT]
+    shown = newest_first((naming or stated)[:CLASS_LIST_LIMIT])
     citations, statements = [], []
     for i, (ev, heading, quote) in enumerate(shown):
         citations.append(Citation.of(ev, i + 1))
@@ -194,7 +194,13 @@ def notes_beside_coded(result: Answer, ctx: AnswerContext, klass: str) -> Answer
     # Only what the answer lacks: a note's list that repeats the coded entries adds nothing.
     lacking = [s for s in class_in_notes(ctx, klass, mentions=False)
                if s[0].chunk.ref not in cited and lists_more(s[2], result.answer)]
-    return with_note_statements(result, lacking[:SUPPORTING_NOTES])
+    return with_note_statements(result, newest_first(lacking[:SUPPORTING_NOTES]))
+
+
+def newest_first(statements: list) -> list:
+    """The notes chosen as closest to the question, said newest first: a clinician reads the
+    latest note's word first, and the same notes read the same whatever the question's spelling."""
+    return sorted(statements, key=lambda s: (s[0].chunk.date or "", s[0].chunk.chunk_id), reverse=True)
 
 
 def lists_more(quote: str, answer: str) -> bool:
