@@ -95,10 +95,12 @@ def judge_support(retrieval: Retrieval) -> Support:
     members = {c["key"] for c in analysis.concepts if c.get("role") == "member"}
     if required:
         hit = required & asserted
-        if not hit and said_in_notes(analysis, evidence, required):
-            return Support(True, 0.5, "said in a note in the question's words")
         if not hit:
             mentioned = any(c["key"] in required for e in evidence for c in e.chunk.concepts)
+            # A note's own words count only where the annotator read no concept at all ("BNP
+            # shows 3788"): one it read as denied ("Patient denies chest pain") is a denial.
+            if not mentioned and said_in_notes(analysis, evidence, required):
+                return Support(True, 0.5, "said in a note in the question's words")
             return Support(False, 0.0, "the record only denies it" if mentioned else "the question's concepts are not in the record")
         if members and not members & asserted:
             return Support(False, 0.0, "the named medication is not in the record")
