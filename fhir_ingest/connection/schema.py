@@ -118,3 +118,8 @@ def add_missing_columns(connection, metadata, defaults: dict) -> list[str]:
             connection.execute(text(f"ALTER TABLE {table.name} ADD COLUMN {column.name} {kind}{clause}"))
             added.append(f"{table.name}.{column.name}")
     return added
+
+
+def forward_only() -> None:
+    """Every revision's downgrade: chartcite's databases only go forward (back up before upgrading)."""
+    raise NotImplementedError("chartcite's databases are upgraded only; restore a backup to go back")

@@ -9,6 +9,8 @@ import secrets
 import sqlalchemy as sa
 from alembic import op
 
+from fhir_ingest.connection.schema import forward_only
+
 revision = "0002"
 down_revision = "0001"
 branch_labels = None
@@ -26,5 +28,4 @@ def upgrade():
                      {"ref": secrets.token_urlsafe(16), "id": entry_id})
 
 
-def downgrade():
-    raise NotImplementedError("chartcite's databases are upgraded only; restore a backup to go back")
+downgrade = forward_only

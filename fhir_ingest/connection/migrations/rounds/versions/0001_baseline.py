@@ -8,7 +8,7 @@ Revises:
 import sqlalchemy as sa
 from alembic import op
 
-from fhir_ingest.connection.schema import upgrade_to_baseline
+from fhir_ingest.connection.schema import forward_only, upgrade_to_baseline
 
 revision = "0001"
 down_revision = None
@@ -131,5 +131,4 @@ def upgrade():
     upgrade_to_baseline(op.get_bind(), schema, DEFAULTS)
 
 
-def downgrade():
-    raise NotImplementedError("chartcite's databases are upgraded only; restore a backup to go back")
+downgrade = forward_only

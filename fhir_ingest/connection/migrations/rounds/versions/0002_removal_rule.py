@@ -7,6 +7,8 @@ Revises: 0001
 import sqlalchemy as sa
 from alembic import op
 
+from fhir_ingest.connection.schema import forward_only
+
 revision = "0002"
 down_revision = "0001"
 branch_labels = None
@@ -20,5 +22,4 @@ def upgrade():
         batch.add_column(sa.Column("validator", sa.Text(), nullable=False, server_default=""))
 
 
-def downgrade():
-    raise NotImplementedError("chartcite's databases are upgraded only; restore a backup to go back")
+downgrade = forward_only
