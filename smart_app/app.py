@@ -109,6 +109,8 @@ def init_security_headers(app: Flask, settings: Settings) -> None:
 def init_error_handlers(app: Flask) -> None:
     from search.backends.base import BackendUnavailable
 
+    from .audit import AuditUnavailable
+
     def api_request() -> bool:
         return request.path.startswith("/api/")
 
@@ -125,6 +127,18 @@ def init_error_handlers(app: Flask) -> None:
         if api_request():
             return jsonify(error=getattr(error, "description", "") or "malformed request"), 400
         return render_template("error.html", message="That request could not be read."), 400
+
+    @app.errorhandler(AuditUnavailable)
+    def audit_unavailable(_):
+        # Any route that must leave an audit line and cannot (an answer, a draft, an admin page, a
+        # refused admin token): a 503 that says why, counted, never a 500 and never unrecorded work.
+        from .services import metrics
+
+        metrics().observe_audit_failure()
+        message = "The audit trail could not be written, so this was not done. Try again in a moment; if this persists, tell IT."
+        if api_request():
+            return jsonify(error=message), 503
+        return render_template("error.html", message=message), 503
 
     @app.errorhandler(BackendUnavailable)
     def index_unavailable(error):

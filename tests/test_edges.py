@@ -12,7 +12,7 @@ import pytest
 from smart_app.app import create_app
 from smart_app.settings import Settings
 
-from .conftest import SHARED, InlineRunner, demo_launch, require_shared
+from .conftest import SHARED, InlineRunner, demo_launch, metric, require_shared
 
 QUESTION_SETS = [SHARED / "data" / "questions" / name for name in ("clinician-dev.jsonl", "dev.jsonl")]
 SMALL = "936988e9-d587-ef42-ebdf-541238540ff3"          # the smallest shared record (46 resources)
@@ -375,6 +375,25 @@ def test_wrong_admin_tokens_are_limited_and_audited(tmp_path):
     assert client.get("/metrics", headers={"Authorization": "Bearer the-right-one-0000"}).status_code == 429
     refused = app.extensions["chartcite.audit"].entries(kind="admin-refused", limit=100)
     assert len(refused) == 5 and all(e["request"] == "GET /metrics" for e in refused)
+
+
+def test_a_route_whose_audit_line_cannot_be_written_answers_503_not_500(tmp_path, monkeypatch):
+    """A refused admin token, the admin page and the frame's routes each leave an audit line: when
+    the trail cannot be written, the answer is a 503 that says why, and /metrics counts it."""
+    from smart_app.audit import AuditTrail, AuditUnavailable
+
+    app = limited_app(tmp_path, env={"CHARTCITE_ADMIN_TOKEN": "the-right-one-0000"})
+    client = app.test_client()
+
+    def broken(*args, **kwargs):
+        raise AuditUnavailable("the audit trail could not be written")
+
+    monkeypatch.setattr(AuditTrail, "record", broken)
+    refused = client.get("/metrics", headers={"Authorization": "Bearer a-guess"})
+    assert refused.status_code == 503 and "audit trail could not be written" in refused.get_data(as_text=True)
+    monkeypatch.undo()
+    scraped = client.get("/metrics", headers={"Authorization": "Bearer the-right-one-0000"}).get_data(as_text=True)
+    assert metric(scraped, "chartcite_audit_failures_total") >= 1
 
 
 # --- terminal output ---------------------------------------------------------------------------
