@@ -33,3 +33,21 @@ def fill_embedded(backend, tenant: str, patients: int, per_patient: int, seed: i
             backend.upsert_patient(tenant, patient_id, {"patient_id": patient_id, "chunk_counts": {"lab": per_patient},
                                                         "resource_counts": {"Observation": per_patient}})
     return patients * per_patient
+
+
+def vm_steps(backend, call, every: int = 1) -> int:
+    """How many SQLite virtual-machine steps `call` takes on the embedded backend's connection
+    (counted every `every` steps): work counted, not timed, so a loaded machine cannot change it."""
+    counted = [0]
+
+    def count():
+        counted[0] += 1
+        return 0
+
+    db = backend._db()
+    db.set_progress_handler(count, every)
+    try:
+        call()
+    finally:
+        db.set_progress_handler(None, every)
+    return counted[0] * every

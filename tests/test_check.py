@@ -7,24 +7,14 @@ import pytest
 
 from search.backends.embedded import EmbeddedBackend
 
-from .synthetic import DIMENSION, MODEL, fill_embedded
+from .synthetic import DIMENSION, MODEL, fill_embedded, vm_steps
 
 
 def steps_of_check(backend: EmbeddedBackend, tenant: str) -> int:
     """The virtual-machine steps SQLite takes for one check (counted every 100 steps)."""
-    counted = [0]
-
-    def count():
-        counted[0] += 1
-        return 0
-
-    db = backend._db()
-    db.set_progress_handler(count, 100)
-    try:
+    def check():
         assert backend.check(tenant).problems == []
-    finally:
-        db.set_progress_handler(None, 100)
-    return counted[0] * 100
+    return vm_steps(backend, check, every=100)
 
 
 def test_check_grows_with_the_index_not_with_its_square(tmp_path):

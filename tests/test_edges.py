@@ -13,6 +13,7 @@ from smart_app.app import create_app
 from smart_app.settings import Settings
 
 from .conftest import SHARED, InlineRunner, demo_launch, metric, require_shared
+from .synthetic import vm_steps
 
 QUESTION_SETS = [SHARED / "data" / "questions" / name for name in ("clinician-dev.jsonl", "dev.jsonl")]
 SMALL = "936988e9-d587-ef42-ebdf-541238540ff3"          # the smallest shared record (46 resources)
@@ -134,23 +135,6 @@ def a_with_others_holding_a_word(path):
     for tenant in ("t", "other"):
         write_chunks(backend, note_chunks(tenant, "Z", [f"note {i}: quixotine given" for i in range(1500)]))
     return backend
-
-
-def vm_steps(backend, call) -> int:
-    """How many SQLite virtual-machine steps a call takes on the backend's connection."""
-    steps = [0]
-
-    def count():
-        steps[0] += 1
-        return 0
-
-    db = backend._db()
-    db.set_progress_handler(count, 1)
-    try:
-        call()
-    finally:
-        db.set_progress_handler(None, 1)
-    return steps[0]
 
 
 def assert_lexical_work_is_the_patients_own(backend) -> None:
