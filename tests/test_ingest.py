@@ -326,3 +326,25 @@ def test_checking_a_decompression_bomb_costs_no_more_memory_than_its_limit(tmp_p
         tracemalloc.stop()
     assert [type(i) for i in items] == [ReadProblem] and "more than 2 MB" in items[0].reason
     assert peak < 8 * 2**20, f"{peak / 2**20:.1f} MB"
+
+
+def test_a_survey_too_long_for_the_window_is_cut_between_its_answers_and_loses_none():
+    questions = [f"Within the last year, have you been afraid of question {i}?" for i in range(40)]
+    survey = {"resourceType": "Observation", "id": "s1", "status": "final", "subject": {"reference": "Patient/p1"},
+              "effectiveDateTime": "2022-11-25",
+              "category": [{"coding": [{"system": "http://terminology.hl7.org/CodeSystem/observation-category",
+                                        "code": "survey"}]}],
+              "code": {"text": "Social needs survey"},
+              "component": [{"code": {"text": q}, "valueString": "No"} for q in questions]}
+    chunks = [c for c in PatientChunker("t", "p1", [PATIENT, survey], TextBudget(60, lambda t: len(t.split()))).chunks()
+              if c.resource_id == "s1"]
+    assert len(chunks) > 1
+    lead = chunks[0].text.partition(": ")[0]
+    for chunk in chunks:
+        assert chunk.text.startswith(f"{lead}: ") and len(chunk.text.split()) <= 60
+        # Every piece holds whole answers: a question never runs on into the next piece.
+        body = chunk.text.partition(": ")[2]
+        assert all(re.fullmatch(r"(Social needs survey = )?Within the last year, have you been afraid of question \d+\?: No[;.]?", item)
+                   for item in body.split("; ")), body
+    said = " ".join(c.text for c in chunks)
+    assert all(f"{q}: No" in said for q in questions)

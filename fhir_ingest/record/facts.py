@@ -10,10 +10,23 @@ stores them beside the chunk.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields, is_dataclass
 
 from .datatypes import comparator_quantity, range_text, ratio_text
 from .normalize import codings, concept_text, quantity_text
+
+
+def plain(value):
+    """A fact as plain dicts and lists, as `dataclasses.asdict` gives it, without its deep copy of
+    every leaf (a fact's leaves are strings and numbers; the copy was most of chunking's time on a
+    large record)."""
+    if is_dataclass(value):
+        return {f.name: plain(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, (list, tuple)):
+        return type(value)(plain(v) for v in value)
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    return value
 
 
 @dataclass
@@ -102,7 +115,7 @@ class Fact:
     notes: str = ""               # the record's own notes (Annotation.text)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return plain(self)
 
 
 @dataclass
