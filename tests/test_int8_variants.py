@@ -255,3 +255,34 @@ def test_the_first_openvino_inference_of_a_process_runs_alone(monkeypatch):
     for t in threads:
         t.join(30)
     assert sorted(overlaps) == [1, 2]             # afterwards they run together
+
+
+def test_a_question_is_embedded_before_the_batches_a_sync_queued_before_it():
+    """The first question of a launch must not wait behind the rest of the record's vectors: it
+    waits only for the batch in hand (issue 39's first minute)."""
+    import threading
+
+    from search.models.onnx_embed import SessionWorkers
+
+    taken, in_hand, order = threading.Event(), threading.Event(), []
+
+    def run(session, batch):
+        if batch == ["record 0"]:
+            taken.set()
+            in_hand.wait(30)          # the sync's first batch is on the model when the question comes
+        order.append(batch[0])
+        return batch
+
+    workers = SessionWorkers(["one session"], run)
+    routine = [workers.submit([f"record {i}"]) for i in range(4)]
+    assert taken.wait(30)
+    question = workers.submit(["question"], urgent=True)
+    in_hand.set()
+    assert question.result(30) == ["question"] and [f.result(30) for f in routine]
+    assert order == ["record 0", "question", "record 1", "record 2", "record 3"]
+    workers.close()
+
+
+def test_a_question_vector_is_the_one_the_record_would_get(variants):
+    embedder = variants["openvino"]
+    assert np.allclose(embedder.encode_query(CHART[3]), embedder.encode([CHART[3]])[0], atol=1e-6)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import itertools
 import json
 import logging
 import os
@@ -375,24 +376,29 @@ class EmbedderStalled(RuntimeError):
 
 
 class SessionWorkers:
-    """One thread per session, taking batches from one queue in turn. The threads are daemons: a
-    thread stuck inside a model (it happened inside OpenVINO) is left behind when the sessions are
+    """One thread per session, taking batches from one queue in turn, a question's before any
+    record's: a clinician's question waits for the batches in hand, never behind the rest of a
+    sync's (a first sync queues a hundred texts at a time). The threads are daemons: a thread
+    stuck inside a model (it happened inside OpenVINO) is left behind when the sessions are
     replaced, and cannot keep the process from exiting, as a ThreadPoolExecutor's would."""
 
+    URGENT, ROUTINE, STOP = 0, 1, 2
+
     def __init__(self, sessions: list, run):
-        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.queue: queue.PriorityQueue = queue.PriorityQueue()
+        self.order = itertools.count()        # first come, first served within a priority
         self.run, self.count = run, len(sessions)
         for number, session in enumerate(sessions):
             threading.Thread(target=self._work, args=(session,), name=f"chartcite-embed_{number}", daemon=True).start()
 
-    def submit(self, batch: list[str]) -> Future:
+    def submit(self, batch: list[str], urgent: bool = False) -> Future:
         future: Future = Future()
-        self.queue.put((future, batch))
+        self.queue.put((self.URGENT if urgent else self.ROUTINE, next(self.order), future, batch))
         return future
 
     def _work(self, session) -> None:
-        while (item := self.queue.get()) is not None:
-            future, batch = item
+        while (item := self.queue.get())[0] != self.STOP:
+            _, _, future, batch = item
             if not future.set_running_or_notify_cancel():
                 continue
             try:
@@ -401,9 +407,9 @@ class SessionWorkers:
                 future.set_exception(exc)
 
     def close(self) -> None:
-        """Each thread ends after its batch in hand (a stuck one never does, and is left)."""
+        """Each thread ends once the batches queued before are done (a stuck one never does, and is left)."""
         for _ in range(self.count):
-            self.queue.put(None)
+            self.queue.put((self.STOP, next(self.order), None, None))
 
 
 class OnnxInt8Embedder(Embedder):
@@ -488,7 +494,12 @@ class OnnxInt8Embedder(Embedder):
         workers = self._session_pool()
         return self._in_order(batches, [workers.submit(batch) for batch in batches])
 
-    def _in_order(self, batches: list[list[str]], futures: list[Future]) -> Iterator[np.ndarray]:
+    def encode_query(self, text: str) -> np.ndarray:
+        """A question's vector, computed before any batch still queued by indexing."""
+        future = self._session_pool().submit([text], urgent=True)
+        return next(self._in_order([[text]], [future], urgent=True))[0]
+
+    def _in_order(self, batches: list[list[str]], futures: list[Future], urgent: bool = False) -> Iterator[np.ndarray]:
         done, stalls = 0, 0
         while done < len(batches):
             try:
@@ -499,7 +510,7 @@ class OnnxInt8Embedder(Embedder):
                     future.cancel()
                 self._replace_stalled_sessions(len(batches[done]), stalls)
                 workers = self._session_pool()
-                futures[done:] = [workers.submit(batch) for batch in batches[done:]]
+                futures[done:] = [workers.submit(batch, urgent) for batch in batches[done:]]
                 continue
             done, stalls = done + 1, 0
             yield vectors
