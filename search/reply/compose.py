@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from search.answering.answer import compose as compose_answer
 from search.answering.notes import rank_note_sentences
-from search.answering.phi import Identifiers
+from search.answering.phi import Identifiers, scrub
 from search.answering.steps import apply_steps
 from search.answering.verify import verify_statement
 from search.models.llm import LlmError, generate, is_general_question
@@ -31,12 +31,13 @@ DEFAULT_WORDS = 75
 DEFAULT_URGENT_TEXT = ("If this is happening now, call 911 or go to the nearest emergency department. "
                        "Do not wait for a reply to this message.")
 CHECK_WITH_CARE_TEAM = "I will check with your care team about your question: “{question}”"
-MIN_SCORE = 0.45         # a best sentence scoring below this does not answer: the question goes to the care team
+MIN_SCORE = 0.45         # a best sentence the answer did not quote, scoring below this, does not answer
 WITHIN = 0.06            # further sentences are kept when nearly as good as the best...
 MOST_PER_QUESTION = 2    # ...up to this many per question
 QUOTED_BONUS = 0.1       # a sentence the answer pipeline chose to quote
 MOST_GLOSSES = 2         # plain names per draft: more would make it long
 SIDES = {"left": "right", "right": "left"}
+PLACEHOLDER = re.compile(r"\s*\[(?:redacted|birth date|phone|email|name)\]")
 # Coded records a draft may quote (a visit's own line says nothing a patient asked).
 CODED_TYPES = ("Condition", "MedicationRequest", "MedicationStatement", "AllergyIntolerance", "Observation",
                "Procedure", "Immunization")
@@ -55,6 +56,7 @@ class Evidence:
     kind: str = "note"                 # note | coded
     span: list[int] | None = None      # [start, end) of the sentence in the indexed note text
     chunk: object = field(default=None, repr=False)
+    cited: bool = False                # the answer pipeline cites it (its support judged), whatever its score
 
     def to_dict(self) -> dict:
         return {"n": self.n, "ref": self.ref, "text": self.text, "span": self.span, "score": round(self.score, 3),
@@ -70,7 +72,8 @@ class Found:
 
 
 def questions_and_evidence(svc, tenant: str, patient_id: str, message: str, k: int = 5) -> list[Found]:
-    return [evidence_for(svc, tenant, patient_id, q, i, k) for i, q in enumerate(questions_in(message))]
+    return [replace(evidence_for(svc, tenant, patient_id, read, i, k), question=asked)
+            for i, (asked, read) in enumerate(questions_in(message))]
 
 
 def evidence_for(svc, tenant: str, patient_id: str, question: str, index: int, k: int = 5) -> Found:
@@ -108,13 +111,15 @@ def scored_sentences(retrieval, answer, analysis) -> list[Evidence]:
         chunk = r.ev.chunk
         bonus = QUOTED_BONUS if r.sentence.text in quoted else 0.0
         out.append(Evidence(0, chunk.ref, r.sentence.text, r.score + bonus, 0, chunk.date[:10], chunk.label, "note",
-                            span_of(chunk.text, r.sentence.text), chunk))
+                            span_of(chunk.text, r.sentence.text), chunk, bool(bonus)))
     by_ref = {ev.chunk.ref: ev.chunk for ev in retrieval.evidence}
     coded = [c for c in answer.citations if c.resource_type in CODED_TYPES and c.ref in by_ref]
     if coded and retrieval.similarity is not None:
         lines = [coded_line(by_ref[c.ref]) for c in coded]
         for c, line, sim in zip(coded, lines, retrieval.similarity(lines)):
-            out.append(Evidence(0, c.ref, line, float(sim), 0, c.date, c.label, "coded", None, by_ref[c.ref]))
+            # Cited by the answer pipeline, like a quoted note sentence.
+            out.append(Evidence(0, c.ref, line, float(sim) + QUOTED_BONUS, 0, c.date, c.label, "coded", None,
+                                by_ref[c.ref], True))
     return sorted(out, key=lambda e: e.score, reverse=True)
 
 
@@ -142,7 +147,8 @@ def same_side(scored: list[Evidence], question: str) -> list[Evidence]:
 
 
 def chosen_evidence(scored: list[Evidence]) -> list[Evidence]:
-    if not scored or scored[0].score < MIN_SCORE:
+    # A sentence the answer pipeline quotes has had its support judged; any other must score well.
+    if not scored or (scored[0].score < MIN_SCORE and not scored[0].cited):
         return []
     best = scored[0].score
     chosen: list[Evidence] = []
@@ -178,6 +184,10 @@ class Reply:
 def build_reply(svc, tenant: str, patient_id: str, message: str, urgent_text: str = DEFAULT_URGENT_TEXT,
                 words: int = DEFAULT_WORDS, k: int = 5, use_llm: bool = True) -> Reply:
     message = " ".join(message.split("\x00"))
+    # The patient's own name, birth date, MRN and address are taken out first: they answer nothing,
+    # and nothing read from the message may carry them on (to a model, to the audit of the parts).
+    ids = Identifiers.from_patient(svc.resource(tenant, patient_id, f"Patient/{patient_id}"))
+    message = PLACEHOLDER.sub("", scrub(message, ids))
     found = questions_and_evidence(svc, tenant, patient_id, message, k)
     signs = urgent_signs(message)
     evidence = numbered([e for f in found for e in f.evidence])

@@ -17,11 +17,15 @@ RELATIONS = ("dad", "father", "mom", "mother", "husband", "wife", "son", "daught
              "grandfather", "grandma", "grandpa", "partner", "baby", "child", "boy", "girl")
 RELATION = re.compile(rf"\bmy\s+({'|'.join(RELATIONS)})\b", re.I)
 MOST_QUESTIONS = 4
+GREETING = re.compile(r"^\s*(?:hi|hello|hey|dear|good (?:morning|afternoon|evening)|thanks?|thank you|regards|best|"
+                      r"sincerely)\b", re.I)
 
 
 def sentences(message: str) -> list[str]:
     """The message's sentences (PyRuSH's rules, as the notes are split), each on one line."""
-    return [" ".join(s.text.split()) for s in note_sentences(message) if s.text.strip()]
+    # PyRuSH keeps "We were worried! What size was it?" together: a "!" or "?" before a capital ends one.
+    return [part for s in note_sentences(message) for part in re.split(r"(?<=[!?])\s+(?=[A-Z])", " ".join(s.text.split()))
+            if part.strip()]
 
 
 def asks(sentence: str) -> bool:
@@ -29,20 +33,21 @@ def asks(sentence: str) -> bool:
         (bool(INTERROGATIVE.match(sentence)) and not sentence.rstrip().endswith("!"))
 
 
-def questions_in(message: str) -> list[str]:
-    """The message's questions, in order, each readable alone; a message with no question mark or
-    request is one question as a whole (a worry stated is still what the patient wants answered)."""
+def questions_in(message: str) -> list[tuple[str, str]]:
+    """The message's questions, in order: each as asked, and as read (with the sentences of context
+    before it: "My dad had a kidney stone in 2007. What size was it?"). A message with no question
+    mark or request is one question as a whole (a worry stated is still what the patient asks)."""
     said = sentences(message)
     found, context = [], []
     for sentence in said:
         if not asks(sentence):
-            context.append(sentence)
+            if not GREETING.match(sentence):       # "Hi, this is ..." says nothing the record could answer
+                context.append(sentence)
             continue
-        # The sentences before a question say what it is about ("My dad had a kidney stone in
-        # 2007. What size was it?"): the question is read with them.
-        found.append(" ".join(context[-CONTEXT_SENTENCES:] + [sentence]))
-    if not found:
-        found = [" ".join(message.split())] if message.strip() else []
+        found.append((sentence, " ".join(context[-CONTEXT_SENTENCES:] + [sentence])))
+    if not found and message.strip():
+        whole = " ".join(message.split())
+        found = [(whole, whole)]
     return found[:MOST_QUESTIONS]
 
 
