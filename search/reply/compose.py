@@ -15,11 +15,13 @@ import re
 from dataclasses import dataclass, field, replace
 
 from search.answering.answer import compose as compose_answer
-from search.answering.notes import rank_note_sentences
+from search.answering.notes import note_header, rank_note_sentences
 from search.answering.phi import Identifiers, scrub
 from search.answering.steps import apply_steps
 from search.answering.verify import verify_statement
 from search.models.llm import LlmError, generate, is_general_question
+from search.nlp.lexicon import STOP_WORDS
+from search.nlp.vocabulary import names_a_clinical_thing, presence_prefix
 from search.retrieval.pipeline import patient_terms, retrieve
 
 from .asked import missing_thing
@@ -37,6 +39,13 @@ MOST_PER_QUESTION = 2    # ...up to this many per question
 QUOTED_BONUS = 0.1       # a sentence the answer pipeline chose to quote
 MOST_GLOSSES = 2         # plain names per draft: more would make it long
 SIDES = {"left": "right", "right": "left"}
+WHY = re.compile(r"\bwhy\b|\bwhat (?:was|is) the reason\b|\bhow come\b", re.I)
+# The words a sentence gives a reason with.
+REASON = re.compile(r"\b(?:because|due to|secondary to|given (?:his|her|the|their)|in light of|owing to|as a result|"
+                    r"therefore|reason|risky|risk of|need for|in order to|so that|for (?:further|continued|possible))\b",
+                    re.I)
+REASON_BONUS = 0.12
+ABSTAINED = "the record holds no evidence for it"
 PLACEHOLDER = re.compile(r"\s*\[(?:redacted|birth date|phone|email|name)\]")
 # Coded records a draft may quote (a visit's own line says nothing a patient asked).
 CODED_TYPES = ("Condition", "MedicationRequest", "MedicationStatement", "AllergyIntolerance", "Observation",
@@ -72,8 +81,15 @@ class Found:
 
 
 def questions_and_evidence(svc, tenant: str, patient_id: str, message: str, k: int = 5) -> list[Found]:
-    return [replace(evidence_for(svc, tenant, patient_id, read, i, k), question=asked)
-            for i, (asked, read) in enumerate(questions_in(message))]
+    found = []
+    for i, (asked, read) in enumerate(questions_in(message)):
+        result = evidence_for(svc, tenant, patient_id, read, i, k)
+        if not result.evidence and result.reason == ABSTAINED and read != asked:
+            # The context can mislead the pipeline as it can help ("I'm still confused about my ER
+            # visit..."): the question is read once more as asked, under the same rules.
+            result = evidence_for(svc, tenant, patient_id, asked, i, k)
+        found.append(replace(result, question=asked))
+    return found
 
 
 def evidence_for(svc, tenant: str, patient_id: str, question: str, index: int, k: int = 5) -> Found:
@@ -89,29 +105,61 @@ def evidence_for(svc, tenant: str, patient_id: str, question: str, index: int, k
     retrieval.similarity = svc.similarity_to(question)
     answer = apply_steps(compose_answer(retrieval, patient_id), svc.answer_context(tenant, patient_id, retrieval, False))
     if answer.abstained:
-        return Found(question, [], "the record holds no evidence for it")
+        return Found(question, [], ABSTAINED)
     if retrieval.absent_terms:
         return Found(question, [], "the record never names " + ", ".join(sorted(retrieval.absent_terms)))
+    absent = absent_concepts(svc, tenant, patient_id, analysis)
+    if absent:
+        return Found(question, [], "the record never names " + ", ".join(absent))
     scored = scored_sentences(retrieval, answer, analysis)
     scored = same_side(scored, question)
     chosen = chosen_evidence(scored)
     if not chosen:
         return Found(question, [], "no sentence of the record answers it closely enough")
-    missing = missing_thing(question, [e.text for e in chosen])
+    # The note's own title counts: a sentence of the "Carotid Duplex Ultrasound" report is its finding.
+    missing = missing_thing(question, [e.text for e in chosen] + [note_header(e.chunk) for e in chosen if e.chunk])
     if missing:
         return Found(question, [], f"the evidence never names {missing}")
     return Found(question, [replace(e, question=index) for e in chosen])
 
 
+def absent_concepts(svc, tenant: str, patient_id: str, analysis) -> list[str]:
+    """The concepts the message names (not a class: "blood thinner") that the patient's record
+    names nowhere, neither as the message wrote them nor by their name, nor in its codings. The
+    answer pipeline judges a message's wider words and may let a nearby fact through ("planning
+    another pregnancy. Did I get my Tdap shot?" answered from "Postdates pregnancy."); a reply
+    to a patient does not."""
+    coded = {t.key for t in patient_terms(svc.backend, tenant, patient_id)}
+    forms: dict[str, list[list[str]]] = {}
+    for c in analysis.concepts:
+        written = [c.get("text") or "", c.get("display") or ""]
+        # Only a concept written in words no everyday English uses ("Tdap", "Lovenox"): "shots",
+        # "heart attack" or "confused" may be what the record says in its own words.
+        technical = any(names_a_clinical_thing(w) for w in re.findall(r"[a-z0-9]{2,}", written[0].lower()))
+        if c.get("role") == "class" or c.get("key") in coded or not technical:
+            continue
+        probes = [[presence_prefix(w) for w in re.findall(r"[a-z0-9]{2,}", f.lower()) if w not in STOP_WORDS]
+                  for f in written]
+        forms[c.get("display") or c.get("text") or "?"] = [p for p in probes if p]
+    wanted = sorted({t for probes in forms.values() for form in probes for t in form})
+    if not wanted:
+        return []
+    present = svc.catalog.has_terms(tenant, patient_id, wanted, prefix=True)
+    return [name for name, probes in forms.items() if probes and not any(all(t in present for t in p) for p in probes)]
+
+
 def scored_sentences(retrieval, answer, analysis) -> list[Evidence]:
     """Every note sentence of the evidence, and every coded record the answer cites, scored."""
     quoted = {" ".join(q.split()) for c in answer.citations for q in c.quotes}
+    why = bool(WHY.search(retrieval.question))
     out = []
     for r in rank_note_sentences(analysis, retrieval.evidence, retrieval.similarity):
         chunk = r.ev.chunk
         bonus = QUOTED_BONUS if r.sentence.text in quoted else 0.0
-        out.append(Evidence(0, chunk.ref, r.sentence.text, r.score + bonus, 0, chunk.date[:10], chunk.label, "note",
-                            span_of(chunk.text, r.sentence.text), chunk, bool(bonus)))
+        # "Why did they...?" is answered by a sentence that gives a reason.
+        reason = REASON_BONUS if why and REASON.search(r.sentence.text) else 0.0
+        out.append(Evidence(0, chunk.ref, r.sentence.text, r.score + bonus + reason, 0, chunk.date[:10], chunk.label,
+                            "note", span_of(chunk.text, r.sentence.text), chunk, bool(bonus)))
     by_ref = {ev.chunk.ref: ev.chunk for ev in retrieval.evidence}
     coded = [c for c in answer.citations if c.resource_type in CODED_TYPES and c.ref in by_ref]
     if coded and retrieval.similarity is not None:
