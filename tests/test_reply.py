@@ -206,3 +206,22 @@ def test_no_identifier_of_the_patient_reaches_the_model_from_the_reply_path(clie
         assert secret not in sent, f"identifier sent to the model: {secret[:3]}…"
     assert "Evidence:" in sent
     assert all(s["citations"] for s in result["sentences"] if s["kind"] == "answer")
+
+
+def test_the_launch_message_is_read_only_from_a_communication_of_this_patient():
+    from smart_app.reply_routes import communication_ref, message_of
+
+    assert communication_ref({"fhirContext": [{"reference": "Encounter/e1"},
+                                              {"reference": "Communication/m-7"}]}) == "Communication/m-7"
+    assert communication_ref({"fhirContext": [{"reference": "Communication/../Patient/x"}]}) == ""
+    assert communication_ref({}) == "" and communication_ref({"fhirContext": "Communication/1"}) == ""
+    message = {"resourceType": "Communication", "subject": {"reference": f"Patient/{PID}"},
+               "payload": [{"contentString": "Was my surgery successful? "}, {"contentAttachment": {}}]}
+    assert message_of(message, PID) == "Was my surgery successful?"
+    assert message_of(message, OTHER) == ""                   # another patient's words are never shown
+    assert message_of({**message, "resourceType": "Patient"}, PID) == ""
+
+
+def test_without_a_message_in_the_launch_the_panel_is_told_to_paste(client, handle):
+    response = client.get("/api/reply/launch-message", headers={"X-Chartcite-Session": handle})
+    assert response.status_code == 404 and "paste" in response.get_json()["error"]

@@ -85,6 +85,16 @@
     out.appendChild(copy); out.appendChild(save); out.appendChild(box);
   }
 
+  // A launch from the EHR's message view carries the message: it is filled in, once, for reading.
+  let asked = false;
+  $("reply").addEventListener("toggle", () => {
+    if (!$("reply").open || asked) return;
+    asked = true;
+    frame.get("/api/reply/launch-message").then(({ ok, body }) => {
+      if (ok && body.message && !$("reply-message").value) $("reply-message").value = body.message;
+    });
+  });
+
   $("reply-form").addEventListener("submit", (event) => {
     event.preventDefault();
     const message = $("reply-message").value.trim();
