@@ -24,6 +24,7 @@ from search.nlp.lexicon import STOP_WORDS
 from search.nlp.vocabulary import names_a_clinical_thing, presence_prefix
 from search.retrieval.pipeline import patient_terms, retrieve
 
+from .answer_types import answer_type_bonus, wanted
 from .asked import missing_thing
 from .message import about_whom, questions_in
 from .plain import glosses
@@ -152,12 +153,14 @@ def scored_sentences(retrieval, answer, analysis) -> list[Evidence]:
     """Every note sentence of the evidence, and every coded record the answer cites, scored."""
     quoted = {" ".join(q.split()) for c in answer.citations for q in c.quotes}
     why = bool(WHY.search(retrieval.question))
+    kinds = wanted(asked_part(retrieval.question))
     out = []
     for r in rank_note_sentences(analysis, retrieval.evidence, retrieval.similarity):
         chunk = r.ev.chunk
         bonus = QUOTED_BONUS if r.sentence.text in quoted else 0.0
         # "Why did they...?" is answered by a sentence that gives a reason.
         reason = REASON_BONUS if why and REASON.search(r.sentence.text) else 0.0
+        reason += answer_type_bonus(kinds, r.sentence.text)
         out.append(Evidence(0, chunk.ref, r.sentence.text, r.score + bonus + reason, 0, chunk.date[:10], chunk.label,
                             "note", span_of(chunk.text, r.sentence.text), chunk, bool(bonus)))
     by_ref = {ev.chunk.ref: ev.chunk for ev in retrieval.evidence}
@@ -169,6 +172,12 @@ def scored_sentences(retrieval, answer, analysis) -> list[Evidence]:
             out.append(Evidence(0, c.ref, line, float(sim) + QUOTED_BONUS, 0, c.date, c.label, "coded", None,
                                 by_ref[c.ref], True))
     return sorted(out, key=lambda e: e.score, reverse=True)
+
+
+def asked_part(read: str) -> str:
+    """The question itself, without the context read with it (its last sentence)."""
+    parts = re.split(r"(?<=[.!?])\s+", read.strip())
+    return parts[-1] if parts else read
 
 
 def coded_line(chunk) -> str:
