@@ -225,3 +225,16 @@ def test_the_launch_message_is_read_only_from_a_communication_of_this_patient():
 def test_without_a_message_in_the_launch_the_panel_is_told_to_paste(client, handle):
     response = client.get("/api/reply/launch-message", headers={"X-Chartcite-Session": handle})
     assert response.status_code == 404 and "paste" in response.get_json()["error"]
+
+
+def test_a_sentence_with_the_kind_of_content_asked_for_ranks_higher():
+    from search.reply.answer_types import BONUS, answer_type_bonus, wanted
+
+    assert wanted("Which side was my carotid surgery on?") == ["side"]
+    side = wanted("Which side was my carotid surgery on?")
+    assert answer_type_bonus(side, "Left carotid endarterectomy with patch angioplasty.") == BONUS
+    assert answer_type_bonus(side, "The carotid artery was dissected free.") == 0
+    dose = wanted("What is she taking for her RA?")
+    assert answer_type_bonus(dose, "She is on 20 mg of methotrexate every week.") == BONUS
+    assert answer_type_bonus(dose, "Her history is significant for rheumatoid arthritis.") == 0
+    assert answer_type_bonus(wanted("When was my MS diagnosed?"), "In the fall of 2002, she was seen.") == BONUS
