@@ -321,6 +321,14 @@ class SearchService:
 
         return DraftBuilder(kind, self.context(tenant, patient_id)).build()
 
+    def reply(self, tenant: str, patient_id: str, message: str, urgent_text: str | None = None, words: int = 75,
+              use_llm: bool = True) -> dict:
+        """A reply draft to a patient's portal message, every sentence citing its evidence; never sent."""
+        from search.reply.compose import DEFAULT_URGENT_TEXT, build_reply
+
+        return build_reply(self, tenant, patient_id, message, urgent_text or DEFAULT_URGENT_TEXT, words,
+                           use_llm=use_llm).to_dict()
+
     def context(self, tenant: str, patient_id: str, similar: bool = False) -> dict:
         """The structured context bundle (problems, medications, allergies, labs, vitals, encounters);
         with `similar` (the caller checked it is enabled), the similar patients too."""

@@ -73,8 +73,9 @@ def init_blueprints(app: Flask) -> None:
     from .health import bp as health_bp, warm_up
     from .launch import bp as launch_bp
     from .metrics import Metrics, bp as metrics_bp
+    from .reply_routes import bp as reply_bp
 
-    for blueprint in (frame_bp, launch_bp, admin_bp, health_bp, metrics_bp):
+    for blueprint in (frame_bp, launch_bp, admin_bp, health_bp, metrics_bp, reply_bp):
         app.register_blueprint(blueprint)
     warm_up(app)
     app.extensions["chartcite.metrics"] = Metrics(app)

@@ -474,10 +474,14 @@ def print_stage_table(stages: list[dict]) -> None:
          arg("--pipeline", default="dense,hybrid,full", help="pipelines to compare, comma separated"),
          arg("--ablate", default="", help="also run full without these stages: filter,recovery,rerank"),
          arg("--backend", choices=("embedded", "elasticsearch"), help="overrides CHARTCITE_BACKEND"), TENANT, JSON,
-         arg("--stages", action="store_true", help="also recall@k after every stage of full (first k)"))
+         arg("--stages", action="store_true", help="also recall@k after every stage of full (first k)"),
+         arg("--mode", choices=("answer", "reply"), default="answer",
+             help="reply: reply drafts to patient messages (evidence-sentence P/R/F1, facts, words, uncited)"))
 def cmd_eval(args, settings: Settings) -> int:
     from search.evaluate import evaluate, format_table, recall_after_stages
 
+    if args.mode == "reply":
+        return eval_replies(args, settings)
     ks = [int(k) for k in args.k.split(",")]
     pipelines = [p for p in args.pipeline.split(",") if p]
     ablate = [a for a in args.ablate.split(",") if a]
@@ -499,6 +503,51 @@ def cmd_eval(args, settings: Settings) -> int:
             print(f"\nrecall@{after['k']} after each stage of full ({path}): "
                   + ", ".join(f"{stage} {value:.3f}" for stage, value in after["full"].items()))
     return 0
+
+
+def eval_replies(args, settings: Settings) -> int:
+    from search.reply.evaluate import evaluate_replies, format_summary
+
+    if args.backend:
+        settings.backend = args.backend
+    report = evaluate_replies(service(settings), args.tenant or settings.tenant, args.questions, settings.reply_words)
+    print(json.dumps(report, indent=2) if args.json else format_summary(report))
+    return 0
+
+
+@command("reply", "draft a reply to a patient's portal message: every sentence cites its evidence; never sent",
+         PATIENT, TENANT, JSON,
+         arg("--message-file", required=True, help="the message, as plain text ('-' reads standard input)"))
+def cmd_reply(args, settings: Settings) -> int:
+    if not args.patient:
+        print("chartcite reply: give --patient ID", file=sys.stderr)
+        return 2
+    message = read_message(args.message_file)
+    if not message.strip():
+        print("chartcite reply: the message is empty", file=sys.stderr)
+        return 2
+    result = service(settings).reply(args.tenant or settings.tenant, args.patient, message,
+                                     settings.reply_urgent_text, settings.reply_words)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    if result["urgent"]:
+        print(f"URGENT: the message describes {', '.join(result['urgent_signs'])}")
+    print("DRAFT (not sent; copy it into your reply):")
+    print(result["draft"])
+    print("\nevidence:")
+    for e in result["evidence"]:
+        print(f"  [{e['n']}] {e['score']:.2f}  {shown(e['ref'])}  {shown(e['text'])}")
+    for q in result["unanswered"]:
+        print(f"unanswered: {shown(q)}")
+    return 0
+
+
+def read_message(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        return fh.read(20000)
 
 
 @command("serve", "serve the web app (gunicorn; --dev for Flask's development server)",

@@ -46,6 +46,9 @@ class Settings:
     llm_model: str = ""
     llm_api_key: str = ""
     llm_timeout_seconds: float = 60.0
+    reply_urgent_text: str = ("If this is happening now, call 911 or go to the nearest emergency department. "
+                              "Do not wait for a reply to this message.")   # opens a reply draft to a message describing an emergency
+    reply_words: int = 75                 # a reply draft's word budget (the quoted evidence; the first sentence always shown)
     rate_limit_clinician: str = "30/minute"   # questions per clinician (flask-limiter syntax)
     rate_limit_tenant: str = "600/minute"     # questions per tenant (EHR)
     rate_limit_syncs: str = "3/minute"        # Refresh syncs started per frame session (a Refresh joins a running one)

@@ -503,5 +503,8 @@
   }
   $("summary").addEventListener("toggle", () => { if ($("summary").open) loadSummary(); });
 
+  // The Patient message panel (reply.js) opens cited sentences in the same side panel.
+  window.chartciteFrame = { get: api, post: post, openRecord: openRecord, patientId: patientId };
+
   pollStatus();
 })();
