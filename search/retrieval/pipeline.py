@@ -1109,8 +1109,8 @@ def gather_series(state: RetrievalState, tools: Tools) -> tuple[int, str]:
     chunks = chunks_of(state, tools, list(dict.fromkeys(h.chunk_id for hits in found for h in hits)))
     read = 0
     for key, hits in zip(asked, found):
-        series = sorted((chunks[h.chunk_id] for h in hits if h.chunk_id in chunks and is_result_of(chunks[h.chunk_id], key)),
-                        key=lambda c: (c.date, c.chunk_id))
+        results = [chunks[h.chunk_id] for h in hits if h.chunk_id in chunks]
+        series = sorted((c for c in results if is_result_of(c, key)), key=lambda c: (c.date, c.chunk_id))
         read += len(series)
         state.evidence = with_series_ends(state.evidence, key, series_ends(series, analysis.wants_first))
     return len(state.evidence), f"{read} results of {len(asked)} asked tests"
