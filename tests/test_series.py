@@ -76,3 +76,12 @@ def test_the_series_ends_take_the_places_of_results_that_ranked():
     assert [ev.chunk.resource_id for ev in out] == ["note", "w9", "w8", "bp"]
     assert [ev.score for ev in out[1:3]] == [2.0, 2.0]
     assert with_series_ends(out, "lex:body weight", ends) == out
+
+
+def test_a_window_keeps_the_series_ends_inside_it(svc):
+    """"Latest weight in 2010": the newest of that year, not of the record."""
+    result = svc.ask("t", PID, "What was her latest weight in 2010?")
+    in_2010 = [i for i in range(WEIGHTS) if day(i).startswith("2010")]
+    newest = in_2010[-1]
+    assert result["citations"][0]["ref"] == f"Observation/wt-{newest:03d}", result["answer"]
+    assert f"on {day(newest)}" in result["answer"]

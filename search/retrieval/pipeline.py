@@ -1110,7 +1110,10 @@ def gather_series(state: RetrievalState, tools: Tools) -> tuple[int, str]:
     read = 0
     for key, hits in zip(asked, found):
         results = [chunks[h.chunk_id] for h in hits if h.chunk_id in chunks]
-        series = sorted((c for c in results if is_result_of(c, key)), key=lambda c: (c.date, c.chunk_id))
+        # Within the window the question names ("latest A1c in 2022"), when the filter was widened.
+        windowed = analysis.date_from or analysis.date_to
+        series = sorted((c for c in results if is_result_of(c, key) and (not windowed or in_window(c, analysis))),
+                        key=lambda c: (c.date, c.chunk_id))
         read += len(series)
         state.evidence = with_series_ends(state.evidence, key, series_ends(series, analysis.wants_first))
     return len(state.evidence), f"{read} results of {len(asked)} asked tests"
