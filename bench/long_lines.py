@@ -53,7 +53,8 @@ def index_process(path: Path, folder: Path, name: str) -> tuple[str, float, floa
     seconds = time.perf_counter() - started
     rss = int(out.stderr.strip().splitlines()[-1]) / 1024
     summary = next((line for line in out.stdout.splitlines() if line.startswith("patients:")), out.stderr[-300:])
-    return (f"{name:28} {path.stat().st_size / 1e6:8.1f} MB  {seconds:7.1f} s  peak RSS {rss:6.0f} MB  "
+    size = sum(f.stat().st_size for f in path.iterdir()) if path.is_dir() else path.stat().st_size
+    return (f"{name:28} {size / 1e6:8.1f} MB  {seconds:7.1f} s  peak RSS {rss:6.0f} MB  "
             f"exit {out.returncode}  | {summary}"), seconds, rss
 
 

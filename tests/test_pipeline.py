@@ -168,7 +168,8 @@ def test_latest_and_date_filter(svc):
     assert [s.get("note") for s in dated["diagnostics"]["stages"] if s["name"] == "filter"] == ["none"]
     assert dated["citations"][0]["ref"] == "Observation/a1c-2023"
     stages = [s["name"] for s in dated["diagnostics"]["stages"]]
-    assert stages == ["scope", "analyse", "anchor", "filter", "recall", "fuse", "recovery", "rerank", "select", "histories"]
+    assert stages == ["scope", "analyse", "anchor", "filter", "recall", "fuse", "recovery", "rerank", "select", "series",
+                      "histories"]
 
 
 def test_note_content_questions_are_filtered_to_notes(svc):

@@ -15,7 +15,7 @@ def names(pipeline: str, ablate: tuple[str, ...] = ()) -> list[str]:
 
 def test_pipelines_are_lists_of_named_stages():
     assert names("dense") == names("hybrid") == ["scope", "analyse", "recall", "fuse", "select"]
-    assert names("full") == ["scope", "analyse", "anchor", "filter", "recall", "fuse", "recovery", "rerank", "select", "histories"]
+    assert names("full") == ["scope", "analyse", "anchor", "filter", "recall", "fuse", "recovery", "rerank", "select", "series", "histories"]
     # The same names, different stages: what distinguishes the pipelines is which function runs.
     dense, hybrid = pipeline_stages("dense"), pipeline_stages("hybrid")
     assert [s.run for s in dense if s.name == "recall"] != [s.run for s in hybrid if s.name == "recall"]

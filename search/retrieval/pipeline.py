@@ -1083,6 +1083,72 @@ def gather_histories(state: RetrievalState, tools: Tools) -> tuple[int, str]:
         " and the newest of the record" if every else "")
 
 
+SERIES_N = 500        # results of one asked test read to find its end (decades of monthly weights)
+RESULT_TYPES = ("lab", "vital", "social", "survey", "exam", "observation")
+
+
+def is_result_of(chunk: Chunk, key: str) -> bool:
+    """A single result (not a trend summary) asserting the concept."""
+    return chunk.resource_type == "Observation" and chunk.category != "trend" and key in asserted_keys(chunk.concepts)
+
+
+def gather_series(state: RetrievalState, tools: Tools) -> tuple[int, str]:
+    """For "latest" (or "first") of a test the selected evidence answers with results: the ends of
+    that test's series over the whole record, in the place of the results that ranked. A long
+    series of equal values ranks its dates at random; the answer must rest on its newest (and the
+    one before it, which it states beside it) or its oldest, however many results there are."""
+    analysis = state.analysis
+    if not (analysis.wants_latest or analysis.wants_first) or analysis.wants_trend or analysis.last_n:
+        return len(state.evidence), ""
+    asked = [key for key in sorted(analysis.keys) if any(is_result_of(ev.chunk, key) for ev in state.evidence)]
+    if not asked:
+        return len(state.evidence), ""
+    wanted = state.scope.semantic_types
+    scope = replace(state.scope, semantic_types=tuple(t for t in RESULT_TYPES if not wanted or t in wanted))
+    found = tools.backend.search_many([Search("concepts", scope, [key], SERIES_N) for key in asked])
+    chunks = chunks_of(state, tools, list(dict.fromkeys(h.chunk_id for hits in found for h in hits)))
+    read = 0
+    for key, hits in zip(asked, found):
+        results = [chunks[h.chunk_id] for h in hits if h.chunk_id in chunks]
+        # Within the window the question names ("latest A1c in 2022"), when the filter was widened.
+        windowed = analysis.date_from or analysis.date_to
+        series = sorted((c for c in results if is_result_of(c, key) and (not windowed or in_window(c, analysis))),
+                        key=lambda c: (c.date, c.chunk_id))
+        read += len(series)
+        state.evidence = with_series_ends(state.evidence, key, series_ends(series, analysis.wants_first))
+    return len(state.evidence), f"{read} results of {len(asked)} asked tests"
+
+
+def series_ends(series: list[Chunk], first: bool) -> list[Chunk]:
+    """The newest result and the newest of an earlier day; for "first", the oldest and the newest."""
+    if not series:
+        return []
+    newest = series[-1]
+    if first:
+        return [series[0]] + ([newest] if newest.chunk_id != series[0].chunk_id else [])
+    before = [c for c in series if c.date[:10] < newest.date[:10]]
+    return [newest] + before[-1:]
+
+
+def with_series_ends(evidence: list[Evidence], key: str, ends: list[Chunk]) -> list[Evidence]:
+    """`ends` where the first result of the test stood, taking its score; results of the test that
+    are not an end give up their places, from the last, so that the evidence grows only when it
+    held too few of them (the k passages an answer may rest on stay k)."""
+    have = {ev.chunk.chunk_id for ev in evidence}
+    missing = [c for c in ends if c.chunk_id not in have]
+    if not missing:
+        return evidence
+    at = next(i for i, ev in enumerate(evidence) if is_result_of(ev.chunk, key))
+    out = evidence[:at] + [Evidence(c, evidence[at].score) for c in missing] + evidence[at:]
+    ends_ids = {c.chunk_id for c in ends}
+    for i in range(len(out) - 1, -1, -1):
+        if len(out) <= len(evidence):
+            break
+        if is_result_of(out[i].chunk, key) and out[i].chunk.chunk_id not in ends_ids:
+            del out[i]
+    return out
+
+
 SEVERAL_TIMES = re.compile(r"\b(both|each|every|times|all the)\b", re.I)
 
 
@@ -1122,7 +1188,8 @@ STAGES = {
              Stage("anchor", anchor_in_time, whole_record=True), Stage("filter", narrow_scope, whole_record=True),
              Stage("recall", recall_expanded), Stage("fuse", fuse_rrf), Stage("recovery", recover_concepts),
              CANDIDATES, Stage("visits", name_visits, reported=False), Stage("rerank", rerank_features),
-             Stage("select", select_facts), Stage("histories", gather_histories)],
+             Stage("select", select_facts), Stage("series", gather_series),
+             Stage("histories", gather_histories)],
 }
 
 
