@@ -234,7 +234,7 @@ def change(part: PlanPart, items: list[Item], organisation=lambda item: "") -> O
     value over time, oldest to newest; no step at all is said as such, with the span."""
     oldest_first = list(reversed(items))
     if not oldest_first:
-        return Outcome([Statement(f"No {part.target.words} is recorded{window_words(part.window)}.", [], lead=True)], [])
+        return Outcome([Statement(f"No {part.target.words} are recorded{window_words(part.window)}.", [], lead=True)], [])
     medication = all(i.chunk.semantic_type == "medication" for i in oldest_first)
     say = dose_words if medication else value_words
     steps = [oldest_first[0]]
@@ -250,9 +250,10 @@ def change(part: PlanPart, items: list[Item], organisation=lambda item: "") -> O
     shown = steps[-LISTED:]
     said = [f"{say(s)} on {s.day} [{i}]" for i, s in enumerate(shown, start=1)]
     skipped = f" ({len(steps) - len(shown)} earlier changes in the evidence list)" if len(steps) > len(shown) else ""
-    kind = "dose changes" if medication else "values"
-    lead = f"{part.target.words[0].upper() + part.target.words[1:]}, {len(shown) - 1 if medication else len(shown)} " \
-           f"{kind}{window_words(part.window)}: " + " → ".join(said) + skipped + "."
+    n = len(steps) - 1 if medication else len(shown)
+    kind = ("dose change" if n == 1 else "dose changes") if medication else ("value" if n == 1 else "values")
+    lead = f"{part.target.words[0].upper() + part.target.words[1:]}, {n} {kind}{window_words(part.window)}: " \
+           + " → ".join(said) + skipped + "."
     return Outcome([Statement(lead, list(range(1, len(shown) + 1)), lead=True)], shown)
 
 
@@ -264,7 +265,7 @@ def compare(part: PlanPart, items: list[Item], organisation=lambda item: "") -> 
     if not now or not then:
         missing = part.window if not now else part.compare_with
         known = now or then
-        lead = f"No {words} is recorded{window_words(missing)}, so the two periods cannot be compared"
+        lead = f"No {words} are recorded{window_words(missing)}, so the two periods cannot be compared"
         if known:
             return Outcome([Statement(f"{lead}; the latest {window_words(part.window if now else part.compare_with).strip()}"
                                       f" is {value_words(known[0])} on {known[0].day} [1].", [1], lead=True)], [known[0]])
