@@ -45,7 +45,7 @@ VISIT_WORDS = re.compile(r"\b(visits?|encounters?|admissions?|admitted|stays?|ho
 COUNT = re.compile(r"\b(how many|how often|number of|no\. of|count of|times)\b|#\s*(?:of\s+)?\w|\bhow much\b(?= \w+ visits)",
                    re.I)
 DURATION = re.compile(r"\b(how long (?:was|were|did) (?:she|he|they|the patient|pt)\b(?! on\b)|length of stay|\blos\b|"
-                      r"how many days (?:was|were|in)|when did (?:she|he|they|the patient|pt) (?:get|go|come) home|"
+                      r"how many days\b(?! (?:of|did|has|had|does|was (?:she|he|they) (?:on|taking)))|when did (?:she|he|they|the patient|pt) (?:get|go|come) home|"
                       r"discharged? (?:date|when)|when (?:was|were) (?:she|he|they|the patient|pt) discharged)", re.I)
 CHANGE = re.compile(r"\b(dose changes?|dosing changes?|changed? (?:the |her |his |their )?dose|dose (?:went|was) "
                     r"(?:up|down)|titrat\w*|increased|decreased|uptitrat\w*|downtitrat\w*|reduced|tapered|"
@@ -278,6 +278,8 @@ def target_of(question: str, concepts: list[dict], kinds: tuple[str, ...]) -> Ta
     if named_class and (VISIT_WORDS.search(question) or named_class in ("emergency", "inpatient", "home health")):
         return Target("visit", f"{named_class} visits", visit_class=named_class, visit_codes=codes,
                       semantic_types=("encounter",))
+    if any(c.get("role") == "class" for c in asked):
+        return None       # "how many beta blockers": a drug class is counted by its members, which the listing names
     things = one_reading_each([c for c in asked if c["semantic_type"] != "encounter"
                                and c.get("role") not in ("class", "record")])
     if things:
