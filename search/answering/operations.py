@@ -348,14 +348,15 @@ def execute(part: PlanPart, backend: Backend, tenant: str, patient_id: str) -> O
     holds nothing of a concept target at all (the concept may be written otherwise: the
     retrieval's answer stands)."""
     items = read_items(backend, tenant, patient_id, part.target)
-    if not items and part.target.kind == "concept":
-        return None
+    if not items and part.target.keys:
+        return None       # the concept may be written otherwise: the retrieval's answer stands
     organisation = organisations(backend, tenant, patient_id)
     if part.operation == "compare":
         return compare(part, items, organisation)
     windowed = in_window(items, part.window)
     if part.operation == "duration":
-        return duration(part, stays_for(backend, tenant, patient_id, part, windowed), organisation)
+        stays = stays_for(backend, tenant, patient_id, part, windowed)
+        return duration(part, stays, organisation) if stays else None
     if part.where and part.target.kind == "concept" and windowed:
         # "which hospital for the clavicle fracture": the visits of the event's days, with their places.
         visits = stays_for(backend, tenant, patient_id, replace(part, where=False), windowed) or \

@@ -33,7 +33,7 @@ ARITHMETIC = frozenset({"count", "duration", "change", "compare"})
 VISIT_CLASSES = {
     "emergency": (("EMER",), re.compile(r"\b(ed|er|a&e|emergency(?: room| department| dept)?|emerg)\b", re.I)),
     "inpatient": (("IMP", "ACUTE", "NONAC"), re.compile(
-        r"\b(inpatient|admissions?|admitted|hospitali[sz]ations?|hospital stays?|in-?hospital|stays?)\b", re.I)),
+        r"\b(inpatient|inpt|admissions?|admitted|hospitali[sz]ations?|hospital stays?|in-?hospital)\b", re.I)),
     "home health": (("HH",), re.compile(r"\b(home health|home visits?|home care|home nursing)\b", re.I)),
     "virtual": (("VR",), re.compile(r"\b(virtual|telehealth|telemedicine|video visits?)\b", re.I)),
     "ambulatory": (("AMB",), re.compile(r"\b(ambulatory|outpatient|office visits?|clinic visits?|wellness visits?)\b",
@@ -110,7 +110,10 @@ class PlanPart:
 
     @property
     def arithmetic(self) -> bool:
-        return self.operation in ARITHMETIC or self.window.source == "today" or self.target.kind == "visit"
+        """Answered by the operation rather than by the passages that ranked: a count, a stay, a
+        change, two periods, a window counted from today, or where a visit was. A plain list,
+        latest or first within written dates is what the retrieval's answer already states."""
+        return self.operation in ARITHMETIC or self.window.source == "today" or self.where
 
 
 @dataclass(frozen=True)
@@ -251,7 +254,8 @@ def operation_of(question: str, target: Target) -> str:
         return "count"
     if CHANGE.search(question) and target.kind == "concept":
         return "change"
-    if COMPARE.search(question) and len(re.findall(r"\b(?:19|20)\d\d\b", question)) >= 1 and target.kind == "concept":
+    if COMPARE.search(question) and re.search(r"\b(?:19|20)\d\d\b", question) and target.kind == "concept" \
+            and not re.search(r"\b(prior|previous|earlier|past|before)\b", question, re.I):
         return "compare"
     if FIRST.search(question):
         return "first"
@@ -269,25 +273,36 @@ def visit_class_of(question: str) -> tuple[str, tuple[str, ...]]:
     return "", ()
 
 
+NOTE_WORDS = re.compile(r"\b(notes?|documented|says?|said|presented with|complaints?|hpi|chief complaint)\b", re.I)
+
+
 def target_of(question: str, concepts: list[dict], kinds: tuple[str, ...]) -> Target | None:
-    """A visit class named with a visit word ("ED visits", "home health visits", "admissions");
-    else the concepts asked about (not context, not a class they were recognised through); else a
-    kind of record the question names ("prescriptions"). None: nothing to operate on."""
+    """The concepts asked about (not context, not a class they were recognised through: "labs from
+    the ED visit" asks for labs, the visit only says when); else a class of visit named with a
+    visit word ("ED visits", "home health visits", "admissions") or the kinds of visit the
+    question names; else a kind of record it names ("prescriptions"). None: nothing to operate on
+    (a note's words, a drug class counted by its members, which the listing names)."""
+    if NOTE_WORDS.search(question):
+        return None
     asked = [c for c in concepts if c.get("role") not in ("context",) and c["semantic_type"] not in ("note",)]
-    named_class, codes = visit_class_of(question)
-    if named_class and (VISIT_WORDS.search(question) or named_class in ("emergency", "inpatient", "home health")):
-        return Target("visit", f"{named_class} visits", visit_class=named_class, visit_codes=codes,
-                      semantic_types=("encounter",))
     if any(c.get("role") == "class" for c in asked):
-        return None       # "how many beta blockers": a drug class is counted by its members, which the listing names
+        return None
     things = one_reading_each([c for c in asked if c["semantic_type"] != "encounter"
                                and c.get("role") not in ("class", "record")])
+    visits = [c for c in asked if c["semantic_type"] == "encounter"]
+    named_class, codes = visit_class_of(question)
+    if things and VISIT_WORDS.search(question) and not named_class:
+        # "substance use f/u visits": visits for a problem, counted by the visits that name it.
+        return Target("visit", f"visits for {', '.join(c['display'] for c in things)}",
+                      keys=tuple(k for c in things for k in keys_of(c)), semantic_types=("encounter",))
     if things:
         words = ", ".join(dict.fromkeys(c["display"] for c in things))
         keys = [key for c in things for key in keys_of(c)]
         return Target("concept", plural_words(words), keys=tuple(dict.fromkeys(keys)),
                       semantic_types=tuple(dict.fromkeys(c["semantic_type"] for c in things)))
-    visits = [c for c in asked if c["semantic_type"] == "encounter"]
+    if named_class and (VISIT_WORDS.search(question) or named_class in ("emergency", "inpatient", "home health")):
+        return Target("visit", f"{named_class} visits", visit_class=named_class, visit_codes=codes,
+                      semantic_types=("encounter",))
     if visits or (VISIT_WORDS.search(question) and COUNT.search(question)):
         return Target("visit", ", ".join(c["display"] for c in visits) or "visits",
                       keys=tuple(c["key"] for c in visits), semantic_types=("encounter",))
