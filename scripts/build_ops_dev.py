@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import sys
 from datetime import date
 from pathlib import Path
@@ -47,6 +48,11 @@ def end(r: dict) -> str:
 
 def ref(r: dict) -> str:
     return f"{r['resourceType']}/{r['id']}"
+
+
+def untagged(words: str) -> str:
+    """A SNOMED display without its semantic tag: "Overdose (disorder)" -> "Overdose"."""
+    return re.sub(r"\s*\((?:disorder|finding|procedure|situation|regime/therapy|qualifier value)\)$", "", words)
 
 
 def display(concept: dict | None) -> str:
@@ -85,12 +91,15 @@ def visit_questions(out: Questions, pid: str, rs: list[dict], turn: int) -> None
                 [str(len(inside))] if inside else [], len(inside))
         last = visits[-1]
         if code in ("EMER", "IMP"):
-            reason = display((last.get("reasonCode") or [None])[0]).lower()
-            place = (last.get("serviceProvider") or {}).get("display", "")
-            facts = [start(last)] + ([reason] if reason else []) + ([place.lower()] if place else [])
-            out.add(pid, ["reason for the last ED visit" if code == "EMER" else "why was she admitted last time",
-                          "where did the last ER trip happen and why" if code == "EMER" else "which hospital for the last admission"][turn % 2],
-                    "visit", [[ref(last)]], facts[:3])
+            reason = untagged(display((last.get("reasonCode") or [None])[0])).lower()
+            place = (last.get("serviceProvider") or {}).get("display", "").lower()
+            # What each question asks: the reason, or the place (and the reason when it asks why too).
+            asked = [("reason for the last ED visit" if code == "EMER" else "why was she admitted last time",
+                      [start(last)] + ([reason] if reason else [])),
+                     ("where did the last ER trip happen and why" if code == "EMER" else "which hospital for the last admission",
+                      [start(last)] + ([place] if place else []) + ([reason] if reason and code == "EMER" else []))]
+            question, facts = asked[turn % 2]
+            out.add(pid, question, "visit", [[ref(last)]], facts)
         if code == "IMP" and end(last):
             days = (date.fromisoformat(end(last)) - date.fromisoformat(start(last))).days
             out.add(pid, ["how long was the last hospital stay", "LOS for the last admission?"][turn % 2], "duration",

@@ -68,7 +68,7 @@ def standalone(pieces: list[str]) -> list[str]:
         options = len(piece.split()) <= BARE and not ASKS.search(piece)
         if out and (not named or options):
             out[-1] = f"{out[-1]}? {piece}"
-        elif not out and not named:
+        elif not out and not named and TIME_WORDS & set(content_tokens(piece)):
             leading = f"{leading}{piece}, "
         else:
             out.append(f"{leading}{piece}" if not out else piece)

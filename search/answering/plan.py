@@ -44,7 +44,9 @@ VISIT_WORDS = re.compile(r"\b(visits?|encounters?|admissions?|admitted|stays?|ho
 
 COUNT = re.compile(r"\b(how many|how often|number of|no\. of|count of|times)\b|#\s*(?:of\s+)?\w|\bhow much\b(?= \w+ visits)",
                    re.I)
-DURATION = re.compile(r"\b(how long (?:was|were|did) (?:she|he|they|the patient|pt)\b(?! on\b)|length of stay|\blos\b|"
+DURATION = re.compile(r"\b(how long (?:was|were|did) (?:she|he|they|the patient|pt)\b(?! on\b)|"
+                      r"how long (?:was|were) (?:the|her|his|their) (?:\w+ ){0,3}(?:stays?|admissions?|"
+                      r"hospitali[sz]ations?|visits?)\b|length of stay|\blos\b|"
                       r"how many days\b(?! (?:of|did|has|had|does|was (?:she|he|they) (?:on|taking)))|when did (?:she|he|they|the patient|pt) (?:get|go|come) home|"
                       r"discharged? (?:date|when)|when (?:was|were) (?:she|he|they|the patient|pt) discharged)", re.I)
 CHANGE = re.compile(r"\b(dose changes?|dosing changes?|changed? (?:the |her |his |their )?dose|dose (?:went|was) "
@@ -111,9 +113,12 @@ class PlanPart:
     @property
     def arithmetic(self) -> bool:
         """Answered by the operation rather than by the passages that ranked: a count, a stay, a
-        change, two periods, a window counted from today, or where a visit was. A plain list,
-        latest or first within written dates is what the retrieval's answer already states."""
-        return self.operation in ARITHMETIC or self.window.source == "today" or self.where
+        change, two periods, a window counted from today, where a visit was, or the latest or
+        first visit of a class ("reason for the last ED visit": that one visit, not every
+        admission the ranking found). A plain list, latest or first of a concept within written
+        dates is what the retrieval's answer already states."""
+        return self.operation in ARITHMETIC or self.window.source == "today" or self.where or (
+            self.target.visit_codes != () and self.operation in ("latest", "first"))
 
 
 @dataclass(frozen=True)
