@@ -167,8 +167,8 @@ def test_a_long_list_folds_into_the_evidence_with_its_count_kept():
     many = [visit(n, f"2024-02-{28 - n:02d}", klass="HH") for n in range(20)]
     outcome = ops.count(part("count", target=Target("visit", "home health visits", visit_codes=("HH",))), many)
     assert outcome.statements[0].text.startswith("20 home health visits [1]–[20]")
-    assert "12 more in the evidence list" in outcome.statements[1].text
-    assert len(outcome.cited) == 20
+    assert "and 12 more in the evidence list [9]–[20]." in outcome.statements[1].text
+    assert len(outcome.cited) == 20 and outcome.statements[1].citations == list(range(1, 21))
 
 
 def test_latest_and_first():
@@ -332,7 +332,14 @@ def test_the_dose_change_is_stated_not_folded(ops_service):
     assert every_mark_opens_the_evidence(result)
 
 
-def test_an_empty_window_relative_to_today(ops_service):
+def test_an_empty_window_relative_to_today_cites_the_nearest_outside_it(ops_service):
     result = ask(ops_service, "any ED visits since last month?")
-    assert result["answer"].startswith("No emergency visits are recorded since 2025-07-01.")
+    assert result["answer"].startswith("No emergency visits are recorded since 2025-07-01, the nearest outside that "
+                                       "window emergency visit (Emergency room admission) on 2025-03-01")
+    assert [c["ref"] for c in result["citations"]] == ["Encounter/ed-3"] and every_mark_opens_the_evidence(result)
+
+
+def test_a_class_with_nothing_recorded_is_said_absent_and_cites_nothing(ops_service):
+    result = ask(ops_service, "how many home health visits this yr")
+    assert result["answer"] == "No home health visits are recorded since 2025-01-01." and result["abstained"]
     assert not result["citations"]

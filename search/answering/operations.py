@@ -157,11 +157,12 @@ def listing(part: PlanPart, items: list[Item], organisation=lambda item: "") -> 
         groups.setdefault(describe(part, item, organisation, dated=False), []).append(f"{item.day} [{i}]")
     said = [f"{words}: {', '.join(days)}" for words, days in groups.items()]
     more = len(items) - LISTED
-    tail = f"; {more} more in the evidence list" if more > 0 else ""
+    # The rest are cited too, in one range, and left to the evidence list to show.
+    tail = f", and {more} more in the evidence list {marks(LISTED + 1, len(items))}" if more > 0 else ""
     if not said:
         return []
     text = "; ".join(said) + tail + "."
-    return [Statement(text[0].upper() + text[1:], list(range(1, min(len(items), LISTED) + 1)))]
+    return [Statement(text[0].upper() + text[1:], list(range(1, len(items) + 1)))]
 
 
 def describe(part: PlanPart, item: Item, organisation=lambda item: "", dated: bool = True) -> str:
@@ -308,9 +309,26 @@ def answer_with(result: Answer, outcome: Outcome) -> Answer:
             evidence.append(replace(item, rank=len(evidence) + 1))
     text = " ".join(said(s) for s in outcome.statements)
     result.diagnostics["operation"] = {"cited": len(outcome.cited)}
+    # Nothing of the target at all: an empty class, said as such and, like "No allergies are
+    # recorded", an answer that cites nothing.
     return replace(result, answer=text, statements=outcome.statements, citations=citations, evidence=evidence,
-                   abstained=False, lead=outcome.statements[0].text if outcome.statements else None,
+                   abstained=not outcome.cited, lead=outcome.statements[0].text if outcome.statements else None,
                    confidence="high" if outcome.cited else "medium", class_entries=None)
+
+
+def none_in_window(part: PlanPart, items: list[Item]) -> Outcome:
+    """Nothing of the target in the window, though the record holds it: said so, with the nearest
+    item outside the window cited as such, never as inside it."""
+    nearest = min(items, key=lambda i: abs(date.fromisoformat(i.day) - window_middle(part.window)).days
+                  if i.day else 10 ** 6)
+    lead = (f"No {part.target.words} are recorded{window_words(part.window)}, the nearest outside that window "
+            f"{describe(part, nearest)} [1].")
+    return Outcome([Statement(lead, [1], lead=True)], [nearest])
+
+
+def window_middle(window: Window) -> date:
+    ends = [date.fromisoformat(d) for d in (window.start, window.end) if d]
+    return ends[0] + (ends[-1] - ends[0]) / 2 if ends else date.today()
 
 
 def said(statement: Statement) -> str:
@@ -354,6 +372,8 @@ def execute(part: PlanPart, backend: Backend, tenant: str, patient_id: str) -> O
     if part.operation == "compare":
         return compare(part, items, organisation)
     windowed = in_window(items, part.window)
+    if items and not windowed and part.operation in ("count", "exists", "latest", "first", "list"):
+        return none_in_window(part, items)
     if part.operation == "duration":
         stays = stays_for(backend, tenant, patient_id, part, windowed)
         return duration(part, stays, organisation) if stays else None

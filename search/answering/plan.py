@@ -290,10 +290,10 @@ def target_of(question: str, concepts: list[dict], kinds: tuple[str, ...]) -> Ta
     if NOTE_WORDS.search(question):
         return None
     asked = [c for c in concepts if c.get("role") not in ("context",) and c["semantic_type"] not in ("note",)]
-    if any(c.get("role") == "class" for c in asked):
-        return None
     things = one_reading_each([c for c in asked if c["semantic_type"] != "encounter"
                                and c.get("role") not in ("class", "record")])
+    if not things and any(c.get("role") == "class" for c in asked):
+        return None
     visits = [c for c in asked if c["semantic_type"] == "encounter"]
     named_class, codes = visit_class_of(question)
     if things and VISIT_WORDS.search(question) and not named_class:
