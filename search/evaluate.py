@@ -264,7 +264,7 @@ def evaluate(service, tenant: str, questions_path: str, ks: list[int], pipelines
                                  question_id=q["id"], ablate=ablated, today=question_today(q))
             latencies.append((time.perf_counter() - t0) * 1000)
             ratio, filter_recall = filter_figures(service, tenant, q, result)
-            rows.append({"id": q["id"], "kind": q["kind"], "answerable": q["answerable"],
+            rows.append({"id": q["id"], "kind": q["kind"], "answerable": q["answerable"], "gold": bool(q["gold"]),
                          "recall": {k: recall_at(result, q["gold"], k) for k in ks},
                          "rr": reciprocal_rank(result, q["gold"]) if q["answerable"] else 0.0,
                          "abstained": result["abstained"], "corpus_ratio": ratio, "filter_recall": filter_recall,
@@ -297,13 +297,16 @@ def recall_after_stages(service, tenant: str, questions_path: str, k: int, pipel
 def summarise(rows: list[dict], ks: list[int], latencies: list[float]) -> dict:
     answerable = [r for r in rows if r["answerable"]]
     unanswerable = [r for r in rows if not r["answerable"]]
+    # Recall is over the questions with gold evidence: "how many ED visits this year" answered
+    # 0 has none to find (ops-dev), and every answerable question of the shared sets has some.
+    retrievable = [r for r in answerable if r.get("gold", True)]
     by_kind = defaultdict(list)
-    for r in answerable:
+    for r in retrievable:
         by_kind[r["kind"]].append(r)
     mean = lambda xs: round(statistics.fmean(xs), 4) if xs else 0.0
     return {
-        "recall": {str(k): mean([r["recall"][k] for r in answerable]) for k in ks},
-        "mrr": mean([r["rr"] for r in answerable]),
+        "recall": {str(k): mean([r["recall"][k] for r in retrievable]) for k in ks},
+        "mrr": mean([r["rr"] for r in retrievable]),
         "corpus_ratio": mean([r.get("corpus_ratio", 1.0) for r in answerable]),
         "filter_recall": mean([r.get("filter_recall", 1.0) for r in answerable]),
         "facts": mean([r["facts"] for r in answerable]),
@@ -329,7 +332,7 @@ def summarise(rows: list[dict], ks: list[int], latencies: list[float]) -> dict:
         "p50_ms": round(percentile(latencies, 0.5), 1),
         "p95_ms": round(percentile(latencies, 0.95), 1),
         "by_kind": {kind: {str(k): mean([r["recall"][k] for r in items]) for k in ks} for kind, items in sorted(by_kind.items())},
-        "misses_at_5": [r["id"] for r in answerable if r["recall"].get(5, 1.0) < 1.0],
+        "misses_at_5": [r["id"] for r in retrievable if r["recall"].get(5, 1.0) < 1.0],
         "facts_missed": [r["id"] for r in answerable if r["facts"] < 1.0],
         "wrong_abstentions": [r["id"] for r in rows if r["abstained"] != (not r["answerable"])],
         "wrong_yes_ids": [r["id"] for r in rows if r.get("wrong_yes")],

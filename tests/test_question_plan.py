@@ -343,3 +343,26 @@ def test_a_class_with_nothing_recorded_is_said_absent_and_cites_nothing(ops_serv
     result = ask(ops_service, "how many home health visits this yr")
     assert result["answer"] == "No home health visits are recorded since 2025-01-01." and result["abstained"]
     assert not result["citations"]
+
+
+# --- the evaluation's figures for these questions ------------------------------------------------------
+
+def test_a_count_is_right_only_when_the_first_sentence_states_it():
+    from search.evaluate import count_stated
+
+    q = {"count": 11, "kind": "count"}
+    assert count_stated({"answer": "11 basic metabolic panels since 2023-12-01 [1]–[11]; the latest on 2025-07-20 [1]."}, q) == 1.0
+    assert count_stated({"answer": "Basic metabolic panel on 2025-07-20 [1]. There were 11 in all [1]."}, q) == 0.0
+    assert count_stated({"answer": "12 basic metabolic panels [1]–[12]."}, q) == 0.0
+    assert count_stated({"answer": "No emergency visits are recorded since 2024-08-01."}, {"count": 0}) == 1.0
+    assert count_stated({"answer": "Emergency visit on 2025-03-01 [1]."}, {"count": 0}) == 0.0
+    assert count_stated({"answer": "anything"}, {"kind": "lab"}) is None
+
+
+def test_visit_facts_score_only_visit_questions():
+    from search.evaluate import visit_facts
+
+    result = {"answer": "26 days: admitted 2025-04-16, discharged 2025-05-12 [1]."}
+    assert visit_facts(result, {"kind": "duration", "facts": ["2025-04-16", "2025-05-12"]}) == 1.0
+    assert visit_facts(result, {"kind": "visit", "facts": ["2025-04-16", "mercy general"]}) == 0.5
+    assert visit_facts(result, {"kind": "lab", "facts": ["2025-04-16"]}) is None
