@@ -342,11 +342,23 @@ def stays_for(backend: Backend, tenant: str, patient_id: str, part: PlanPart, it
     if part.target.kind == "visit":
         visits = items
     else:
-        every = read_items(backend, tenant, patient_id, Target("visit", "visits", semantic_types=("encounter",)))
-        days = {i.day for i in items}
-        visits = [v for v in every if any(v.day <= d <= (v.fact.get("end") or v.day)[:10] for d in days)]
+        visits = visits_on(backend, tenant, patient_id, event_days(part, items))
         visits.sort(key=lambda v: (v.day, stay_days(v.day, (v.fact.get("end") or v.day)[:10])), reverse=True)
     return [v for v in visits if (v.fact.get("end") or "")[:10]]
+
+
+def event_days(part: PlanPart, items: list[Item]) -> set[str]:
+    """The days of the asked event: the anchor's ("after the acl surgery": its day, found by the
+    retrieval's anchor stage), else the target items' own."""
+    if part.window.source == "event" and part.window.start:
+        return {part.window.start}
+    return {i.day for i in items if i.day}
+
+
+def visits_on(backend: Backend, tenant: str, patient_id: str, days: set[str]) -> list[Item]:
+    """The visits whose period holds any of these days."""
+    every = read_items(backend, tenant, patient_id, Target("visit", "visits", semantic_types=("encounter",)))
+    return [v for v in every if any(v.day <= d <= (v.fact.get("end") or v.day)[:10] for d in days)]
 
 
 def organisations(backend: Backend, tenant: str, patient_id: str):
@@ -378,13 +390,15 @@ def execute(part: PlanPart, backend: Backend, tenant: str, patient_id: str) -> O
         stays = stays_for(backend, tenant, patient_id, part, windowed)
         return duration(part, stays, organisation) if stays else None
     if part.where and part.target.kind == "concept" and windowed:
-        # "which hospital for the clavicle fracture": the visits of the event's days, with their places.
-        visits = stays_for(backend, tenant, patient_id, replace(part, where=False), windowed) or \
-            [v for v in read_items(backend, tenant, patient_id, Target("visit", "visits", semantic_types=("encounter",)))
-             if v.day in {i.day for i in windowed}]
+        # "which hospital for the clavicle fracture": the visits of the event's first day (the ED
+        # visit, then the admission it led to), each with its place.
+        first_day = min(i.day for i in windowed if i.day) if any(i.day for i in windowed) else ""
+        visits = sorted(visits_on(backend, tenant, patient_id, {first_day}),
+                        key=lambda v: (v.day, stay_days(v.day, (v.fact.get("end") or v.day)[:10])))[:3] if first_day else []
         if visits:
-            lead = f"{part.target.words[0].upper() + part.target.words[1:]}: {visit_words(visits[0], organisation(visits[0]))} [1]."
-            return Outcome([Statement(lead, [1], lead=True)], visits[:1])
+            said = "; ".join(f"{visit_words(v, organisation(v))} [{n}]" for n, v in enumerate(visits, start=1))
+            lead = f"{part.target.words[0].upper() + part.target.words[1:]} ({first_day}): {said}."
+            return Outcome([Statement(lead, list(range(1, len(visits) + 1)), lead=True)], visits)
     return OPERATIONS[part.operation](part, windowed, organisation)
 
 

@@ -253,8 +253,8 @@ def operation_of(question: str, target: Target) -> str:
     """What to do with the target's items, from the question's words; the arithmetic first, as
     "how many times since the first one" is a count."""
     question = without_window(question).strip(" ,;")
-    if DURATION.search(question) and (target.kind == "visit" or target.keys or VISIT_WORDS.search(question)):
-        return "duration"
+    if DURATION.search(question) and (target.kind == "visit" or target.keys):
+        return "duration"      # a stay of a class of visit, or the stay that holds a named event
     if COUNT.search(question):
         return "count"
     if CHANGE.search(question) and target.kind == "concept":
