@@ -76,6 +76,12 @@ def test_a_window_phrase_is_not_read_as_the_latest():
     assert plan_question("since last month, any a1c?", TODAY, [A1C]).parts[0].operation == "exists"
 
 
+def test_a_trend_over_a_window_from_today_is_left_to_the_trend_answer():
+    part = plan_question("How has her A1c changed over the last three years?", TODAY, [A1C]).parts[0]
+    assert part.window.source == "today" and part.trend and not part.arithmetic
+    assert plan_question("how many a1cs in the last three years", TODAY, [A1C]).parts[0].arithmetic
+
+
 def test_dose_change_and_duration():
     assert plan_question("dose change on lisinopril?", TODAY, [LISINOPRIL]).parts[0].operation == "change"
     stay = plan_question("how long was she in for the last admission", TODAY, [])

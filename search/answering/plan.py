@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import date, timedelta
 
 from search.nlp import terminology
+from search.retrieval.pipeline import TREND
 from search.retrieval.timeline import NUMBERS, back_from, number
 
 OPERATIONS = ("list", "latest", "first", "count", "exists", "duration", "change", "compare")
@@ -109,6 +110,8 @@ class PlanPart:
     window: Window = ALL_TIME
     compare_with: Window | None = None         # compare: the other period
     where: bool = False                        # the question asks where (hospital, organisation)
+    trend: bool = False                        # it asks how something moved ("changed over the last 3 years"):
+                                               # the trend answer states every value, the window its span
 
     @property
     def arithmetic(self) -> bool:
@@ -117,7 +120,7 @@ class PlanPart:
         first visit of a class ("reason for the last ED visit": that one visit, not every
         admission the ranking found). A plain list, latest or first of a concept within written
         dates is what the retrieval's answer already states."""
-        return self.operation in ARITHMETIC or self.window.source == "today" or self.where or (
+        return self.operation in ARITHMETIC or (self.window.source == "today" and not self.trend) or self.where or (
             self.target.visit_codes != () and self.operation in ("latest", "first"))
 
 
@@ -356,7 +359,8 @@ def plan_question(question: str, today: date, concepts: list[dict], kinds: tuple
     if operation == "compare":
         window, compare_with = compared_windows(question, today)
     return QuestionPlan(question, today.isoformat(),
-                        (PlanPart(operation, target, window, compare_with, bool(WHERE.search(question))),))
+                        (PlanPart(operation, target, window, compare_with, bool(WHERE.search(question)),
+                                  bool(TREND.search(question))),))
 
 
 def compared_windows(question: str, today: date) -> tuple[Window, Window]:
