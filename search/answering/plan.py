@@ -312,7 +312,8 @@ def target_of(question: str, concepts: list[dict], kinds: tuple[str, ...]) -> Ta
         return Target("visit", f"{named_class} visits", visit_class=named_class, visit_codes=codes,
                       semantic_types=("encounter",))
     if visits or (VISIT_WORDS.search(question) and COUNT.search(question)):
-        return Target("visit", ", ".join(c["display"] for c in visits) or "visits",
+        named = ", ".join(c["display"] for c in visits)
+        return Target("visit", (named if re.search(r"visits?$", named) else f"{named} visits") if named else "visits",
                       keys=tuple(c["key"] for c in visits), semantic_types=("encounter",))
     if kinds:
         return Target("class", " and ".join(CLASS_ITEMS.get(k, k) for k in kinds), semantic_types=tuple(kinds))
