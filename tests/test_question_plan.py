@@ -109,6 +109,18 @@ def test_a_panel_named_by_its_group_is_counted_by_the_panel_codes():
     assert target.words == "basic metabolic panels"
 
 
+def test_a_drug_class_is_left_to_the_class_listing():
+    beta = {"key": "lex:beta blocker", "display": "beta blocker", "semantic_type": "medication", "negated": False,
+            "text": "beta blockers"}
+    assert plan_question("how many beta blockers is he on", TODAY, [beta]).parts == ()
+
+
+def test_a_coded_name_is_said_without_its_tag():
+    cbt = {"key": "sct:228557008", "display": "Cognitive and behavioral therapy (regime/therapy)",
+           "semantic_type": "procedure", "negated": False, "text": "cbt"}
+    assert plan_question("how many cbt sessions", TODAY, [cbt]).parts[0].target.words == "Cognitive and behavioral therapy"
+
+
 def test_nothing_to_operate_on_gives_an_empty_plan():
     assert plan_question("how is she doing", TODAY, []).parts == ()
 

@@ -297,6 +297,8 @@ def target_of(question: str, concepts: list[dict], kinds: tuple[str, ...]) -> Ta
                                and c.get("role") not in ("class", "record")])
     if not things and any(c.get("role") == "class" for c in asked):
         return None
+    if any(c["semantic_type"] == "medication" and terminology.members_of(c["display"]) for c in things):
+        return None       # "how many beta blockers is he on": the class listing names each member, old orders flagged
     visits = [c for c in asked if c["semantic_type"] == "encounter"]
     named_class, codes = visit_class_of(question)
     if things and VISIT_WORDS.search(question) and not named_class:
@@ -327,8 +329,13 @@ def keys_of(concept: dict) -> list[str]:
     return [f"http://loinc.org|{code}" for code in sorted(panels)] or [concept["key"]]
 
 
+TAG = re.compile(r"\s*\((?:disorder|finding|procedure|situation|regime/therapy|qualifier value|observable entity)\)", re.I)
+
+
 def plural_words(words: str) -> str:
-    """How a count names its items: "basic metabolic panels", "HbA1c results"."""
+    """How a count names its items: "basic metabolic panels", "HbA1c results"; a coded name's
+    semantic tag ("(regime/therapy)") is the code system's, not the clinician's."""
+    words = TAG.sub("", words)
     if words.endswith("panel"):
         return words + "s"
     return words
