@@ -4,16 +4,16 @@ question's context and returns the answer to pass on.
 
 1. `empty_record`: a record with nothing indexed says which of "new patient", "being read" or
    "read but not indexed" it is, never the bare no-evidence sentence.
-1a. `planned_operation`: the question's plan (search/answering/plan.py); a count, a duration, a
+2. `planned_operation`: the question's plan (search/answering/plan.py); a count, a duration, a
    change, a comparison, a window relative to today or a class of visit is answered by its
    operation over every item of the target (search/answering/operations.py).
-2. `never_hide_the_class`: an abstention lists what the record holds of the asked class (cited),
+3. `never_hide_the_class`: an abstention lists what the record holds of the asked class (cited),
    so "no evidence" is never read as "none recorded".
-3. `grounded_by_model`: with a configured language model, its verified statements replace the
+4. `grounded_by_model`: with a configured language model, its verified statements replace the
    extractive ones (identifiers scrubbed before anything is sent).
-4. `cite_sentences`: a note's citation names the sentences the answer quotes (the panel highlights them).
-5. `trend_chart`: an answer that cites a trend gets its chart.
-6. `while_reading`: an answer given while the record is still being embedded says so.
+5. `cite_sentences`: a note's citation names the sentences the answer quotes (the panel highlights them).
+6. `trend_chart`: an answer that cites a trend gets its chart.
+7. `while_reading`: an answer given while the record is still being embedded says so.
 """
 from __future__ import annotations
 
@@ -345,8 +345,8 @@ def while_reading(result: Answer, ctx: AnswerContext) -> Answer:
     return reading_notice(result, ctx.retrieval)
 
 
-STEPS: tuple[AnswerStep, ...] = (empty_record, planned_operation, never_hide_the_class, grounded_by_model, cite_sentences, trend_chart,
-                                  while_reading)
+STEPS: tuple[AnswerStep, ...] = (empty_record, planned_operation, never_hide_the_class, grounded_by_model,
+                                  cite_sentences, trend_chart, while_reading)
 
 
 def apply_steps(result: Answer, ctx: AnswerContext, steps: tuple[AnswerStep, ...] = STEPS) -> Answer:
