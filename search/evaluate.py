@@ -13,6 +13,7 @@ import re
 import statistics
 import time
 from collections import defaultdict
+from datetime import date
 
 from search.backends.base import Scope
 
@@ -118,6 +119,36 @@ def first_sentence_refs(result: dict) -> set[str]:
     first = (sentences(result["answer"]) or [""])[0]
     numbers = {int(n) for n in re.findall(r"\[(\d+)\]", first)}
     return {c["ref"] for c in result.get("citations", []) if c.get("n") in numbers}
+
+
+def question_today(q: dict):
+    """The day a question's relative window counts from: the set's `today` ("since last month"
+    means the same month on every run), else the clock's."""
+    return date.fromisoformat(q["today"]) if q.get("today") else None
+
+
+def count_stated(result: dict, q: dict) -> float | None:
+    """For a question with a gold `count`: 1.0 when the answer's first sentence states that number
+    (as digits) and no other count of the target, else 0.0; None for other questions."""
+    if q.get("count") is None:
+        return None
+    first = MARK.sub("", (sentences(result["answer"]) or [""])[0])
+    first = re.sub(r"\b\d{4}-\d{2}-\d{2}\b", " ", first)       # dates are not counts
+    stated = re.findall(r"(?<![\d.])(\d+)(?![\d.])", first)
+    if q["count"] == 0:
+        return 1.0 if re.match(r"\s*No\b", first) else 0.0
+    return 1.0 if stated and int(stated[0]) == q["count"] else 0.0
+
+
+VISIT_KINDS = ("visit", "duration")
+
+
+def visit_facts(result: dict, q: dict) -> float | None:
+    """For a visit question (its kind `visit` or `duration`): the facts stated (class, dates, length,
+    place, reason), else None."""
+    if q.get("kind") not in VISIT_KINDS:
+        return None
+    return facts_stated(result, q.get("facts") or [])
 
 
 def wrong_yes(result: dict, q: dict) -> bool:
@@ -230,10 +261,10 @@ def evaluate(service, tenant: str, questions_path: str, ks: list[int], pipelines
         for q in questions:
             t0 = time.perf_counter()
             result = service.ask(tenant, q["patient_id"], q["question"], k=depth, pipeline=pipeline,
-                                 question_id=q["id"], ablate=ablated)
+                                 question_id=q["id"], ablate=ablated, today=question_today(q))
             latencies.append((time.perf_counter() - t0) * 1000)
             ratio, filter_recall = filter_figures(service, tenant, q, result)
-            rows.append({"id": q["id"], "kind": q["kind"], "answerable": q["answerable"],
+            rows.append({"id": q["id"], "kind": q["kind"], "answerable": q["answerable"], "gold": bool(q["gold"]),
                          "recall": {k: recall_at(result, q["gold"], k) for k in ks},
                          "rr": reciprocal_rank(result, q["gold"]) if q["answerable"] else 0.0,
                          "abstained": result["abstained"], "corpus_ratio": ratio, "filter_recall": filter_recall,
@@ -242,7 +273,8 @@ def evaluate(service, tenant: str, questions_path: str, ks: list[int], pipelines
                          "wrong_yes": wrong_yes(result, q), "hidden_match": hidden_match(result, q),
                          "sentence_cited": sentence_cited(result, q),
                          "empty_class": bool(q["answerable"] and EMPTY_CLASS.search(result["answer"])),
-                         "conflict": any(st.get("conflict") for st in result.get("statements", []))})
+                         "conflict": any(st.get("conflict") for st in result.get("statements", [])),
+                         "count_right": count_stated(result, q), "visit_facts": visit_facts(result, q)})
         report["pipelines"][label] = summarise(rows, ks, latencies)
     return report
 
@@ -265,13 +297,16 @@ def recall_after_stages(service, tenant: str, questions_path: str, k: int, pipel
 def summarise(rows: list[dict], ks: list[int], latencies: list[float]) -> dict:
     answerable = [r for r in rows if r["answerable"]]
     unanswerable = [r for r in rows if not r["answerable"]]
+    # Recall is over the questions with gold evidence: "how many ED visits this year" answered
+    # 0 has none to find (ops-dev), and every answerable question of the shared sets has some.
+    retrievable = [r for r in answerable if r.get("gold", True)]
     by_kind = defaultdict(list)
-    for r in answerable:
+    for r in retrievable:
         by_kind[r["kind"]].append(r)
     mean = lambda xs: round(statistics.fmean(xs), 4) if xs else 0.0
     return {
-        "recall": {str(k): mean([r["recall"][k] for r in answerable]) for k in ks},
-        "mrr": mean([r["rr"] for r in answerable]),
+        "recall": {str(k): mean([r["recall"][k] for r in retrievable]) for k in ks},
+        "mrr": mean([r["rr"] for r in retrievable]),
         "corpus_ratio": mean([r.get("corpus_ratio", 1.0) for r in answerable]),
         "filter_recall": mean([r.get("filter_recall", 1.0) for r in answerable]),
         "facts": mean([r["facts"] for r in answerable]),
@@ -289,10 +324,15 @@ def summarise(rows: list[dict], ks: list[int], latencies: list[float]) -> dict:
         "empty_class_answerable": sum(1 for r in rows if r.get("empty_class")),
         "conflicts": sum(1 for r in rows if r.get("conflict")),
         "answers_by_kind": answers_by_kind(rows),
+        "counts_right": mean([r["count_right"] for r in rows if r.get("count_right") is not None]),
+        "counts_asked": sum(1 for r in rows if r.get("count_right") is not None),
+        "visit_facts": mean([r["visit_facts"] for r in rows if r.get("visit_facts") is not None]),
+        "visit_questions": sum(1 for r in rows if r.get("visit_facts") is not None),
+        "counts_wrong_ids": [r["id"] for r in rows if r.get("count_right") == 0.0],
         "p50_ms": round(percentile(latencies, 0.5), 1),
         "p95_ms": round(percentile(latencies, 0.95), 1),
         "by_kind": {kind: {str(k): mean([r["recall"][k] for r in items]) for k in ks} for kind, items in sorted(by_kind.items())},
-        "misses_at_5": [r["id"] for r in answerable if r["recall"].get(5, 1.0) < 1.0],
+        "misses_at_5": [r["id"] for r in retrievable if r["recall"].get(5, 1.0) < 1.0],
         "facts_missed": [r["id"] for r in answerable if r["facts"] < 1.0],
         "wrong_abstentions": [r["id"] for r in rows if r["abstained"] != (not r["answerable"])],
         "wrong_yes_ids": [r["id"] for r in rows if r.get("wrong_yes")],
@@ -358,4 +398,15 @@ def format_table(report: dict, ks: list[int]) -> str:
     for kind in kinds:
         lines.append(f"{kind:12} " + " ".join(f"{p['by_kind'].get(kind, {}).get(str(k), 0):>16.3f}"
                                               for p in report["pipelines"].values()))
-    return "\n".join(lines + format_answers_by_kind(report))
+    return "\n".join(lines + format_answers_by_kind(report) + format_operations(report))
+
+
+def format_operations(report: dict) -> list[str]:
+    """Counts stated right and visit facts, for a set whose questions carry a gold `count` or ask
+    about visits (eval/ops-dev.jsonl)."""
+    lines = []
+    for name, p in report["pipelines"].items():
+        if p.get("counts_asked") or p.get("visit_questions"):
+            lines.append(f"{name}: counts stated right {p['counts_right']:.3f} ({p['counts_asked']} counts), "
+                         f"visit facts {p['visit_facts']:.3f} ({p['visit_questions']} visit questions)")
+    return ["", "operations"] + lines if lines else []

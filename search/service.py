@@ -6,6 +6,7 @@ import threading
 import numpy as np
 from contextlib import closing
 from dataclasses import dataclass, replace
+from datetime import date
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
@@ -207,24 +208,28 @@ class SearchService:
         return IndexSummary(report, total)
 
     def ask(self, tenant: str, patient_id: str, question: str, k: int = 5, pipeline: str = "full",
-            question_id: str | None = None, ablate: tuple[str, ...] = (), use_llm: bool = True) -> dict:
+            question_id: str | None = None, ablate: tuple[str, ...] = (), use_llm: bool = True,
+            today: date | None = None) -> dict:
         """The answer as the HTTP API and the command line emit it (the JSON contract)."""
-        return self.answer(tenant, patient_id, question, k, pipeline, question_id, ablate, use_llm).to_dict()
+        return self.answer(tenant, patient_id, question, k, pipeline, question_id, ablate, use_llm, today).to_dict()
 
     def answer(self, tenant: str, patient_id: str, question: str, k: int = 5, pipeline: str = "full",
-               question_id: str | None = None, ablate: tuple[str, ...] = (), use_llm: bool = True) -> Answer:
+               question_id: str | None = None, ablate: tuple[str, ...] = (), use_llm: bool = True,
+               today: date | None = None) -> Answer:
         """The answer to a question; a question of several parts is answered part by part
-        (search/answering/parts.py)."""
+        (search/answering/parts.py). `today`: what "since last month" counts from (the clock's
+        date unless a test or an evaluation fixes it)."""
         question = clean_text(question)
         parts = question_parts(question) if pipeline == "full" else [question]
         if len(parts) > 1:
-            answers = [self.answer_one(tenant, patient_id, part, k, pipeline, question_id, ablate, use_llm)
+            answers = [self.answer_one(tenant, patient_id, part, k, pipeline, question_id, ablate, use_llm, today)
                        for part in parts]
             return combined(question, question_id, parts, answers)
-        return self.answer_one(tenant, patient_id, question, k, pipeline, question_id, ablate, use_llm)
+        return self.answer_one(tenant, patient_id, question, k, pipeline, question_id, ablate, use_llm, today)
 
     def answer_one(self, tenant: str, patient_id: str, question: str, k: int, pipeline: str,
-                   question_id: str | None, ablate: tuple[str, ...], use_llm: bool) -> Answer:
+                   question_id: str | None, ablate: tuple[str, ...], use_llm: bool,
+                   today: date | None = None) -> Answer:
         retrieval = retrieve(self.backend, self.embedder, question, tenant, patient_id, k=k, pipeline=pipeline,
                              ablate=ablate, reranker=self.reranker)
         analysis = retrieval.analysis
@@ -238,7 +243,7 @@ class SearchService:
             return self.general(question, tenant, patient_id, question_id, retrieval, use_llm)
         retrieval.similarity = self.similarity_to(question)
         result = compose(retrieval, patient_id, question_id)
-        return apply_steps(result, self.answer_context(tenant, patient_id, retrieval, use_llm))
+        return apply_steps(result, replace(self.answer_context(tenant, patient_id, retrieval, use_llm), today=today))
 
     def similarity_to(self, question: str):
         """Cosine similarity of texts (a note's sentences) to the question, by the index's embedder."""

@@ -379,6 +379,16 @@ def format_context(bundle: dict) -> str:
     return "\n".join(lines)
 
 
+def iso_day(text: str):
+    """A YYYY-MM-DD argument as a date, or a clear error."""
+    from datetime import date
+
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a date (YYYY-MM-DD)") from None
+
+
 @command("ask", "ask a question about one patient (or --batch a JSONL file)",
          arg("question", nargs="?", help="the question, in plain language (with --patient)"), PATIENT,
          arg("--batch", help="JSONL with patient_id and question (and id) per line"), TENANT,
@@ -386,7 +396,9 @@ def format_context(bundle: dict) -> str:
          arg("--pipeline", choices=("dense", "hybrid", "full"), default="full",
              help="dense: kNN only (the baseline); hybrid: BM25 over concept-normalised text and dense, fused; full: "
                   "hybrid with query expansion, filter, recovery and a deterministic rerank"), JSON,
-         arg("--explain", action="store_true", help="print the per-stage table"))
+         arg("--explain", action="store_true", help="print the question plan and the per-stage table"),
+         arg("--today", type=iso_day, default=None,
+             help="the day 'since last month' counts from (YYYY-MM-DD; default: today)"))
 def cmd_ask(args, settings: Settings) -> int:
     tenant = args.tenant or settings.tenant
     svc = service(settings)
@@ -395,7 +407,7 @@ def cmd_ask(args, settings: Settings) -> int:
     if not args.patient or not args.question:
         print("chartcite ask: give --patient ID and a QUESTION, or --batch FILE", file=sys.stderr)
         return 2
-    result = svc.ask(tenant, args.patient, args.question, k=args.k, pipeline=args.pipeline)
+    result = svc.ask(tenant, args.patient, args.question, k=args.k, pipeline=args.pipeline, today=args.today)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -413,9 +425,11 @@ def cmd_ask(args, settings: Settings) -> int:
 
 def print_plan(diagnostics: dict) -> None:
     """How the question was read: each part's concepts with their role and source, corrections,
-    the window, what the record holds in no form."""
-    parts = diagnostics.get("parts") or [{"part": "", "analysis": diagnostics.get("analysis")}]
+    the window, what the record holds in no form; then each part's operation, target and window."""
+    parts = diagnostics.get("parts") or [{"part": "", "analysis": diagnostics.get("analysis"),
+                                          "question_plan": diagnostics.get("question_plan")}]
     for part in parts:
+        print_operations(part.get("question_plan") or (part.get("diagnostics") or {}).get("question_plan"))
         analysis = part.get("analysis") or {}
         plan = analysis.get("plan") or {}
         print(f"\nplan{' of “' + part['part'] + '”' if part.get('part') else ''}:")
@@ -429,6 +443,22 @@ def print_plan(diagnostics: dict) -> None:
                              ("absent", ", ".join(plan.get("absent") or []))):
             if value:
                 print(f"  {label}: {value}")
+
+
+def print_operations(plan: dict | None) -> None:
+    """The question plan (search/answering/plan.py): per part, its operation, target and window."""
+    if not plan:
+        return
+    print(f"\nquestion plan (today {plan['today']}):")
+    for part in plan.get("parts") or []:
+        target, window = part["target"], part["window"]
+        span = " to ".join(d or "…" for d in (window["start"], window["end"])) if window["start"] or window["end"] else "all time"
+        print(f"  {part['operation']:8} {target['kind']}: {target['words']}  window: {span}"
+              + (f" ({window['source']}: {window['words']})" if window["words"] else ""))
+        if part.get("compare_with"):
+            print(f"  {'':8} against {part['compare_with']['words']}")
+    if not plan.get("parts"):
+        print("  no target to operate on: answered from what the retrieval found")
 
 
 def ask_batch(svc, tenant: str, args) -> int:

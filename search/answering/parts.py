@@ -62,14 +62,21 @@ def standalone(pieces: list[str]) -> list[str]:
     question before them ("CRAFFT done? when" is one question), and so do bare names that only
     offer options ("what's he taking for the diabetes? metformin? insulin?")."""
     out: list[str] = []
+    leading = ""        # a time phrase before the first question ("since last month, any rx?") is its window
     for piece in pieces:
-        named = [w for w in content_tokens(piece) if w not in QUESTION_WORDS and not w.isdigit()]
+        named = [w for w in content_tokens(piece) if w not in QUESTION_WORDS and w not in TIME_WORDS and not w.isdigit()]
         options = len(piece.split()) <= BARE and not ASKS.search(piece)
         if out and (not named or options):
             out[-1] = f"{out[-1]}? {piece}"
+        elif not out and not named and TIME_WORDS & set(content_tokens(piece)):
+            leading = f"{leading}{piece}, "
         else:
-            out.append(piece)
-    return out
+            out.append(f"{leading}{piece}" if not out else piece)
+    return out or [leading.rstrip(", ")]
+
+
+TIME_WORDS = frozenset("day days week weeks wk month months mo year years yr yrs ago since until till last past "
+                       "previous prior this".split())
 
 
 def topic_of(piece: str) -> str:
@@ -111,7 +118,8 @@ def combined(question: str, question_id: str | None, parts: list[str], answers: 
     levels = ("low", "medium", "high")
     confidence = levels[min(levels.index(a.confidence) for a in answers)]
     diagnostics = dict(answers[0].diagnostics, parts=[{"part": p, "abstained": a.abstained,
-                                                      "analysis": a.diagnostics.get("analysis")}
+                                                      "analysis": a.diagnostics.get("analysis"),
+                                                      "question_plan": a.diagnostics.get("question_plan")}
                                                      for p, a in zip(parts, answers)])
     chart = next((a.chart for a in answers if a.chart), None)
     # A part the language model could not write says so for the whole answer.

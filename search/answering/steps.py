@@ -4,24 +4,29 @@ question's context and returns the answer to pass on.
 
 1. `empty_record`: a record with nothing indexed says which of "new patient", "being read" or
    "read but not indexed" it is, never the bare no-evidence sentence.
-2. `never_hide_the_class`: an abstention lists what the record holds of the asked class (cited),
+2. `planned_operation`: the question's plan (search/answering/plan.py); a count, a duration, a
+   change, a comparison, a window relative to today or a class of visit is answered by its
+   operation over every item of the target (search/answering/operations.py).
+3. `never_hide_the_class`: an abstention lists what the record holds of the asked class (cited),
    so "no evidence" is never read as "none recorded".
-3. `grounded_by_model`: with a configured language model, its verified statements replace the
+4. `grounded_by_model`: with a configured language model, its verified statements replace the
    extractive ones (identifiers scrubbed before anything is sent).
-4. `cite_sentences`: a note's citation names the sentences the answer quotes (the panel highlights them).
-5. `trend_chart`: an answer that cites a trend gets its chart.
-6. `while_reading`: an answer given while the record is still being embedded says so.
+5. `cite_sentences`: a note's citation names the sentences the answer quotes (the panel highlights them).
+6. `trend_chart`: an answer that cites a trend gets its chart.
+7. `while_reading`: an answer given while the record is still being embedded says so.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
+from datetime import date
 from typing import Callable
 
 from search.answering.answer import (CLASS_LIST_LIMIT, CLASSES, NEW_PATIENT, NO_EVIDENCE, asked_class,
                                      class_entries_answer, context_evidence, names, while_reading as reading_notice)
 from search.answering.notes import CLASS_SECTIONS, class_mentions, class_sections, note_header, quoted_sentences
 from search.answering.lead import ALLERGY_WORDS
+from search.answering.operations import planned_operation
 from search.answering.related import closest_first
 from search.nlp import terminology
 from search.nlp.lexicon import content_tokens
@@ -41,6 +46,7 @@ class AnswerContext:
     summary: Callable[[], dict]                 # the patient's index summary, read when a step needs it
     grounded: Callable[[Answer], Answer] | None = None    # the language-model step, when one is configured
     indexed_types: frozenset[str] = frozenset()
+    today: date | None = None                   # what "since last month" counts from; None: the clock's date
 
 
 AnswerStep = Callable[[Answer, AnswerContext], Answer]
@@ -74,8 +80,8 @@ def never_hide_the_class(result: Answer, ctx: AnswerContext) -> Answer:
     """An abstention never stands alone when the record holds what was asked about's class
     (allergies, problems, medications, procedures): those entries are listed, cited, with the
     word that none matches; a fact the question mentioned as context is shown as such."""
-    if ctx.retrieval.corpus_size == 0 or "record" in result.diagnostics:
-        return result
+    if ctx.retrieval.corpus_size == 0 or "record" in result.diagnostics or "operation" in result.diagnostics:
+        return result      # an operation's answer counted the whole class in its window itself
     klass = asked_class(ctx.retrieval.analysis)
     result.diagnostics["asked_class"] = {"class": klass}
     if not result.abstained:
@@ -339,8 +345,8 @@ def while_reading(result: Answer, ctx: AnswerContext) -> Answer:
     return reading_notice(result, ctx.retrieval)
 
 
-STEPS: tuple[AnswerStep, ...] = (empty_record, never_hide_the_class, grounded_by_model, cite_sentences, trend_chart,
-                                  while_reading)
+STEPS: tuple[AnswerStep, ...] = (empty_record, planned_operation, never_hide_the_class, grounded_by_model,
+                                  cite_sentences, trend_chart, while_reading)
 
 
 def apply_steps(result: Answer, ctx: AnswerContext, steps: tuple[AnswerStep, ...] = STEPS) -> Answer:

@@ -573,6 +573,15 @@ def lab_group(word: str) -> str | None:
     return None
 
 
+def panel_codes(word: str) -> frozenset[str]:
+    """The LOINC codes of the panels a group word names ("bmps", "chem 7" -> 51990-0, 24321-2,
+    24320-4): a panel counted as one, not as its analytes. Empty if the word names no group."""
+    group = lab_group(word)
+    if group is None:
+        return frozenset()
+    return frozenset(code for r in _rows("lab_groups.tsv") if r["group"] == group for code in _split(r["panels"]))
+
+
 def lab_name(code: str) -> str | None:
     """The short name clinicians use for a LOINC code ("2160-0" -> "creatinine", "4548-4" -> "HbA1c")."""
     labs = _labs()
