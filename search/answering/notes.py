@@ -128,10 +128,27 @@ NOTE_CHUNKS_READ = 4        # the best note chunks of the evidence whose sentenc
 TERM_WEIGHT = 0.06          # a question word the sentence has (by its stem) adds this to the similarity
 SECTION_WEIGHT = 0.12       # the sentence is in the section the question names ("plan", "impression")
 OPENING_WEIGHT = 0.1        # ...and more for its first sentences
-SIDE_WEIGHT = 0.15
+SIDE_WEIGHT = 0.15          # the question's side (left/right) said, or only the other side said
 FAMILY_WEIGHT = 0.3         # a relative's history, asked about the patient
-HYPOTHETICAL_WEIGHT = 0.1   # "return if...", asked what happened          # the question's side (left/right) said, or only the other side said
+HYPOTHETICAL_WEIGHT = 0.1   # "return if...", asked what happened
 SIDES = {"left": "right", "right": "left"}
+# What kind of thing the question wants back decides which sentence answers, more than the words
+# it shares with the question: "which side" is answered by a sentence that names a side, "what
+# dose" by one with a measured amount, "why" by one that gives a reason, "what is she taking for"
+# by one that names a drug.
+ANSWER_KIND_WEIGHT = 0.15
+DRUG_WEIGHT = 0.3
+SIDE_ASKED = re.compile(r"\b(?:which|what) side\b|\bleft or right\b|\bright or left\b|\blaterality\b")
+AMOUNT_ASKED = re.compile(r"\b(?:doses?|dosages?|dosing|how (?:much|many|big|large|high|low)|amount|quantity|"
+                          r"weight|weigh|level|value|size|ejection fraction|ef|blood loss|volume|reading)\b")
+REASON_ASKED = re.compile(r"\bwhy\b|\bwhat (?:was|is) the reason\b|\bindications?\b|\bwhat for\b")
+# A measured amount: a number with a unit of dose, volume, mass, size or share (not "6-week").
+AMOUNT = re.compile(r"\d(?:[\d,./-]*\d)?\s*(?:%|percent|mg|mcg|g|gm|grams?|kg|lbs?|pounds?|ounces?|oz|ml|cc|l|"
+                    r"liters?|units?|meq|mmol|iu|cm|mm|mmhg|mg/dl|x\s?\d)\b|\b\d+\.\d+\b", re.I)
+REASON = re.compile(r"\b(?:because|due to|secondary to|given (?:his|her|the|their)|owing to|in light of|"
+                    r"as a result of|reasons?|indications?|indicated|too risky|risks? of|need for|needs? to|"
+                    r"in order to|for (?:further|continued) |working diagnosis|therefore)\b", re.I)
+LIST_NUMBER = re.compile(r"^\s*\d{1,2}[.)]\s+")
 
 
 @dataclass(frozen=True)
@@ -175,6 +192,8 @@ def rank_note_sentences(analysis, evidence: list, similarity: Similarity | None)
     sides = {side for side in SIDES if re.search(rf"\b{side}\b", q)}
     asked_context = sentence_context(analysis.question)
     about_drugs = "medication" in analysis.kinds or any(c["semantic_type"] == "medication" for c in analysis.concepts)
+    wants = answer_kinds(analysis)
+    drugs = {ev.chunk.chunk_id: drug_names(ev.chunk) for ev in notes} if "drug" in wants else {}
     ranked = []
     for (ev, sentence), sim, text in zip(pairs, sims, texts):
         low = text.lower()
@@ -191,8 +210,48 @@ def rank_note_sentences(analysis, evidence: list, similarity: Similarity | None)
         for side in sides:
             said, other = re.search(rf"\b{side}\b", low), re.search(rf"\b{SIDES[side]}\b", low)
             score += SIDE_WEIGHT if said else (-SIDE_WEIGHT if other else 0.0)
+        score += answer_kind_score(sentence.text, wants, drugs.get(ev.chunk.chunk_id, ()))
         ranked.append(Ranked(ev, sentence, score))
     return sorted(ranked, key=lambda r: r.score, reverse=True)
+
+
+def answer_kinds(analysis) -> set[str]:
+    """What the question wants back: "side", "amount", "reason", "drug" (none, or several)."""
+    q = analysis.question.lower()
+    wants = set()
+    if SIDE_ASKED.search(q):
+        wants.add("side")
+    # A bare test ("cea?", "bnp?") asks for its value.
+    asked = [c for c in analysis.concepts if (c.get("role") or "asked") == "asked"]
+    if AMOUNT_ASKED.search(q) or asked and all(c["semantic_type"] in ("lab", "vital") for c in asked):
+        wants.add("amount")
+    if REASON_ASKED.search(q):
+        wants.add("reason")
+    if "medication" in analysis.kinds or any(c["semantic_type"] == "medication" and c.get("role") != "context"
+                                             for c in analysis.concepts):
+        wants.add("drug")
+    return wants
+
+
+def drug_names(chunk) -> set[str]:
+    """The drugs a note chunk names and does not deny, as its concepts annotation found them."""
+    return {c["text"].lower() for c in chunk.concepts
+            if c.get("semantic_type") == "medication" and not c.get("negated") and len(c.get("text") or "") > 2}
+
+
+def answer_kind_score(text: str, wants: set[str], drugs) -> float:
+    """How far the sentence is the kind of answer the question wants (see ANSWER_KIND_WEIGHT)."""
+    low = LIST_NUMBER.sub("", text).lower()
+    score = 0.0
+    if "side" in wants and re.search(r"\b(?:left|right|bilateral(?:ly)?)\b", low):
+        score += ANSWER_KIND_WEIGHT
+    if "amount" in wants and AMOUNT.search(low):
+        score += ANSWER_KIND_WEIGHT
+    if "reason" in wants and REASON.search(low):
+        score += ANSWER_KIND_WEIGHT
+    if "drug" in wants and any(re.search(rf"\b{re.escape(d)}\b", low) for d in drugs):
+        score += DRUG_WEIGHT
+    return score
 
 
 def best_of_chunk(ranked: list[Ranked], chunk_id: str, n: int = 2, within: float = 0.08) -> list[NoteSentence]:
