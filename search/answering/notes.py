@@ -127,7 +127,7 @@ Similarity = Callable[[list[str]], list[float]]     # texts → cosine similarit
 NOTE_CHUNKS_READ = 4        # the best note chunks of the evidence whose sentences are ranked
 TERM_WEIGHT = 0.06          # a question word the sentence has (by its stem) adds this to the similarity
 SECTION_WEIGHT = 0.12       # the sentence is in the section the question names ("plan", "impression")
-OPENING_WEIGHT = 0.1        # ...and more for its first sentences
+OPENING_WEIGHT = 0.25       # ...and more for its first sentences
 SIDE_WEIGHT = 0.15          # the question's side (left/right) said, or only the other side said
 FAMILY_WEIGHT = 0.3         # a relative's history, asked about the patient
 HYPOTHETICAL_WEIGHT = 0.1   # "return if...", asked what happened
@@ -164,9 +164,12 @@ def _stem(word: str) -> str:
 
 
 def question_words(analysis) -> list[str]:
-    """The question's content words and the long forms of its abbreviations, as stems."""
+    """The question's content words and the long forms of its abbreviations, as stems. A word that
+    names a section the question asks for ("plan" of "a/p") is not one: the section is scored as
+    such, and "in agreement with the plan" is no answer to "what was the plan"."""
     words = list(analysis.terms) + [w for long in analysis.expansions for w in re.findall(r"[a-z0-9]+", long.lower())]
-    return list(dict.fromkeys(_stem(w) for w in words if len(w) > 2))
+    asked = asked_section_kinds(analysis)
+    return list(dict.fromkeys(_stem(w) for w in words if len(w) > 2 and not set(section_kinds(w)) & asked))
 
 
 def asked_section_kinds(analysis) -> set[str]:
