@@ -179,3 +179,83 @@ def test_a_sentence_that_does_not_deny_the_coded_problem_is_no_conflict(tmp_path
         service.close()
     assert not any(s.get("conflict") for s in result["statements"]), result["answer"]
     assert "conflicts with" not in result["answer"]
+
+
+# --- the kind of answer the question wants ------------------------------------------------------------------
+
+VASCULAR = note("vs-1", "2009-06-11T10:00:00Z", """PREOPERATIVE DIAGNOSIS:
+Critical carotid stenosis.
+
+PROCEDURE PERFORMED:
+Left carotid endarterectomy with endovascular patch angioplasty.
+
+ESTIMATED BLOOD LOSS:
+150 mL.
+
+COMPLICATIONS:
+No blood loss complications and no carotid surgery complications.
+
+OPERATIVE PROCEDURE:
+The patient was brought to the operating room and the neck was prepped. The carotid endarterectomy was then performed in the usual fashion. The patient tolerated the procedure well.""")
+CLINIC = note("cl-1", "2010-02-01T10:00:00Z", """HISTORY OF PRESENT ILLNESS:
+She has a long history of gout and sees rheumatology every year. She is on 300 mg of allopurinol daily as well as colchicine as needed. Her gout has been quiet this winter.
+
+ASSESSMENT AND PLAN:
+Stable carotid disease after surgery, doing well. We talked about the plan at length and she is in agreement with the plan. She came off warfarin in the clinic today and the warfarin was taken off her list. Warfarin was stopped because the bleeding risk is too high at her age.""")
+
+
+@pytest.fixture(scope="module")
+def vascular(tmp_path_factory, embedder):
+    svc = indexed_record(tmp_path_factory.mktemp("vascular"), [PATIENT, VASCULAR, CLINIC])
+    yield svc
+    svc.close()
+
+
+def test_which_side_is_answered_by_the_sentence_that_names_a_side(vascular):
+    # "CEA" typed in capitals is read the way this record spells it (carotid endarterectomy), not
+    # as the lab the lexicon knows, which the record never holds.
+    result = ask(vascular, "which side was the CEA")
+    assert not result["abstained"], result["answer"]
+    assert "Left carotid endarterectomy with endovascular patch angioplasty." in result["answer"], result["answer"]
+
+
+def test_an_amount_asked_is_answered_by_the_sentence_that_measures_it(vascular):
+    result = ask(vascular, "how much blood loss during the carotid surgery")
+    assert "150 mL." in result["answer"], result["answer"]
+    assert "No blood loss complications" not in result["answer"]
+
+
+def test_a_why_question_is_answered_by_the_sentence_that_gives_the_reason(vascular):
+    result = ask(vascular, "why did she come off warfarin?")
+    assert "because the bleeding risk is too high" in result["answer"], result["answer"]
+
+
+def test_what_she_takes_for_a_problem_is_answered_by_the_sentence_naming_the_drugs(vascular):
+    result = ask(vascular, "what is she taking for her gout")
+    assert "allopurinol" in result["answer"], result["answer"]
+
+
+def test_a_section_asked_by_name_leads_with_its_opening_not_with_its_name_in_a_sentence(vascular):
+    result = ask(vascular, "a/p from the clinic visit")
+    assert "Stable carotid disease after surgery, doing well." in result["answer"], result["answer"]
+
+
+def test_the_answer_kinds_read_from_the_question():
+    from types import SimpleNamespace
+
+    from search.answering.notes import answer_kind_score, answer_kinds
+
+    def kinds(question, concepts=(), record_kinds=()):
+        return answer_kinds(SimpleNamespace(question=question, concepts=list(concepts), kinds=record_kinds))
+
+    assert kinds("which side was the stroke") == {"side"}
+    assert kinds("what dose of cefazolin") >= {"amount"}
+    assert kinds("bnp?", [{"semantic_type": "lab", "key": "lex:bnp"}]) == {"amount"}
+    assert kinds("why was plavix held") == {"reason"}
+    assert kinds("what meds did she go home on", record_kinds=("medication",)) == {"drug"}
+    assert kinds("what did the chest x-ray show") == set()
+    # A time is no amount; a dose is.
+    assert answer_kind_score("Complete the 6-week course.", {"amount"}, ()) == 0
+    assert answer_kind_score("Start Ancef 2 g q.8 h.", {"amount"}, ()) > 0
+    assert answer_kind_score("1. Elevated CEA.", {"amount"}, ()) == 0      # a list number is not a value
+    assert answer_kind_score("She is on methotrexate weekly.", {"drug"}, {"methotrexate"}) > 0
