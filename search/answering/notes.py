@@ -141,6 +141,8 @@ DRUG_WEIGHT = 0.3
 SIDE_ASKED = re.compile(r"\b(?:which|what) side\b|\bleft or right\b|\bright or left\b|\blaterality\b")
 AMOUNT_ASKED = re.compile(r"\b(?:doses?|dosages?|dosing|how (?:much|many|big|large|high|low)|amount|quantity|"
                           r"weight|weigh|level|value|size|ejection fraction|ef|blood loss|volume|reading)\b")
+RULED_OUT_ASKED = re.compile(r"\brul(?:ed|e|ing)\s+(?:\w+\s+)?out\b|\bexcluded\b|\bnegative\s+for\b", re.I)
+RULED_OUT = re.compile(r"\brul(?:ed|e)\s+(?:\w+\s+)?out\b|\bnegative\b|\bno evidence\b|\bexcluded\b", re.I)
 REASON_ASKED = re.compile(r"\bwhy\b|\bwhat (?:was|is) the reason\b|\bindications?\b|\bwhat for\b")
 # A measured amount: a number with a unit of dose, volume, mass, size or share (not "6-week").
 AMOUNT = re.compile(r"\d(?:[\d,./-]*\d)?\s*(?:%|percent|mg|mcg|g|gm|grams?|kg|lbs?|pounds?|ounces?|oz|ml|cc|l|"
@@ -167,7 +169,10 @@ def question_words(analysis) -> list[str]:
     """The question's content words and the long forms of its abbreviations, as stems. A word that
     names a section the question asks for ("plan" of "a/p") is not one: the section is scored as
     such, and "in agreement with the plan" is no answer to "what was the plan"."""
-    words = list(analysis.terms) + [w for long in analysis.expansions for w in re.findall(r"[a-z0-9]+", long.lower())]
+    # The full names of the concepts asked about count too: "MI" is written "myocardial infarction".
+    names = [c["display"] for c in analysis.concepts if c.get("role") not in ("context", "class", "record")
+             and c.get("display") and c["semantic_type"] not in ("note", "encounter")]
+    words = list(analysis.terms) + [w for long in [*analysis.expansions, *names] for w in re.findall(r"[a-z0-9]+", long.lower())]
     asked = asked_section_kinds(analysis)
     return list(dict.fromkeys(_stem(w) for w in words if len(w) > 2 and not set(section_kinds(w)) & asked))
 
@@ -230,6 +235,8 @@ def answer_kinds(analysis) -> set[str]:
         wants.add("amount")
     if REASON_ASKED.search(q):
         wants.add("reason")
+    if RULED_OUT_ASKED.search(q):
+        wants.add("ruled_out")
     if "medication" in analysis.kinds or any(c["semantic_type"] == "medication" and c.get("role") != "context"
                                              for c in analysis.concepts):
         wants.add("drug")
@@ -251,6 +258,8 @@ def answer_kind_score(text: str, wants: set[str], drugs) -> float:
     if "amount" in wants and AMOUNT.search(low):
         score += ANSWER_KIND_WEIGHT
     if "reason" in wants and REASON.search(low):
+        score += ANSWER_KIND_WEIGHT
+    if "ruled_out" in wants and RULED_OUT.search(low):
         score += ANSWER_KIND_WEIGHT
     if "drug" in wants and any(re.search(rf"\b{re.escape(d)}\b", low) for d in drugs):
         score += DRUG_WEIGHT
