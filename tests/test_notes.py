@@ -259,3 +259,25 @@ def test_the_answer_kinds_read_from_the_question():
     assert answer_kind_score("Start Ancef 2 g q.8 h.", {"amount"}, ()) > 0
     assert answer_kind_score("1. Elevated CEA.", {"amount"}, ()) == 0      # a list number is not a value
     assert answer_kind_score("She is on methotrexate weekly.", {"drug"}, {"methotrexate"}) > 0
+
+
+TRANSFER = note("tr-1", "2008-10-14T10:00:00Z", """TRANSFER DIAGNOSES:
+1. Coronary artery disease.
+2. Chest pain.
+
+HOSPITAL COURSE:
+He was brought in by a friend with chest pain. His vital signs were stable on admission. He was ruled out for myocardial infarction with troponin x2. Cardiology saw him and recommended a catheterization.""")
+
+
+def test_a_question_whether_a_diagnosis_was_ruled_out_is_answered_by_the_sentence_that_rules_it_out(tmp_path, embedder):
+    # The record only denies the infarction, and the denial is what was asked: no abstention, and
+    # the quoted sentence is the one that rules it out ("MI" is written "myocardial infarction").
+    service = indexed_record(tmp_path, [PATIENT, TRANSFER])
+    try:
+        result = ask(service, "was an MI ruled out?")
+        assert not result["abstained"], result["answer"]
+        assert "He was ruled out for myocardial infarction with troponin x2." in result["answer"], result["answer"]
+        # Asked whether he had one, the denial is still no "yes".
+        assert ask(service, "did he have an MI?")["abstained"]
+    finally:
+        service.close()
