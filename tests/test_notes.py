@@ -281,3 +281,23 @@ def test_a_question_whether_a_diagnosis_was_ruled_out_is_answered_by_the_sentenc
         assert ask(service, "did he have an MI?")["abstained"]
     finally:
         service.close()
+
+
+CARDIAC_TRANSFER = note("tr-2", "2008-10-14T10:00:00Z", """HOSPITAL COURSE:
+He was admitted with chest pain and started on aspirin and heparin. He remained stable and was sent over for a catheterization with his usual medicines.
+
+DISCHARGE MEDICATIONS:
+1. Aspirin 325 mg p.o. daily.
+2. Lovenox 40 mg subcutaneously daily.
+3. Metoprolol 25 mg p.o. b.i.d.
+4. Protonix 40 mg p.o. daily.""")
+
+
+def test_a_numbered_medication_list_is_quoted_as_a_list_not_one_line(tmp_path, embedder):
+    service = indexed_record(tmp_path, [PATIENT, CARDIAC_TRANSFER])
+    try:
+        result = ask(service, "meds he was sent over on for the cath")
+        for line in ("Aspirin 325 mg p.o. daily.", "Lovenox 40 mg subcutaneously daily.", "Protonix 40 mg p.o. daily."):
+            assert line in result["answer"], result["answer"]
+    finally:
+        service.close()

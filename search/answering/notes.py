@@ -278,6 +278,26 @@ def best_of_chunk(ranked: list[Ranked], chunk_id: str, n: int = 2, within: float
     return sorted((r.sentence for r in chosen), key=lambda s: position.get(s, order.get(id(s), 0)))
 
 
+def with_its_list(chosen: list[NoteSentence], chunk) -> list[NoteSentence]:
+    """A numbered item chosen for a question that asks for several things ("meds he went home on")
+    brings the other numbered items of its list, in order, up to CLASS_QUOTE_CHARS: one line of a
+    discharge medication list is not the list."""
+    items = [s for s in chosen if LIST_NUMBER.match(s.text)]
+    if not items:
+        return chosen
+    everything = sentences_of(chunk)
+    out, size = list(chosen), sum(len(s.text) for s in chosen)
+    for s in everything:
+        if s in out or s.heading != items[0].heading or not LIST_NUMBER.match(s.text):
+            continue
+        if size + len(s.text) > CLASS_QUOTE_CHARS:
+            break
+        out.append(s)
+        size += len(s.text)
+    position = {s: i for i, s in enumerate(everything)}
+    return sorted(out, key=lambda s: position.get(s, 0))
+
+
 def quote(sentences: list[NoteSentence]) -> str:
     """Sentences quoted verbatim, each section's heading said once before its first sentence."""
     parts, previous = [], None
