@@ -301,3 +301,22 @@ def test_a_numbered_medication_list_is_quoted_as_a_list_not_one_line(tmp_path, e
             assert line in result["answer"], result["answer"]
     finally:
         service.close()
+
+
+
+def test_what_he_went_home_on_is_read_from_the_discharge_section():
+    # Scored without the embedder, by the features alone: the discharge section's line wins over
+    # a hospital-course sentence that shares more of the question's words.
+    from types import SimpleNamespace
+
+    from search.answering.notes import rank_note_sentences
+
+    chunk = SimpleNamespace(
+        chunk_id="c1", ref="DocumentReference/ds-3", semantic_type="note", concepts=[],
+        sections=["HOSPITAL COURSE", "MEDICATIONS ON DISCHARGE"],
+        text="Discharge summary of 2010-01-22. HOSPITAL COURSE: IV steroid taper was started. "
+             "MEDICATIONS ON DISCHARGE: 1. Prednisone taper 40 mg daily.")
+    analysis = SimpleNamespace(question="steroid taper he went home on", terms=["steroid", "taper", "went", "home"],
+                               expansions=[], concepts=[], kinds=(), sections_asked=set())
+    ranked = rank_note_sentences(analysis, [SimpleNamespace(chunk=chunk)], None)
+    assert ranked[0].sentence.text == "1. Prednisone taper 40 mg daily.", [(r.sentence.text, r.score) for r in ranked]

@@ -150,6 +150,10 @@ AMOUNT = re.compile(r"\d(?:[\d,./-]*\d)?\s*(?:%|percent|mg|mcg|g|gm|grams?|kg|lb
 REASON = re.compile(r"\b(?:because|due to|secondary to|given (?:his|her|the|their)|owing to|in light of|"
                     r"as a result of|reasons?|indications?|indicated|too risky|risks? of|need for|needs? to|"
                     r"in order to|for (?:further|continued) |working diagnosis|therefore)\b", re.I)
+# "What did he go home on", "when she left": the discharge sections answer (DISCHARGE MEDICATIONS,
+# MEDICATIONS ON DISCHARGE, DISCHARGE INSTRUCTIONS), whatever else the question names.
+DISCHARGE_ASKED = re.compile(r"\b(?:went|go|going|gone|sent|send|discharged)\s+home\b|\bdischarg\w*|"
+                             r"\b(?:she|he|they)\s+left\b|\bleaving the hospital\b", re.I)
 LIST_NUMBER = re.compile(r"^\s*\d{1,2}[.)]\s+")
 
 
@@ -201,11 +205,14 @@ def rank_note_sentences(analysis, evidence: list, similarity: Similarity | None)
     asked_context = sentence_context(analysis.question)
     about_drugs = "medication" in analysis.kinds or any(c["semantic_type"] == "medication" for c in analysis.concepts)
     wants = answer_kinds(analysis)
+    discharge = DISCHARGE_ASKED.search(analysis.question) is not None
     drugs = {ev.chunk.chunk_id: drug_names(ev.chunk) for ev in notes} if "drug" in wants else {}
     ranked = []
     for (ev, sentence), sim, text in zip(pairs, sims, texts):
         low = text.lower()
         score = float(sim) + TERM_WEIGHT * sum(1 for stem in stems if re.search(rf"\b{re.escape(stem)}", low))
+        if discharge and "discharge" in sentence.heading.lower():
+            score += SECTION_WEIGHT
         if kinds & set(section_kinds(sentence.heading)):
             # The section asked for, its opening sentences first: a plan or an impression leads
             # with what matters most.
