@@ -320,3 +320,25 @@ def test_what_he_went_home_on_is_read_from_the_discharge_section():
                                expansions=[], concepts=[], kinds=(), sections_asked=set())
     ranked = rank_note_sentences(analysis, [SimpleNamespace(chunk=chunk)], None)
     assert ranked[0].sentence.text == "1. Prednisone taper 40 mg daily.", [(r.sentence.text, r.score) for r in ranked]
+
+
+def test_a_bare_test_name_is_answered_by_the_sentence_giving_its_value():
+    # "cea?": the long lab line with "CEA elevated at 8.6" answers, not "3. Elevated CEA." that
+    # only names it, though an embedder finds the short line closer to the two-word question.
+    from types import SimpleNamespace
+
+    from search.answering.notes import rank_note_sentences
+
+    chunk = SimpleNamespace(
+        chunk_id="c1", ref="DocumentReference/icu-1", semantic_type="note", concepts=[],
+        sections=["LABORATORY DATA", "IMPRESSION"],
+        text="Progress note of 2013-03-05. LABORATORY DATA: Sodium is 134, potassium 4.0, TSH 0.74, "
+             "CEA elevated at 8.6, ferritin 27.5. IMPRESSION: 3. Elevated CEA.")
+    analysis = SimpleNamespace(question="cea?", terms=["cea"], expansions=[], kinds=(), sections_asked=set(),
+                               concepts=[{"key": "lex:cea", "display": "carcinoembryonic antigen", "semantic_type": "lab",
+                                          "text": "cea"}])
+    def closer_to_the_short_line(texts):
+        return [0.6 if t.endswith("Elevated CEA.") else 0.3 for t in texts]
+
+    ranked = rank_note_sentences(analysis, [SimpleNamespace(chunk=chunk)], closer_to_the_short_line)
+    assert "CEA elevated at 8.6" in ranked[0].sentence.text, [(r.sentence.text, r.score) for r in ranked]

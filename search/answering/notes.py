@@ -138,6 +138,7 @@ SIDES = {"left": "right", "right": "left"}
 # by one that names a drug.
 ANSWER_KIND_WEIGHT = 0.15
 DRUG_WEIGHT = 0.3
+VALUE_WEIGHT = 0.3          # an amount asked, and the sentence gives the asked thing's value
 SIDE_ASKED = re.compile(r"\b(?:which|what) side\b|\bleft or right\b|\bright or left\b|\blaterality\b")
 AMOUNT_ASKED = re.compile(r"\b(?:doses?|dosages?|dosing|how (?:much|many|big|large|high|low)|amount|quantity|"
                           r"weight|weigh|level|value|size|ejection fraction|ef|blood loss|volume|reading)\b")
@@ -226,6 +227,8 @@ def rank_note_sentences(analysis, evidence: list, similarity: Similarity | None)
             said, other = re.search(rf"\b{side}\b", low), re.search(rf"\b{SIDES[side]}\b", low)
             score += SIDE_WEIGHT if said else (-SIDE_WEIGHT if other else 0.0)
         score += answer_kind_score(sentence.text, wants, drugs.get(ev.chunk.chunk_id, ()))
+        if "amount" in wants and states_a_value_of(sentence.text, stems):
+            score += VALUE_WEIGHT
         ranked.append(Ranked(ev, sentence, score))
     return sorted(ranked, key=lambda r: r.score, reverse=True)
 
@@ -254,6 +257,13 @@ def drug_names(chunk) -> set[str]:
     """The drugs a note chunk names and does not deny, as its concepts annotation found them."""
     return {c["text"].lower() for c in chunk.concepts
             if c.get("semantic_type") == "medication" and not c.get("negated") and len(c.get("text") or "") > 2}
+
+
+def states_a_value_of(text: str, stems: list[str]) -> bool:
+    """The sentence gives a number right after a word of the question ("CEA elevated at 8.6" for
+    "cea?"): the value of the thing asked, not a line that only names it ("Elevated CEA.")."""
+    low = LIST_NUMBER.sub("", text).lower()
+    return any(re.search(rf"\b{re.escape(stem)}[a-z]*\W{{1,3}}(?:[a-z]+\W{{1,3}}){{0,3}}\d", low) for stem in stems)
 
 
 def answer_kind_score(text: str, wants: set[str], drugs) -> float:
