@@ -179,3 +179,166 @@ def test_a_sentence_that_does_not_deny_the_coded_problem_is_no_conflict(tmp_path
         service.close()
     assert not any(s.get("conflict") for s in result["statements"]), result["answer"]
     assert "conflicts with" not in result["answer"]
+
+
+# --- the kind of answer the question wants ------------------------------------------------------------------
+
+VASCULAR = note("vs-1", "2009-06-11T10:00:00Z", """PREOPERATIVE DIAGNOSIS:
+Critical carotid stenosis.
+
+PROCEDURE PERFORMED:
+Left carotid endarterectomy with endovascular patch angioplasty.
+
+ESTIMATED BLOOD LOSS:
+150 mL.
+
+COMPLICATIONS:
+No blood loss complications and no carotid surgery complications.
+
+OPERATIVE PROCEDURE:
+The patient was brought to the operating room and the neck was prepped. The carotid endarterectomy was then performed in the usual fashion. The patient tolerated the procedure well.""")
+CLINIC = note("cl-1", "2010-02-01T10:00:00Z", """HISTORY OF PRESENT ILLNESS:
+She has a long history of gout and sees rheumatology every year. She is on 300 mg of allopurinol daily as well as colchicine as needed. Her gout has been quiet this winter.
+
+ASSESSMENT AND PLAN:
+Stable carotid disease after surgery, doing well. We talked about the plan at length and she is in agreement with the plan. She came off warfarin in the clinic today and the warfarin was taken off her list. Warfarin was stopped because the bleeding risk is too high at her age.""")
+
+
+@pytest.fixture(scope="module")
+def vascular(tmp_path_factory, embedder):
+    svc = indexed_record(tmp_path_factory.mktemp("vascular"), [PATIENT, VASCULAR, CLINIC])
+    yield svc
+    svc.close()
+
+
+def test_which_side_is_answered_by_the_sentence_that_names_a_side(vascular):
+    # "CEA" typed in capitals is read the way this record spells it (carotid endarterectomy), not
+    # as the lab the lexicon knows, which the record never holds.
+    result = ask(vascular, "which side was the CEA")
+    assert not result["abstained"], result["answer"]
+    assert "Left carotid endarterectomy with endovascular patch angioplasty." in result["answer"], result["answer"]
+
+
+def test_an_amount_asked_is_answered_by_the_sentence_that_measures_it(vascular):
+    result = ask(vascular, "how much blood loss during the carotid surgery")
+    assert "150 mL." in result["answer"], result["answer"]
+    assert "No blood loss complications" not in result["answer"]
+
+
+def test_a_why_question_is_answered_by_the_sentence_that_gives_the_reason(vascular):
+    result = ask(vascular, "why did she come off warfarin?")
+    assert "because the bleeding risk is too high" in result["answer"], result["answer"]
+
+
+def test_what_she_takes_for_a_problem_is_answered_by_the_sentence_naming_the_drugs(vascular):
+    result = ask(vascular, "what is she taking for her gout")
+    assert "allopurinol" in result["answer"], result["answer"]
+
+
+def test_a_section_asked_by_name_leads_with_its_opening_not_with_its_name_in_a_sentence(vascular):
+    result = ask(vascular, "a/p from the clinic visit")
+    assert "Stable carotid disease after surgery, doing well." in result["answer"], result["answer"]
+
+
+def test_the_answer_kinds_read_from_the_question():
+    from types import SimpleNamespace
+
+    from search.answering.notes import answer_kind_score, answer_kinds
+
+    def kinds(question, concepts=(), record_kinds=()):
+        return answer_kinds(SimpleNamespace(question=question, concepts=list(concepts), kinds=record_kinds))
+
+    assert kinds("which side was the stroke") == {"side"}
+    assert kinds("what dose of cefazolin") >= {"amount"}
+    assert kinds("bnp?", [{"semantic_type": "lab", "key": "lex:bnp"}]) == {"amount"}
+    assert kinds("why was plavix held") == {"reason"}
+    assert kinds("what meds did she go home on", record_kinds=("medication",)) == {"drug"}
+    assert kinds("what did the chest x-ray show") == set()
+    # A time is no amount; a dose is.
+    assert answer_kind_score("Complete the 6-week course.", {"amount"}, ()) == 0
+    assert answer_kind_score("Start Ancef 2 g q.8 h.", {"amount"}, ()) > 0
+    assert answer_kind_score("1. Elevated CEA.", {"amount"}, ()) == 0      # a list number is not a value
+    assert answer_kind_score("She is on methotrexate weekly.", {"drug"}, {"methotrexate"}) > 0
+
+
+TRANSFER = note("tr-1", "2008-10-14T10:00:00Z", """TRANSFER DIAGNOSES:
+1. Coronary artery disease.
+2. Chest pain.
+
+HOSPITAL COURSE:
+He was brought in by a friend with chest pain. His vital signs were stable on admission. He was ruled out for myocardial infarction with troponin x2. Cardiology saw him and recommended a catheterization.""")
+
+
+def test_a_question_whether_a_diagnosis_was_ruled_out_is_answered_by_the_sentence_that_rules_it_out(tmp_path, embedder):
+    # The record only denies the infarction, and the denial is what was asked: no abstention, and
+    # the quoted sentence is the one that rules it out ("MI" is written "myocardial infarction").
+    service = indexed_record(tmp_path, [PATIENT, TRANSFER])
+    try:
+        result = ask(service, "was an MI ruled out?")
+        assert not result["abstained"], result["answer"]
+        assert "He was ruled out for myocardial infarction with troponin x2." in result["answer"], result["answer"]
+        # Asked whether he had one, the denial is still no "yes".
+        assert ask(service, "did he have an MI?")["abstained"]
+    finally:
+        service.close()
+
+
+CARDIAC_TRANSFER = note("tr-2", "2008-10-14T10:00:00Z", """HOSPITAL COURSE:
+He was admitted with chest pain and started on aspirin and heparin. He remained stable and was sent over for a catheterization with his usual medicines.
+
+DISCHARGE MEDICATIONS:
+1. Aspirin 325 mg p.o. daily.
+2. Lovenox 40 mg subcutaneously daily.
+3. Metoprolol 25 mg p.o. b.i.d.
+4. Protonix 40 mg p.o. daily.""")
+
+
+def test_a_numbered_medication_list_is_quoted_as_a_list_not_one_line(tmp_path, embedder):
+    service = indexed_record(tmp_path, [PATIENT, CARDIAC_TRANSFER])
+    try:
+        result = ask(service, "meds he was sent over on for the cath")
+        for line in ("Aspirin 325 mg p.o. daily.", "Lovenox 40 mg subcutaneously daily.", "Protonix 40 mg p.o. daily."):
+            assert line in result["answer"], result["answer"]
+    finally:
+        service.close()
+
+
+
+def test_what_he_went_home_on_is_read_from_the_discharge_section():
+    # Scored without the embedder, by the features alone: the discharge section's line wins over
+    # a hospital-course sentence that shares more of the question's words.
+    from types import SimpleNamespace
+
+    from search.answering.notes import rank_note_sentences
+
+    chunk = SimpleNamespace(
+        chunk_id="c1", ref="DocumentReference/ds-3", semantic_type="note", concepts=[],
+        sections=["HOSPITAL COURSE", "MEDICATIONS ON DISCHARGE"],
+        text="Discharge summary of 2010-01-22. HOSPITAL COURSE: IV steroid taper was started. "
+             "MEDICATIONS ON DISCHARGE: 1. Prednisone taper 40 mg daily.")
+    analysis = SimpleNamespace(question="steroid taper he went home on", terms=["steroid", "taper", "went", "home"],
+                               expansions=[], concepts=[], kinds=(), sections_asked=set())
+    ranked = rank_note_sentences(analysis, [SimpleNamespace(chunk=chunk)], None)
+    assert ranked[0].sentence.text == "1. Prednisone taper 40 mg daily.", [(r.sentence.text, r.score) for r in ranked]
+
+
+def test_a_bare_test_name_is_answered_by_the_sentence_giving_its_value():
+    # "cea?": the long lab line with "CEA elevated at 8.6" answers, not "3. Elevated CEA." that
+    # only names it, though an embedder finds the short line closer to the two-word question.
+    from types import SimpleNamespace
+
+    from search.answering.notes import rank_note_sentences
+
+    chunk = SimpleNamespace(
+        chunk_id="c1", ref="DocumentReference/icu-1", semantic_type="note", concepts=[],
+        sections=["LABORATORY DATA", "IMPRESSION"],
+        text="Progress note of 2013-03-05. LABORATORY DATA: Sodium is 134, potassium 4.0, TSH 0.74, "
+             "CEA elevated at 8.6, ferritin 27.5. IMPRESSION: 3. Elevated CEA.")
+    analysis = SimpleNamespace(question="cea?", terms=["cea"], expansions=[], kinds=(), sections_asked=set(),
+                               concepts=[{"key": "lex:cea", "display": "carcinoembryonic antigen", "semantic_type": "lab",
+                                          "text": "cea"}])
+    def closer_to_the_short_line(texts):
+        return [0.6 if t.endswith("Elevated CEA.") else 0.3 for t in texts]
+
+    ranked = rank_note_sentences(analysis, [SimpleNamespace(chunk=chunk)], closer_to_the_short_line)
+    assert "CEA elevated at 8.6" in ranked[0].sentence.text, [(r.sentence.text, r.score) for r in ranked]

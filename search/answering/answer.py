@@ -13,7 +13,7 @@ from search.answering.charts import series_chart
 from search.answering.facts import Fact, fact_of
 from fhir_ingest.record.notes import denies, note_sentences, sentence_context
 from search.answering.lead import ALLERGY_WORDS, SUPPORTING, Draft, Lead, first_sentence, note_words
-from search.answering.notes import Ranked, best_of_chunk, note_sections, note_units, quote, rank_note_sentences
+from search.answering.notes import RULED_OUT_ASKED, Ranked, answer_kinds, best_of_chunk, with_its_list, note_sections, note_units, quote, rank_note_sentences
 from search.answering.types import Answer, Citation, EvidenceItem, Statement
 from search.nlp.annotate import RecordTerm, asserted_keys, default_annotator
 from search.nlp import terminology
@@ -101,6 +101,9 @@ def judge_support(retrieval: Retrieval) -> Support:
             # shows 3788"): one it read as denied ("Patient denies chest pain") is a denial.
             if not mentioned and said_in_notes(analysis, evidence, required):
                 return Support(True, 0.5, "said in a note in the question's words")
+            if mentioned and RULED_OUT_ASKED.search(analysis.question):
+                # "Was an MI ruled out?": the record's denial is the answer asked for.
+                return Support(True, 0.5, "the record rules it out, as asked")
             return Support(False, 0.0, "the record only denies it" if mentioned else "the question's concepts are not in the record")
         if members and not members & asserted:
             return Support(False, 0.0, "the named medication is not in the record")
@@ -313,6 +316,8 @@ def statement_for(ev: Evidence, analysis: Analysis, first: bool = False, ranked:
             return f"{header}: {heading}: " + " ".join(note_units(section))
         sections = named
     best = best_of_chunk(ranked or [], ev.chunk.chunk_id)
+    if best and (analysis.wants_list or "drug" in answer_kinds(analysis)):
+        best = with_its_list(best, ev.chunk)
     if best:
         return f"{header}: {quote(best)}"
     units = [(heading, unit) for heading, section in sections for unit in note_units(section)]

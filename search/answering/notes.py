@@ -127,11 +127,35 @@ Similarity = Callable[[list[str]], list[float]]     # texts → cosine similarit
 NOTE_CHUNKS_READ = 4        # the best note chunks of the evidence whose sentences are ranked
 TERM_WEIGHT = 0.06          # a question word the sentence has (by its stem) adds this to the similarity
 SECTION_WEIGHT = 0.12       # the sentence is in the section the question names ("plan", "impression")
-OPENING_WEIGHT = 0.1        # ...and more for its first sentences
-SIDE_WEIGHT = 0.15
+OPENING_WEIGHT = 0.25       # ...and more for its first sentences
+SIDE_WEIGHT = 0.15          # the question's side (left/right) said, or only the other side said
 FAMILY_WEIGHT = 0.3         # a relative's history, asked about the patient
-HYPOTHETICAL_WEIGHT = 0.1   # "return if...", asked what happened          # the question's side (left/right) said, or only the other side said
+HYPOTHETICAL_WEIGHT = 0.1   # "return if...", asked what happened
 SIDES = {"left": "right", "right": "left"}
+# What kind of thing the question wants back decides which sentence answers, more than the words
+# it shares with the question: "which side" is answered by a sentence that names a side, "what
+# dose" by one with a measured amount, "why" by one that gives a reason, "what is she taking for"
+# by one that names a drug.
+ANSWER_KIND_WEIGHT = 0.15
+DRUG_WEIGHT = 0.3
+VALUE_WEIGHT = 0.3          # an amount asked, and the sentence gives the asked thing's value
+SIDE_ASKED = re.compile(r"\b(?:which|what) side\b|\bleft or right\b|\bright or left\b|\blaterality\b")
+AMOUNT_ASKED = re.compile(r"\b(?:doses?|dosages?|dosing|how (?:much|many|big|large|high|low)|amount|quantity|"
+                          r"weight|weigh|level|value|size|ejection fraction|ef|blood loss|volume|reading)\b")
+RULED_OUT_ASKED = re.compile(r"\brul(?:ed|e|ing)\s+(?:\w+\s+)?out\b|\bexcluded\b|\bnegative\s+for\b", re.I)
+RULED_OUT = re.compile(r"\brul(?:ed|e)\s+(?:\w+\s+)?out\b|\bnegative\b|\bno evidence\b|\bexcluded\b", re.I)
+REASON_ASKED = re.compile(r"\bwhy\b|\bwhat (?:was|is) the reason\b|\bindications?\b|\bwhat for\b")
+# A measured amount: a number with a unit of dose, volume, mass, size or share (not "6-week").
+AMOUNT = re.compile(r"\d(?:[\d,./-]*\d)?\s*(?:%|percent|mg|mcg|g|gm|grams?|kg|lbs?|pounds?|ounces?|oz|ml|cc|l|"
+                    r"liters?|units?|meq|mmol|iu|cm|mm|mmhg|mg/dl|x\s?\d)\b|\b\d+\.\d+\b", re.I)
+REASON = re.compile(r"\b(?:because|due to|secondary to|given (?:his|her|the|their)|owing to|in light of|"
+                    r"as a result of|reasons?|indications?|indicated|too risky|risks? of|need for|needs? to|"
+                    r"in order to|for (?:further|continued) |working diagnosis|therefore)\b", re.I)
+# "What did he go home on", "when she left": the discharge sections answer (DISCHARGE MEDICATIONS,
+# MEDICATIONS ON DISCHARGE, DISCHARGE INSTRUCTIONS), whatever else the question names.
+DISCHARGE_ASKED = re.compile(r"\b(?:went|go|going|gone|sent|send|discharged)\s+home\b|\bdischarg\w*|"
+                             r"\b(?:she|he|they)\s+left\b|\bleaving the hospital\b", re.I)
+LIST_NUMBER = re.compile(r"^\s*\d{1,2}[.)]\s+")
 
 
 @dataclass(frozen=True)
@@ -147,9 +171,15 @@ def _stem(word: str) -> str:
 
 
 def question_words(analysis) -> list[str]:
-    """The question's content words and the long forms of its abbreviations, as stems."""
-    words = list(analysis.terms) + [w for long in analysis.expansions for w in re.findall(r"[a-z0-9]+", long.lower())]
-    return list(dict.fromkeys(_stem(w) for w in words if len(w) > 2))
+    """The question's content words and the long forms of its abbreviations, as stems. A word that
+    names a section the question asks for ("plan" of "a/p") is not one: the section is scored as
+    such, and "in agreement with the plan" is no answer to "what was the plan"."""
+    # The full names of the concepts asked about count too: "MI" is written "myocardial infarction".
+    names = [c["display"] for c in analysis.concepts if c.get("role") not in ("context", "class", "record")
+             and c.get("display") and c["semantic_type"] not in ("note", "encounter")]
+    words = list(analysis.terms) + [w for long in [*analysis.expansions, *names] for w in re.findall(r"[a-z0-9]+", long.lower())]
+    asked = asked_section_kinds(analysis)
+    return list(dict.fromkeys(_stem(w) for w in words if len(w) > 2 and not set(section_kinds(w)) & asked))
 
 
 def asked_section_kinds(analysis) -> set[str]:
@@ -175,10 +205,15 @@ def rank_note_sentences(analysis, evidence: list, similarity: Similarity | None)
     sides = {side for side in SIDES if re.search(rf"\b{side}\b", q)}
     asked_context = sentence_context(analysis.question)
     about_drugs = "medication" in analysis.kinds or any(c["semantic_type"] == "medication" for c in analysis.concepts)
+    wants = answer_kinds(analysis)
+    discharge = DISCHARGE_ASKED.search(analysis.question) is not None
+    drugs = {ev.chunk.chunk_id: drug_names(ev.chunk) for ev in notes} if "drug" in wants else {}
     ranked = []
     for (ev, sentence), sim, text in zip(pairs, sims, texts):
         low = text.lower()
         score = float(sim) + TERM_WEIGHT * sum(1 for stem in stems if re.search(rf"\b{re.escape(stem)}", low))
+        if discharge and "discharge" in sentence.heading.lower():
+            score += SECTION_WEIGHT
         if kinds & set(section_kinds(sentence.heading)):
             # The section asked for, its opening sentences first: a plan or an impression leads
             # with what matters most.
@@ -191,8 +226,61 @@ def rank_note_sentences(analysis, evidence: list, similarity: Similarity | None)
         for side in sides:
             said, other = re.search(rf"\b{side}\b", low), re.search(rf"\b{SIDES[side]}\b", low)
             score += SIDE_WEIGHT if said else (-SIDE_WEIGHT if other else 0.0)
+        score += answer_kind_score(sentence.text, wants, drugs.get(ev.chunk.chunk_id, ()))
+        if "amount" in wants and states_a_value_of(sentence.text, stems):
+            score += VALUE_WEIGHT
         ranked.append(Ranked(ev, sentence, score))
     return sorted(ranked, key=lambda r: r.score, reverse=True)
+
+
+def answer_kinds(analysis) -> set[str]:
+    """What the question wants back: "side", "amount", "reason", "drug" (none, or several)."""
+    q = analysis.question.lower()
+    wants = set()
+    if SIDE_ASKED.search(q):
+        wants.add("side")
+    # A bare test ("cea?", "bnp?") asks for its value.
+    asked = [c for c in analysis.concepts if (c.get("role") or "asked") == "asked"]
+    if AMOUNT_ASKED.search(q) or asked and all(c["semantic_type"] in ("lab", "vital") for c in asked):
+        wants.add("amount")
+    if REASON_ASKED.search(q):
+        wants.add("reason")
+    if RULED_OUT_ASKED.search(q):
+        wants.add("ruled_out")
+    if "medication" in analysis.kinds or any(c["semantic_type"] == "medication" and c.get("role") != "context"
+                                             for c in analysis.concepts):
+        wants.add("drug")
+    return wants
+
+
+def drug_names(chunk) -> set[str]:
+    """The drugs a note chunk names and does not deny, as its concepts annotation found them."""
+    return {c["text"].lower() for c in chunk.concepts
+            if c.get("semantic_type") == "medication" and not c.get("negated") and len(c.get("text") or "") > 2}
+
+
+def states_a_value_of(text: str, stems: list[str]) -> bool:
+    """The sentence gives a number right after a word of the question ("CEA elevated at 8.6" for
+    "cea?"): the value of the thing asked, not a line that only names it ("Elevated CEA.")."""
+    low = LIST_NUMBER.sub("", text).lower()
+    return any(re.search(rf"\b{re.escape(stem)}[a-z]*\W{{1,3}}(?:[a-z]+\W{{1,3}}){{0,3}}\d", low) for stem in stems)
+
+
+def answer_kind_score(text: str, wants: set[str], drugs) -> float:
+    """How far the sentence is the kind of answer the question wants (see ANSWER_KIND_WEIGHT)."""
+    low = LIST_NUMBER.sub("", text).lower()
+    score = 0.0
+    if "side" in wants and re.search(r"\b(?:left|right|bilateral(?:ly)?)\b", low):
+        score += ANSWER_KIND_WEIGHT
+    if "amount" in wants and AMOUNT.search(low):
+        score += ANSWER_KIND_WEIGHT
+    if "reason" in wants and REASON.search(low):
+        score += ANSWER_KIND_WEIGHT
+    if "ruled_out" in wants and RULED_OUT.search(low):
+        score += ANSWER_KIND_WEIGHT
+    if "drug" in wants and any(re.search(rf"\b{re.escape(d)}\b", low) for d in drugs):
+        score += DRUG_WEIGHT
+    return score
 
 
 def best_of_chunk(ranked: list[Ranked], chunk_id: str, n: int = 2, within: float = 0.08) -> list[NoteSentence]:
@@ -205,6 +293,26 @@ def best_of_chunk(ranked: list[Ranked], chunk_id: str, n: int = 2, within: float
     everything = sentences_of(mine[0].ev.chunk)
     position = {s: i for i, s in enumerate(everything)}
     return sorted((r.sentence for r in chosen), key=lambda s: position.get(s, order.get(id(s), 0)))
+
+
+def with_its_list(chosen: list[NoteSentence], chunk) -> list[NoteSentence]:
+    """A numbered item chosen for a question that asks for several things ("meds he went home on")
+    brings the other numbered items of its list, in order, up to CLASS_QUOTE_CHARS: one line of a
+    discharge medication list is not the list."""
+    items = [s for s in chosen if LIST_NUMBER.match(s.text)]
+    if not items:
+        return chosen
+    everything = sentences_of(chunk)
+    out, size = list(chosen), sum(len(s.text) for s in chosen)
+    for s in everything:
+        if s in out or s.heading != items[0].heading or not LIST_NUMBER.match(s.text):
+            continue
+        if size + len(s.text) > CLASS_QUOTE_CHARS:
+            break
+        out.append(s)
+        size += len(s.text)
+    position = {s: i for i, s in enumerate(everything)}
+    return sorted(out, key=lambda s: position.get(s, 0))
 
 
 def quote(sentences: list[NoteSentence]) -> str:

@@ -54,7 +54,8 @@ def expansions(question: str, covered: list[tuple[int, int]]) -> list[tuple[int,
         start, end = match.span()
         token = match.group(0)
         if not is_abbreviation_like(token) or (any(s < end and start < e for s, e in covered)
-                                                 and not reviewed_as_ambiguous(token)) or after_my(question, start, token):
+                                                 and not reviewed_as_ambiguous(token)
+                                                 and not typed_with_several_meanings(token)) or after_my(question, start, token):
             continue
         context = context_at(question, start)
         forms = terminology.abbreviation(token, context) or (
@@ -78,6 +79,13 @@ def reviewed_as_ambiguous(token: str) -> bool:
     the polio vaccine): read through all of them even when one vocabulary already matched it, so
     the record can say which it holds."""
     return terminology.has_reviewed_meaning(token) and len(terminology.abbreviation(token, None)) > 1
+
+
+def typed_with_several_meanings(token: str) -> bool:
+    """An abbreviation typed in capitals that the inventory gives several long forms ("CEA":
+    carcinoembryonic antigen or carotid endarterectomy): read through all of them even when the
+    lexicon matched one, so the patient's record can say which it holds."""
+    return _CAPITALS.match(token) is not None and len(terminology.abbreviation(token, None)) > 1
 
 
 def by_the_other_words(forms: list[str], question: str, token: str) -> list[str]:

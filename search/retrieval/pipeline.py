@@ -818,16 +818,39 @@ def read_abbreviations_by_the_record(analysis: Analysis, backend: Backend, tenan
     probes = {form: [presence_prefix(t) for t in re.findall(r"[a-z0-9]{2,}", form.lower()) if t not in STOP_WORDS]
               for forms in ambiguous.values() for form in forms}
     present = backend.has_terms(tenant, patient_id, sorted({t for ts in probes.values() for t in ts if t}), prefix=True)
-    dropped = set()
+    dropped, narrowed = set(), set()
     for token, forms in ambiguous.items():
         spelt = [form for form in forms if probes[form] and all(t in present for t in probes[form])]
         if spelt and len(spelt) < len(forms):
             analysis.abbreviations[token] = spelt
             dropped |= set(forms) - set(spelt)
+            narrowed.add(token)
     if dropped:
-        # The concepts stay (a coded name may match one the record words otherwise); the words
-        # searched and the sentences read are the record's own reading.
+        # The words searched and the sentences read are the record's own reading.
         analysis.expansions = [e for e in analysis.expansions if e not in dropped]
+        drop_concepts_of_unspelt_forms(analysis, dropped, narrowed, backend, tenant, patient_id)
+
+
+def drop_concepts_of_unspelt_forms(analysis: Analysis, dropped: set[str], narrowed: set[str], backend: Backend,
+                                   tenant: str, patient_id: str) -> None:
+    """A concept read from an abbreviation through a long form the record never spells ("CEA" as
+    carcinoembryonic antigen in a vascular patient's record) is not what the question asks: kept,
+    it is required of the record and the question is declared unanswered although the record's
+    own reading (the carotid endarterectomy) answers it. It stays when the record holds it coded
+    (a coded name may word it otherwise)."""
+    unspelt = {" ".join(content_tokens(form)) for form in dropped}
+    candidates = [c for c in analysis.concepts if (c.get("text") or "").lower() in narrowed
+                  and (" ".join(content_tokens(c.get("via") or c["display"])) in unspelt)]
+    if not candidates:
+        return
+    present = backend.concepts_present(tenant, patient_id, sorted({c["key"] for c in candidates}))
+    gone = {id(c) for c in candidates if c["key"] not in present}
+    if not gone:
+        return
+    analysis.concepts = [c for c in analysis.concepts if id(c) not in gone]
+    # The word was read as that concept, so its long forms were never searched: the record's are now.
+    kept = [form for token in narrowed for form in analysis.abbreviations.get(token, [])]
+    analysis.expansions = list(dict.fromkeys([*analysis.expansions, *kept]))
 
 
 def read_ambiguous_words_by_the_record(analysis: Analysis, backend: Backend, tenant: str, patient_id: str) -> None:
