@@ -13,7 +13,7 @@ from statistics import median
 import numpy as np
 import pytest
 
-from .conftest import BACKENDS, InlineRunner, clean_env, demo_launch, es_url
+from .conftest import BACKENDS, InlineRunner, clean_env, demo_launch, drop_tenants, es_url, make_service
 
 SUBSET = 10          # shared Synthea patients fully indexed in the clinic's tenant: fast on a loaded machine
 CONDITIONS = {"diabetes": "lex:diabetes", "hypertension": "lex:hypertension",
@@ -353,3 +353,71 @@ def test_a_record_indexed_before_profiles_is_said_not_compared_rather_than_alone
     backend.put_profile("t", "peer", {"patient_id": "peer"}, [], np.asarray([1, 0, 0, 0], dtype=np.float32))
     result = similar_patients(backend, "t", "indexed-long-ago", 5)
     assert result["message"] == NO_PROFILE != NO_PEERS and not result["similar"]
+
+
+@pytest.fixture(params=BACKENDS)
+def one_patient(request, tmp_path, embedder, small_bundle):
+    """The smallest shared record indexed alone in a fresh tenant of either backend."""
+    svc = make_service(request.param, tmp_path)
+    tenant = f"prof{uuid.uuid4().hex[:8]}"
+    svc.index_paths(tenant, [small_bundle])
+    yield svc, tenant, small_bundle.name.split(".")[0]
+    for pid in svc.backend.profile_dimensions(tenant):
+        svc.backend.delete_profile(tenant, pid)
+    drop_tenants(svc, [tenant])
+    svc.close()
+
+
+def problems_of(svc, tenant: str) -> list[str]:
+    return svc.catalog.check(tenant).problems
+
+
+def test_a_removal_rebuilds_the_profile_and_a_record_removed_whole_takes_it_along(one_patient):
+    svc, tenant, pid = one_patient
+    resources = svc.held_resources(tenant, pid)
+    conditions = [f"Condition/{r['id']}" for r in resources if r["resourceType"] == "Condition"]
+    assert conditions and svc.catalog.get_profiles(tenant, [pid])[pid]["problems"]
+    svc.delete_resources(tenant, pid, conditions)            # a Bulk round's `deleted` list
+    assert svc.catalog.get_profiles(tenant, [pid])[pid]["problems"] == []
+    assert problems_of(svc, tenant) == []
+    svc.delete_resources(tenant, pid, [f"{r['resourceType']}/{r['id']}" for r in svc.held_resources(tenant, pid)])
+    assert svc.catalog.get_profiles(tenant, [pid]) == {} and svc.catalog.profile_dimensions(tenant) == {}
+    assert problems_of(svc, tenant) == []
+
+
+def test_check_reports_missing_orphaned_and_other_model_profiles(one_patient):
+    svc, tenant, pid = one_patient
+    assert problems_of(svc, tenant) == [] and svc.catalog.check(tenant).counts["profiles"] == 1
+    held = svc.catalog.get_profiles(tenant, [pid])[pid]
+    svc.backend.delete_profile(tenant, pid)                   # as if indexed before profiles existed
+    svc.backend.put_profile(tenant, "gone-patient", {"patient_id": "gone-patient"}, [],
+                            np.ones(svc.embedder.dimension, dtype=np.float32))
+    said = " | ".join(problems_of(svc, tenant))
+    assert "1 patients have no similarity profile" in said and "1 similarity profiles belong to patients" in said
+    svc.backend.delete_profile(tenant, "gone-patient")
+    svc.backend.put_profile(tenant, pid, held, [], np.ones(4, dtype=np.float32))    # another model's vector
+    assert problems_of(svc, tenant) == ["1 similarity profiles were embedded by another model than the index's: "
+                                        "`chartcite reindex` rebuilds them"]
+
+
+def test_reindex_rebuilds_the_profiles_and_drops_stale_ones(tmp_path, embedder, small_bundle):
+    svc = make_service("elasticsearch", tmp_path)
+    tenant = f"reprof{uuid.uuid4().hex[:8]}"
+    pid = small_bundle.name.split(".")[0]
+    try:
+        svc.index_paths(tenant, [small_bundle])
+        built = svc.catalog.get_profiles(tenant, [pid])[pid]
+        svc.backend.delete_profile(tenant, pid)                                   # indexed before profiles
+        svc.backend.put_profile(tenant, pid, built, [], np.ones(4, dtype=np.float32))   # and an old model's
+        svc.backend.put_profile(tenant, "gone-patient", {"patient_id": "gone-patient"}, [],
+                                np.ones(embedder.dimension, dtype=np.float32))
+        assert len(problems_of(svc, tenant)) == 2
+        svc.reindex(tenant)
+        assert problems_of(svc, tenant) == []
+        assert svc.catalog.profile_dimensions(tenant) == {pid: [embedder.dimension]}
+        assert svc.catalog.get_profiles(tenant, [pid])[pid]["problems"] == built["problems"]
+    finally:
+        for patient in svc.backend.profile_dimensions(tenant):
+            svc.backend.delete_profile(tenant, patient)
+        drop_tenants(svc, [tenant])
+        svc.close()

@@ -21,7 +21,7 @@ from fhir_ingest.record.contract import Chunk
 from search.nlp.annotate import asserted_keys
 from search.backends.base import (PENDING_PROBLEM, VECTOR_PENDING, Backend, BackendError, Hit, IndexCheck,
                                   ModelMismatch, Scope,
-                                  summary_after_removal)
+                                  profile_problems, summary_after_removal)
 from search.nlp.lexicon import tokens
 
 # The index's layout, kept in meta as `schema_version`. 1: every index written before versions were
@@ -502,6 +502,18 @@ class EmbeddedBackend(Backend):
             f"WHERE tenant=? AND key IN ({marks})) ORDER BY p.patient_id", [tenant, tenant, *keys]).fetchall()
         return [json.loads(r[0]) for r in rows]
 
+    def delete_profile(self, tenant: str, patient_id: str, keep_dimension: int | None = None) -> None:
+        with self._transaction() as db:
+            kept = 4 * keep_dimension if keep_dimension else -1
+            gone = db.execute("DELETE FROM profiles WHERE tenant=? AND patient_id=? AND length(vector) != ?",
+                              (tenant, patient_id, kept)).rowcount
+            if gone:
+                db.execute("DELETE FROM profile_keys WHERE tenant=? AND patient_id=?", (tenant, patient_id))
+
+    def profile_dimensions(self, tenant: str) -> dict[str, list[int]]:
+        rows = self._db().execute("SELECT patient_id, length(vector) / 4 FROM profiles WHERE tenant=?", (tenant,))
+        return {pid: [size] for pid, size in rows}
+
     def check(self, tenant: str) -> IndexCheck:
         """Set-based: each table is read once and joined on its keys. The full-text table cannot be
         looked up by chunk id (FTS5 indexes words, not its UNINDEXED columns), so its chunk ids are
@@ -518,9 +530,14 @@ class EmbeddedBackend(Backend):
         finally:
             db.execute("DROP TABLE IF EXISTS temp.check_lexical")
         actual = dict(db.execute("SELECT patient_id, count(*) FROM chunks WHERE tenant=? GROUP BY patient_id", (tenant,)))
-        for patient_id, data in db.execute("SELECT patient_id, data FROM patients WHERE tenant=?", (tenant,)):
-            problems += summary_disagreement(patient_id, json.loads(data), actual.get(patient_id, 0))
-        return IndexCheck(counts, problems)
+        summaries = {pid: json.loads(data) for pid, data in
+                     db.execute("SELECT patient_id, data FROM patients WHERE tenant=?", (tenant,))}
+        for patient_id, summary in summaries.items():
+            problems += summary_disagreement(patient_id, summary, actual.get(patient_id, 0))
+        profile_counts, profile_said = profile_problems(
+            {pid for (pid,) in db.execute("SELECT DISTINCT patient_id FROM resources WHERE tenant=?", (tenant,))},
+            self.profile_dimensions(tenant), vector_bytes // 4)
+        return IndexCheck({**counts, **profile_counts}, problems + profile_said)
 
     @staticmethod
     def _check_counts(db, tenant: str, vector_bytes: int) -> tuple[dict, list[str]]:
