@@ -169,7 +169,8 @@ def render_patient(context, handle: str):
     response = make_response(render_template("patient.html", handle=handle, patient=banner,
                                              patient_id=context.patient_id, frame_path=context.frame_path,
                                              pipelines=PIPELINES if settings().show_pipeline else (),
-                                             show_banner=show_banner, style=context.details.get("style") or {}))
+                                             show_banner=show_banner, style=context.details.get("style") or {},
+                                             similar_enabled=not similar_refusal(context.tenant)))
     # Kept for this frame's address only, so no other frame's reload can find it. SameSite=None
     # and Partitioned so it survives inside the EHR's cross-site frame where the browser allows
     # it at all; the API never depends on it (the handle travels in a header).

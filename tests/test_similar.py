@@ -310,6 +310,19 @@ def test_the_route_refuses_with_a_sentence_when_off(frame, files):
         app.config["CHARTCITE"].similar_patients = True
 
 
+def test_the_frame_shows_the_panel_only_where_it_is_turned_on(frame, files):
+    app, client, _ = frame
+    pid = files[1].name.split(".")[0]
+    page = client.post("/demo/launch", data={"patient_id": pid}).get_data(as_text=True)
+    assert 'id="similar"' in page and 'id="cohort-form"' in page and "(de-identified)" in page
+    app.config["CHARTCITE"].similar_patients = False
+    try:
+        page = client.post("/demo/launch", data={"patient_id": pid}).get_data(as_text=True)
+        assert 'id="similar"' not in page and 'id="cohort-form"' not in page
+    finally:
+        app.config["CHARTCITE"].similar_patients = True
+
+
 @pytest.fixture(params=BACKENDS)
 def backend(request, tmp_path):
     if request.param == "embedded":
