@@ -246,6 +246,11 @@ class Backend(ABC):
         """Every profile of the tenant holding any of these keys."""
 
     @abstractmethod
+    def key_frequencies(self, tenant: str, keys: list[str]) -> tuple[int, dict[str, int]]:
+        """(how many profiles the tenant holds, how many of them hold each of these keys): how
+        rare a problem or a drug is in the workspace."""
+
+    @abstractmethod
     def delete_profile(self, tenant: str, patient_id: str, keep_dimension: int | None = None) -> None:
         """The patient's profile removed (the index no longer holds the record); with
         `keep_dimension`, only a profile whose vector is of another size (a reindex's new model

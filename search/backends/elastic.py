@@ -694,6 +694,15 @@ class ElasticsearchBackend(Backend):
                                             ignore_unavailable=True, allow_no_indices=True)))
         return sorted((hit["_source"]["data"] for hit in hits), key=lambda p: p["patient_id"])
 
+    def key_frequencies(self, tenant: str, keys: list[str]) -> tuple[int, dict[str, int]]:
+        keys = list(dict.fromkeys(keys))
+        found = self._call(lambda: self.es.search(
+            index=f"{PROFILES}-d*", size=0, track_total_hits=True, query={"term": {"tenant": tenant}},
+            aggs={"keys": {"terms": {"field": "keys", "include": keys or ["-"], "size": max(len(keys), 1)}}},
+            ignore_unavailable=True, allow_no_indices=True))
+        counts = {b["key"]: b["doc_count"] for b in found.get("aggregations", {}).get("keys", {}).get("buckets", [])}
+        return found["hits"]["total"]["value"], counts
+
     def delete_profile(self, tenant: str, patient_id: str, keep_dimension: int | None = None) -> None:
         kept = f"{PROFILES}-d{keep_dimension}"
         held = self._profile_search(tenant, {"ids": {"values": [self._profile_id(tenant, patient_id)]}}, 10, False)

@@ -502,6 +502,16 @@ class EmbeddedBackend(Backend):
             f"WHERE tenant=? AND key IN ({marks})) ORDER BY p.patient_id", [tenant, tenant, *keys]).fetchall()
         return [json.loads(r[0]) for r in rows]
 
+    def key_frequencies(self, tenant: str, keys: list[str]) -> tuple[int, dict[str, int]]:
+        db = self._db()
+        total = db.execute("SELECT count(*) FROM profiles WHERE tenant=?", (tenant,)).fetchone()[0]
+        if not keys:
+            return total, {}
+        marks = ",".join("?" * len(keys))
+        rows = db.execute(f"SELECT key, count(*) FROM profile_keys WHERE tenant=? AND key IN ({marks}) GROUP BY key",
+                          [tenant, *keys])
+        return total, dict(rows)
+
     def delete_profile(self, tenant: str, patient_id: str, keep_dimension: int | None = None) -> None:
         with self._transaction() as db:
             kept = 4 * keep_dimension if keep_dimension else -1
