@@ -269,7 +269,12 @@ def context_bundle():
     """Structured facts only (problems, medications, allergies, labs, vitals, encounters), each with its ref;
     and the similar patients where they are enabled."""
     context = g.launch
-    enabled = not similar_refusal(context.tenant)
+    # The frame's Summary asks without them (`?similar=no`): the panel asks for its own, and a
+    # summary opened is no look at other patients to audit.
+    asked = request.args.get("similar", "yes")
+    if asked not in ("yes", "no"):
+        return jsonify(error="similar must be yes or no"), 400
+    enabled = asked == "yes" and not similar_refusal(context.tenant)
     bundle = search().context(context.tenant, context.patient_id, similar=enabled)
     if enabled:
         audit().record("similar", context.tenant, context.clinician, context.patient_id, via="context",

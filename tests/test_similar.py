@@ -315,6 +315,12 @@ def test_the_frame_shows_the_panel_only_where_it_is_turned_on(frame, files):
     pid = files[1].name.split(".")[0]
     page = client.post("/demo/launch", data={"patient_id": pid}).get_data(as_text=True)
     assert 'id="similar"' in page and 'id="cohort-form"' in page and "(de-identified)" in page
+    # The Summary's bundle comes without them, and is no use of them to audit.
+    handle = {"X-Chartcite-Session": re.search(r'name="chartcite-session" content="([^"]+)"', page).group(1)}
+    audited = len(app.extensions["chartcite.audit"].entries(kind="similar"))
+    assert "similar_patients" not in client.get("/api/context?similar=no", headers=handle).get_json()
+    assert len(app.extensions["chartcite.audit"].entries(kind="similar")) == audited
+    assert client.get("/api/context?similar=maybe", headers=handle).status_code == 400
     app.config["CHARTCITE"].similar_patients = False
     try:
         page = client.post("/demo/launch", data={"patient_id": pid}).get_data(as_text=True)

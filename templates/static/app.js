@@ -484,7 +484,7 @@
     encounters: (i) => i.date + " · " + (i.type || i.class) + (i.reason ? " · " + i.reason : ""),
   };
   function loadSummary() {
-    api("/api/context").then(({ ok, body }) => {
+    api("/api/context?similar=no").then(({ ok, body }) => {
       const box = $("summary-body");
       box.textContent = "";
       if (!ok) { box.appendChild(el("div", { class: "muted small" }, body.error || "The summary could not be loaded.")); return; }
