@@ -79,6 +79,9 @@ CREATE TABLE IF NOT EXISTS profile_keys (
     tenant TEXT NOT NULL, key TEXT NOT NULL, patient_id TEXT NOT NULL,
     PRIMARY KEY (tenant, key, patient_id)
 );
+-- A profile rewritten drops its keys by patient: without this, each write read every key of the
+-- tenant (10,000 patients: 151 ms a profile, quadratic in the tenant).
+CREATE INDEX IF NOT EXISTS profile_keys_patient ON profile_keys (tenant, patient_id);
 """
 
 
