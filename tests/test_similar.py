@@ -357,6 +357,8 @@ def test_the_profile_store_keeps_tenants_apart_on_both_backends(backend):
     nearest = backend.nearest_profiles(mine, "p1", 5)
     assert [pid for pid, _ in nearest] == ["p2", "p3"] and nearest[0][1] == pytest.approx(0.8, abs=1e-3)
     assert [p["patient_id"] for p in backend.profiles_with(mine, ["drug:losartan"])] == ["p1", "p3"]
+    assert [p["patient_id"] for p in backend.profiles_with(mine, ["drug:losartan", "drug:lisinopril"],
+                                                            ["drug:lisinopril"])] == ["p2"]
     assert set(backend.get_profiles(mine, ["p1", "p9"])) == {"p1"}
     assert backend.nearest_profiles(mine, "p9", 5) == []
     # How rare a key is, counted in the tenant only (p9 holds losartan in the other).

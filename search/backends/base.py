@@ -242,8 +242,9 @@ class Backend(ABC):
         """The profiles of these patients of the tenant; those it does not hold are left out."""
 
     @abstractmethod
-    def profiles_with(self, tenant: str, keys: list[str]) -> list[dict]:
-        """Every profile of the tenant holding any of these keys."""
+    def profiles_with(self, tenant: str, keys: list[str], required: list[str] = ()) -> list[dict]:
+        """Every profile of the tenant holding any of these keys (and, with `required`, any of
+        those too: a cohort's drugs among the patients with its condition)."""
 
     @abstractmethod
     def key_frequencies(self, tenant: str, keys: list[str]) -> tuple[int, dict[str, int]]:

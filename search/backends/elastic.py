@@ -684,12 +684,13 @@ class ElasticsearchBackend(Backend):
         hits = self._profile_search(tenant, {"ids": {"values": ids}}, min(len(ids) * 2, MAX_RESULT), ["patient_id", "data"])
         return {h["_source"]["patient_id"]: h["_source"]["data"] for h in hits}
 
-    def profiles_with(self, tenant: str, keys: list[str]) -> list[dict]:
+    def profiles_with(self, tenant: str, keys: list[str], required: list[str] = ()) -> list[dict]:
         if not keys:
             return []
         from elasticsearch.helpers import scan
 
-        query = {"bool": {"filter": [{"term": {"tenant": tenant}}, {"terms": {"keys": keys}}]}}
+        query = {"bool": {"filter": [{"term": {"tenant": tenant}}, {"terms": {"keys": keys}}]
+                          + ([{"terms": {"keys": list(required)}}] if required else [])}}
         hits = self._call(lambda: list(scan(self.es, index=f"{PROFILES}-d*", query={"query": query}, source=["data"],
                                             ignore_unavailable=True, allow_no_indices=True)))
         return sorted((hit["_source"]["data"] for hit in hits), key=lambda p: p["patient_id"])

@@ -496,13 +496,15 @@ class EmbeddedBackend(Backend):
                                   [tenant, *patient_ids]).fetchall()
         return {pid: json.loads(data) for pid, data in rows}
 
-    def profiles_with(self, tenant: str, keys: list[str]) -> list[dict]:
+    def profiles_with(self, tenant: str, keys: list[str], required: list[str] = ()) -> list[dict]:
         if not keys:
             return []
-        marks = ",".join("?" * len(keys))
-        rows = self._db().execute(
-            f"SELECT p.data FROM profiles p WHERE p.tenant=? AND p.patient_id IN (SELECT patient_id FROM profile_keys "
-            f"WHERE tenant=? AND key IN ({marks})) ORDER BY p.patient_id", [tenant, tenant, *keys]).fetchall()
+        holding = lambda some: (f"p.patient_id IN (SELECT patient_id FROM profile_keys WHERE tenant=? AND key IN "
+                                f"({','.join('?' * len(some))}))")
+        where = [holding(keys)] + ([holding(required)] if required else [])
+        args = [tenant, tenant, *keys] + ([tenant, *required] if required else [])
+        rows = self._db().execute(f"SELECT p.data FROM profiles p WHERE p.tenant=? AND {' AND '.join(where)} "
+                                  f"ORDER BY p.patient_id", args).fetchall()
         return [json.loads(r[0]) for r in rows]
 
     def key_frequencies(self, tenant: str, keys: list[str]) -> tuple[int, dict[str, int]]:
