@@ -4,12 +4,13 @@ sizes (the shared profiles copied with their vectors jittered, so kNN has real w
 
 Usage: python bench/similar.py [--patients 60] [--sizes 10000] [--backend embedded|elasticsearch]
 (Elasticsearch reads CHARTCITE_ES_URL.) Last line, for scripts:
-`similar: build_ms=… embed_ms=… similar_ms_at_N=… cohort_ms_at_N=… …`.
+`similar: build_ms=… embed_ms=… fill_s_at_N=… similar_ms_at_N=p50/p95 cohort_ms_at_N=p50/p95 peak_rss_mb_at_N=… …`.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -67,11 +68,19 @@ def put_one(backend, tenant: str, profiles: list[dict], vectors: np.ndarray, n: 
     return pid
 
 
-def timed(run, repeat: int) -> float:
-    started = time.perf_counter()
+def timed(run, repeat: int) -> tuple[float, float]:
+    """(p50, p95) in ms of `repeat` runs."""
+    spent = []
     for _ in range(repeat):
+        started = time.perf_counter()
         run()
-    return 1000 * (time.perf_counter() - started) / repeat
+        spent.append(1000 * (time.perf_counter() - started))
+    return float(np.percentile(spent, 50)), float(np.percentile(spent, 95))
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far (Linux reports kB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def open_backend(kind: str, folder: Path, dimension: int):
@@ -99,6 +108,7 @@ def main() -> None:
     parser.add_argument("--patients", type=int, default=60)
     parser.add_argument("--sizes", default="10000")
     parser.add_argument("--backend", default="embedded", choices=("embedded", "elasticsearch"))
+    parser.add_argument("--queries", type=int, default=20, help="similar queries timed per size (p50, p95)")
     args = parser.parse_args()
     print(header())
     rng = np.random.default_rng(37)
@@ -110,14 +120,20 @@ def main() -> None:
     figures = [f"build_ms={build_ms:.1f}", f"embed_ms={embed_ms:.1f}"]
     for size in [len(profiles), *(int(s) for s in args.sizes.split(",") if s)]:
         tenant = f"bench{uuid.uuid4().hex[:8]}"
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         ids = fill(backend, tenant, profiles, vectors, size, rng)
-        filled = time.perf_counter() - started
-        similar_ms = timed(lambda: similar_patients(backend, tenant, ids[int(rng.integers(len(ids)))], 5), 10)
-        cohort_ms = timed(lambda: compare(backend, tenant, COHORT), 3)
-        print(f"{args.backend} {size} patients: filled in {filled:.1f} s; similar {similar_ms:.0f} ms; "
-              f"cohort {cohort_ms:.0f} ms")
-        figures += [f"similar_ms_at_{size}={similar_ms:.0f}", f"cohort_ms_at_{size}={cohort_ms:.0f}"]
+        filled, fill_cpu = time.perf_counter() - started, time.process_time() - cpu_started
+        rss_before = peak_rss_mb()
+        similar_p50, similar_p95 = timed(lambda: similar_patients(backend, tenant, ids[int(rng.integers(len(ids)))], 5),
+                                         args.queries)
+        cohort_p50, cohort_p95 = timed(lambda: compare(backend, tenant, COHORT), max(3, args.queries // 4))
+        # Wall time and this process's CPU time: on a shared machine the two part.
+        print(f"{args.backend} {size} patients: filled in {filled:.1f} s ({1000 * filled / size:.1f} ms a profile; "
+              f"{fill_cpu:.1f} s of CPU here); "
+              f"similar p50 {similar_p50:.0f} ms, p95 {similar_p95:.0f} ms; cohort p50 {cohort_p50:.0f} ms, "
+              f"p95 {cohort_p95:.0f} ms; peak RSS {peak_rss_mb():.0f} MB (before the queries {rss_before:.0f} MB)")
+        figures += [f"fill_s_at_{size}={filled:.0f}", f"similar_ms_at_{size}={similar_p50:.0f}/{similar_p95:.0f}",
+                    f"cohort_ms_at_{size}={cohort_p50:.0f}/{cohort_p95:.0f}", f"peak_rss_mb_at_{size}={peak_rss_mb():.0f}"]
     if args.backend == "elasticsearch":
         remove_bench_tenants(backend.es)
     backend.close()

@@ -165,6 +165,24 @@ def store_profile(backend: Backend, tenant: str, plan: RecordPlan, vector) -> No
     backend.put_profile(tenant, plan.prepared.record.patient_id, profile, profile_keys(profile), vector)
 
 
+def rebuild_profiles(backend: Backend, embedder: Embedder, tenant: str, held: Iterable[tuple[str, list[dict], list]],
+                     batch: int = VECTOR_BATCH) -> int:
+    """Profiles rebuilt from what the index holds, each patient's (id, stored resources, chunks):
+    after a removal the profile must not describe what is gone, and after a reindex it must be
+    the new model's. A patient of whom nothing is held has no profile. Returns those written."""
+    written = 0
+    for group in iter(lambda: list(islice(held, batch)), []):
+        kept = [(pid, build_profile(pid, resources, chunks)) for pid, resources, chunks in group if resources]
+        for pid, _, _ in (entry for entry in group if not entry[1]):
+            backend.delete_profile(tenant, pid)
+        vectors = embedder.encode([profile_text(profile) for _, profile in kept]) if kept else []
+        for (pid, profile), vector in zip(kept, vectors):
+            backend.put_profile(tenant, pid, profile, profile_keys(profile), vector)
+            backend.delete_profile(tenant, pid, keep_dimension=len(vector))    # another model's, if any
+        written += len(kept)
+    return written
+
+
 def result_of(plan: RecordPlan, removed: int) -> IndexResult:
     prepared = plan.prepared
     return IndexResult(patients=1, resources=len(prepared.record.resources), chunks=len(prepared.chunks),

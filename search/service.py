@@ -144,6 +144,19 @@ class SearchService:
         if self._backend is not None:
             self._backend.close()
             self._backend = None
+        # The profiles too: a new model's vectors are not comparable with the old one's, and a
+        # record indexed before profiles existed gets its profile here.
+        by_patient: dict[str, list] = {}
+        for chunk in chunks:
+            by_patient.setdefault(chunk.patient_id, []).append(chunk)
+        patients = [p["patient_id"] for p in self.backend.list_patients(tenant)]
+        if progress:
+            progress("profiles", 0, len(patients))
+        self.rebuild_profiles(tenant, patients, by_patient)
+        for orphan in set(self.backend.profile_dimensions(tenant)) - set(patients):
+            self.backend.delete_profile(tenant, orphan)
+        if progress:
+            progress("profiles", len(patients), len(patients))
         return len(chunks)
 
     def budget(self, allow_removals: bool = False) -> RemovalBudget:
@@ -311,7 +324,22 @@ class SearchService:
     def delete_resources(self, tenant: str, patient_id: str, refs: list[str]) -> int:
         """These resources ("Type/id") of this patient leave the index, the patient's summary
         counting without them; another patient's of the same Type/id stay. Returns the chunks removed."""
-        return self.backend.delete_refs(tenant, patient_id, refs)
+        removed = self.backend.delete_refs(tenant, patient_id, refs)
+        self.rebuild_profiles(tenant, [patient_id])
+        return removed
+
+    def rebuild_profiles(self, tenant: str, patient_ids: Iterable[str], chunks: dict[str, list] | None = None) -> int:
+        """These patients' similarity profiles rebuilt from what the index now holds of them (or
+        removed, when it holds nothing); `chunks`, their chunks when the caller has them read."""
+        from search.indexer import rebuild_profiles
+
+        def held():
+            for pid in patient_ids:
+                own = chunks.get(pid, []) if chunks is not None else \
+                    self.backend.get_chunks(tenant, list(self.backend.indexed_texts(tenant, pid)))
+                yield pid, self.backend.patient_resources(tenant, pid), own
+
+        return rebuild_profiles(self.backend, self.embedder, tenant, held())
 
     def holders(self, tenant: str, refs: list[str]) -> dict[str, set[str]]:
         """The patients whose held record holds each of these resources ("Type/id")."""

@@ -212,7 +212,7 @@ def removal_lines(report) -> list[str]:
     return lines
 
 
-@command("check", "verify the index is consistent (chunks, lexical rows, vectors, patient summaries)", TENANT, JSON)
+@command("check", "verify the index is consistent (chunks, lexical rows, vectors, patient summaries, similarity profiles)", TENANT, JSON)
 def cmd_check(args, settings: Settings) -> int:
     tenant = args.tenant or settings.tenant
     svc = service(settings)
@@ -1008,7 +1008,7 @@ def cmd_status(args, settings: Settings) -> int:
     return 0
 
 
-@command("reindex", "rebuild a tenant's index with the configured model (atomic alias swap)", TENANT)
+@command("reindex", "rebuild a tenant's index and similarity profiles with the configured model (atomic alias swap)", TENANT)
 def cmd_reindex(args, settings: Settings) -> int:
     from tqdm import tqdm
 

@@ -169,7 +169,8 @@ def render_patient(context, handle: str):
     response = make_response(render_template("patient.html", handle=handle, patient=banner,
                                              patient_id=context.patient_id, frame_path=context.frame_path,
                                              pipelines=PIPELINES if settings().show_pipeline else (),
-                                             show_banner=show_banner, style=context.details.get("style") or {}))
+                                             show_banner=show_banner, style=context.details.get("style") or {},
+                                             similar_enabled=not similar_refusal(context.tenant)))
     # Kept for this frame's address only, so no other frame's reload can find it. SameSite=None
     # and Partitioned so it survives inside the EHR's cross-site frame where the browser allows
     # it at all; the API never depends on it (the handle travels in a header).
@@ -268,7 +269,12 @@ def context_bundle():
     """Structured facts only (problems, medications, allergies, labs, vitals, encounters), each with its ref;
     and the similar patients where they are enabled."""
     context = g.launch
-    enabled = not similar_refusal(context.tenant)
+    # The frame's Summary asks without them (`?similar=no`): the panel asks for its own, and a
+    # summary opened is no look at other patients to audit.
+    asked = request.args.get("similar", "yes")
+    if asked not in ("yes", "no"):
+        return jsonify(error="similar must be yes or no"), 400
+    enabled = asked == "yes" and not similar_refusal(context.tenant)
     bundle = search().context(context.tenant, context.patient_id, similar=enabled)
     if enabled:
         audit().record("similar", context.tenant, context.clinician, context.patient_id, via="context",

@@ -224,3 +224,107 @@ def test_the_side_panel_reads_as_the_answer_does_and_follows_the_answer(servers)
         ask(frame, "What are his active problems?")
         assert frame.locator("#panel").is_hidden() and frame.locator("#panel-title").inner_text() == ""
         browser.close()
+
+
+# --- similar patients (issue 37) -----------------------------------------------------------------------
+
+def hypertensive_bundle(n: int) -> dict:
+    """A hand-made hypertensive on lisinopril with three blood pressures: small enough to index in
+    seconds, alike enough that each is the others' similar patient."""
+    pid = f"htn-{n}"
+    subject = {"reference": f"Patient/{pid}"}
+
+    def pressure(i: int, systolic: int, day: str) -> dict:
+        return {"resourceType": "Observation", "id": f"{pid}-bp{i}", "status": "final", "subject": subject,
+                "category": [{"coding": [{"system": "http://terminology.hl7.org/CodeSystem/observation-category",
+                                          "code": "vital-signs"}]}],
+                "code": {"coding": [{"system": "http://loinc.org", "code": "85354-9", "display": "Blood pressure panel"}]},
+                "effectiveDateTime": day, "component": [
+                    {"code": {"coding": [{"system": "http://loinc.org", "code": code, "display": name}]},
+                     "valueQuantity": {"value": value, "unit": "mm[Hg]", "system": "http://unitsofmeasure.org",
+                                       "code": "mm[Hg]"}}
+                    for code, name, value in (("8480-6", "Systolic blood pressure", systolic),
+                                              ("8462-4", "Diastolic blood pressure", 85))]}
+    resources = [
+        {"resourceType": "Patient", "id": pid, "gender": "male", "birthDate": f"196{n}-05-0{n + 1}",
+         "name": [{"family": f"Peerson{n}", "given": ["Hugh"]}], "address": [{"city": f"Town{n}"}]},
+        {"resourceType": "Condition", "id": f"{pid}-htn", "subject": subject, "onsetDateTime": f"201{n}-02-01",
+         "clinicalStatus": {"coding": [{"system": "http://terminology.hl7.org/CodeSystem/condition-clinical",
+                                        "code": "active"}]},
+         "code": {"coding": [{"system": "http://snomed.info/sct", "code": "59621000",
+                              "display": "Essential hypertension (disorder)"}], "text": "Essential hypertension"}},
+        {"resourceType": "MedicationRequest", "id": f"{pid}-acei", "status": "active", "intent": "order",
+         "subject": subject, "authoredOn": f"201{n}-03-01",
+         "medicationCodeableConcept": {"coding": [{"system": "http://www.nlm.nih.gov/research/umls/rxnorm",
+                                                   "code": "314076", "display": "lisinopril 10 MG Oral Tablet"}]},
+         "reasonReference": [{"reference": f"Condition/{pid}-htn", "display": "Essential hypertension"}]},
+    ]
+    resources += [pressure(i, value, f"201{n + i}-0{i + 1}-15") for i, value in enumerate((158, 146, 134))]
+    return {"resourceType": "Bundle", "type": "collection", "entry": [{"resource": r} for r in resources]}
+
+
+@pytest.fixture(scope="module")
+def similar_servers(tmp_path_factory):
+    """chartcite with similar patients turned on, four hypertensives indexed beforehand."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail("Debian's chromium is not installed: run `make install-test` (apt-get install chromium)")
+    app_port, ehr_port = free_port(), free_port()
+    source = tmp_path_factory.mktemp("similar-source")
+    for n in range(4):
+        (source / f"htn-{n}.json").write_text(json.dumps(hypertensive_bundle(n)))
+    env = clean_env(data_dir=tmp_path_factory.mktemp("similar-data"), demo_source=source, demo_launch="true",
+                    frame_ancestors=f"http://localhost:{ehr_port}", similar_patients="on")
+    indexed = subprocess.run([sys.executable, "-m", "smart_app.cli", "index", str(source)], cwd=REPO, env=env,
+                             capture_output=True, text=True, timeout=600)
+    assert indexed.returncode == 0, indexed.stdout + indexed.stderr
+    log_path = tmp_path_factory.mktemp("similar-logs") / "serve.log"
+    log = open(log_path, "w")
+    app = subprocess.Popen([sys.executable, "-m", "smart_app.cli", "serve", "--port", str(app_port)],
+                           cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    ehr_root = tmp_path_factory.mktemp("similar-ehr")
+    (ehr_root / "index.html").write_text(
+        f"<!doctype html><meta charset='utf-8'><title>Demo EHR</title><iframe id='app' "
+        f"src='http://127.0.0.1:{app_port}/' width='1180' height='700'></iframe>")
+    ehr = ThreadingHTTPServer(("127.0.0.1", ehr_port), partial(SimpleHTTPRequestHandler, directory=str(ehr_root)))
+    threading.Thread(target=ehr.serve_forever, daemon=True).start()
+    try:
+        wait_for(f"http://127.0.0.1:{app_port}/", app, log_path, seconds=90)
+        yield {"app": app_port, "ehr": ehr_port}
+    finally:
+        app.terminate()
+        app.wait(timeout=20)
+        ehr.shutdown()
+        log.close()
+
+
+@pytest.mark.browser
+def test_the_similar_patients_panel_says_why_and_names_no_one(similar_servers):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync"])
+        page = browser.new_page(viewport={"width": 1220, "height": 760})
+        frame = launch(page, similar_servers, "htn-0")
+        frame.locator("#similar > summary").click()
+        frame.locator("#similar-list .similar-item").first.wait_for(timeout=60_000)
+        peers = frame.locator("#similar-list .similar-item").all_inner_texts()
+        assert len(peers) == 3, peers
+        for text in peers:
+            assert re.search(r"similarity [01]\.\d\d · male · aged \d{2}-\d{2}", text), text
+            assert "condition: Essential hypertension" in text and "medication: lisinopril" in text, text
+            assert "What followed for them" in text and "after lisinopril started" in text, text
+            # No name, id, birth date, address or exact date of another patient.
+            assert not re.search(r"htn-\d|Peerson|Town\d|\d{4}-\d{2}", text), text
+        assert "de-identified" in frame.locator("#similar-source").inner_text()
+        frame.locator("#cohort-condition").fill("hypertension")
+        frame.locator("#cohort-exposures").fill("lisinopril, losartan")
+        frame.locator("#cohort-outcome").fill("systolic BP")
+        frame.locator("#cohort-button").click()
+        statement = frame.locator("#cohort-result .cohort-statement")
+        statement.wait_for(timeout=30_000)
+        groups = frame.locator("#cohort-result .cohort-groups li").all_inner_texts()
+        assert groups[0].startswith("lisinopril: ") and "suppressed" in groups[0], groups
+        assert "not evidence of effect" in statement.inner_text()
+        browser.close()

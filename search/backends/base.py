@@ -40,6 +40,27 @@ def summary_after_removal(summary: dict, chunk_types: list[str], pending: int, r
     return updated
 
 
+def profile_problems(expected: set[str], dimensions: dict[str, list[int]], dimension: int) -> tuple[dict, list[str]]:
+    """What `check` says of the similarity profiles, on either backend: every patient of whom
+    the index holds source records (`expected`) has one profile, of the index's model; no
+    profile is left of a patient it holds nothing of."""
+    missing = sorted(expected - set(dimensions))
+    orphaned = sorted(set(dimensions) - expected)
+    other_model = sorted(pid for pid, sizes in dimensions.items()
+                         if pid in expected and dimension and sizes != [dimension])
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} patients have no similarity profile (indexed before profiles existed, or "
+                        f"interrupted): indexing the record again builds it, or `chartcite reindex` on Elasticsearch")
+    if orphaned:
+        problems.append(f"{len(orphaned)} similarity profiles belong to patients whose record the index no longer "
+                        f"holds: indexing the tenant again, or `chartcite reindex` on Elasticsearch, removes them")
+    if other_model:
+        problems.append(f"{len(other_model)} similarity profiles were embedded by another model than the index's: "
+                        f"`chartcite reindex` rebuilds them")
+    return {"profiles": sum(len(sizes) for sizes in dimensions.values())}, problems
+
+
 class BackendError(RuntimeError):
     """A clear, user-facing problem with the index (wrong model, unreachable cluster...)."""
 
@@ -221,8 +242,24 @@ class Backend(ABC):
         """The profiles of these patients of the tenant; those it does not hold are left out."""
 
     @abstractmethod
-    def profiles_with(self, tenant: str, keys: list[str]) -> list[dict]:
-        """Every profile of the tenant holding any of these keys."""
+    def profiles_with(self, tenant: str, keys: list[str], required: list[str] = ()) -> list[dict]:
+        """Every profile of the tenant holding any of these keys (and, with `required`, any of
+        those too: a cohort's drugs among the patients with its condition)."""
+
+    @abstractmethod
+    def key_frequencies(self, tenant: str, keys: list[str]) -> tuple[int, dict[str, int]]:
+        """(how many profiles the tenant holds, how many of them hold each of these keys): how
+        rare a problem or a drug is in the workspace."""
+
+    @abstractmethod
+    def delete_profile(self, tenant: str, patient_id: str, keep_dimension: int | None = None) -> None:
+        """The patient's profile removed (the index no longer holds the record); with
+        `keep_dimension`, only a profile whose vector is of another size (a reindex's new model
+        has written the patient's again)."""
+
+    @abstractmethod
+    def profile_dimensions(self, tenant: str) -> dict[str, list[int]]:
+        """Patient id -> the vector size of each profile the tenant holds for them (`check`)."""
 
     @abstractmethod
     def check(self, tenant: str) -> IndexCheck:

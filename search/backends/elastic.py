@@ -24,7 +24,7 @@ from fhir_ingest.record.contract import Chunk
 
 from search.nlp.annotate import asserted_keys
 from search.backends.base import (PENDING_PROBLEM, VECTOR_PENDING, Backend, BackendError, BackendUnavailable, Hit,
-                                  IndexCheck, ModelMismatch, Scope, Search, summary_after_removal)
+                                  IndexCheck, ModelMismatch, Scope, Search, profile_problems, summary_after_removal)
 from search.backends.embedded import text_hash
 from search.nlp.lexicon import tokens
 
@@ -684,15 +684,64 @@ class ElasticsearchBackend(Backend):
         hits = self._profile_search(tenant, {"ids": {"values": ids}}, min(len(ids) * 2, MAX_RESULT), ["patient_id", "data"])
         return {h["_source"]["patient_id"]: h["_source"]["data"] for h in hits}
 
-    def profiles_with(self, tenant: str, keys: list[str]) -> list[dict]:
+    def profiles_with(self, tenant: str, keys: list[str], required: list[str] = ()) -> list[dict]:
         if not keys:
             return []
         from elasticsearch.helpers import scan
 
-        query = {"bool": {"filter": [{"term": {"tenant": tenant}}, {"terms": {"keys": keys}}]}}
+        query = {"bool": {"filter": [{"term": {"tenant": tenant}}, {"terms": {"keys": keys}}]
+                          + ([{"terms": {"keys": list(required)}}] if required else [])}}
         hits = self._call(lambda: list(scan(self.es, index=f"{PROFILES}-d*", query={"query": query}, source=["data"],
                                             ignore_unavailable=True, allow_no_indices=True)))
         return sorted((hit["_source"]["data"] for hit in hits), key=lambda p: p["patient_id"])
+
+    def key_frequencies(self, tenant: str, keys: list[str]) -> tuple[int, dict[str, int]]:
+        keys = list(dict.fromkeys(keys))
+        found = self._call(lambda: self.es.search(
+            index=f"{PROFILES}-d*", size=0, track_total_hits=True, query={"term": {"tenant": tenant}},
+            aggs={"keys": {"terms": {"field": "keys", "include": keys or ["-"], "size": max(len(keys), 1)}}},
+            ignore_unavailable=True, allow_no_indices=True))
+        counts = {b["key"]: b["doc_count"] for b in found.get("aggregations", {}).get("keys", {}).get("buckets", [])}
+        return found["hits"]["total"]["value"], counts
+
+    def delete_profile(self, tenant: str, patient_id: str, keep_dimension: int | None = None) -> None:
+        kept = f"{PROFILES}-d{keep_dimension}"
+        held = self._profile_search(tenant, {"ids": {"values": [self._profile_id(tenant, patient_id)]}}, 10, False)
+        actions = [{"_op_type": "delete", "_index": h["_index"], "_id": h["_id"]} for h in held if h["_index"] != kept]
+        if actions:
+            self._bulk(actions)
+            for index in {a["_index"] for a in actions}:
+                self._refresh(index)
+
+    def profile_dimensions(self, tenant: str) -> dict[str, list[int]]:
+        from elasticsearch.helpers import scan
+
+        query = {"query": {"term": {"tenant": tenant}}, "_source": ["patient_id"]}
+        hits = self._call(lambda: list(scan(self.es, index=f"{PROFILES}-d*", query=query,
+                                            ignore_unavailable=True, allow_no_indices=True)))
+        found: dict[str, list[int]] = {}
+        for hit in hits:
+            found.setdefault(hit["_source"]["patient_id"], []).append(int(hit["_index"].rsplit("-d", 1)[1]))
+        return {pid: sorted(sizes) for pid, sizes in found.items()}
+
+    def _holding_records(self, tenant: str) -> set[str]:
+        """The patients of whom the tenant's records index holds a source resource."""
+        index = self.records_index(tenant)
+        if not self._call(lambda: self.es.indices.exists(index=index)):
+            return set()
+        # Paged (a composite aggregation): a workspace may hold more patients than one page.
+        holding: set[str] = set()
+        after = None
+        while True:
+            source = {"size": MAX_RESULT, "sources": [{"patient": {"terms": {"field": "patient_id"}}}]}
+            if after:
+                source["after"] = after
+            found = self._call(lambda: self.es.search(index=index, size=0, query={"term": {"kind": "resource"}},
+                                                      aggs={"patients": {"composite": source}}))["aggregations"]["patients"]
+            holding |= {b["key"]["patient"] for b in found["buckets"]}
+            after = found.get("after_key")
+            if not found["buckets"] or not after:
+                return holding
 
     def check(self, tenant: str) -> IndexCheck:
         from search.backends.embedded import summary_disagreement
@@ -715,7 +764,9 @@ class ElasticsearchBackend(Backend):
             problems.append(f"{orphaned} chunks of a patient with no summary")
         for pid, summary in summaries.items():
             problems += summary_disagreement(pid, summary, actual.get(pid, 0))
-        return IndexCheck(counts, problems)
+        profile_counts, profile_said = profile_problems(self._holding_records(tenant), self.profile_dimensions(tenant),
+                                                       self.dimension)
+        return IndexCheck({**counts, **profile_counts}, problems + profile_said)
 
     # --- reindex with an atomic alias swap -------------------------------------------------
     def scan_chunks(self, tenant: str):

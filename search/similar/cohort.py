@@ -37,7 +37,9 @@ def compare(backend: Backend, tenant: str, asked: Comparison) -> dict:
     condition_keys = condition_concepts(asked.condition)
     exposure_keys = [exposure_key(word) for word in asked.exposures]
     measure = measure_name(asked.outcome)
-    patients = [p for p in backend.profiles_with(tenant, exposure_keys) if has_condition(p, condition_keys)]
+    # The store selects by drug and condition both: only those profiles are read whole.
+    patients = [p for p in backend.profiles_with(tenant, exposure_keys, sorted(condition_keys))
+                if has_condition(p, condition_keys)]
     members = {key: [p for p in patients if holds(p, key)] for key in exposure_keys}
     in_several = {p["patient_id"] for key in exposure_keys for p in members[key]
                   if sum(holds(p, other) for other in exposure_keys) > 1}

@@ -26,7 +26,6 @@ CANDIDATES = 50      # nearest profile vectors re-scored on their features
 # Outcomes a clinician follows after a medication starts.
 FOLLOWED_MEASURES = ("HbA1c", "systolic BP", "LDL", "eGFR", "BMI", "creatinine")
 MAX_LISTED = 6
-TREATED_WEIGHT = 3.0   # a problem some medication is given for
 
 
 def similar_patients(backend: Backend, tenant: str, patient_id: str, k: int = 5) -> dict:
@@ -36,7 +35,7 @@ def similar_patients(backend: Backend, tenant: str, patient_id: str, k: int = 5)
     own = profiles.get(patient_id)
     if own is None:
         return {"similar": [], "message": NO_PROFILE, "confidence": "low", "source": SOURCE_NOTE}
-    weights = rarity([profiles[pid] for pid, _ in nearest if pid in profiles] + [own])
+    weights = rarity(backend, tenant, [profiles[pid] for pid, _ in nearest if pid in profiles] + [own])
     scored = sorted(((similarity(own, profiles[pid], cosine, weights), pid) for pid, cosine in nearest
                      if pid in profiles), key=lambda sp: -sp[0])
     chosen = [(score, profiles[pid]) for score, pid in scored if score >= FLOOR][:k]
@@ -47,26 +46,36 @@ def similar_patients(backend: Backend, tenant: str, patient_id: str, k: int = 5)
             "confidence": "medium" if chosen[0][0] >= 0.5 else "low", "source": SOURCE_NOTE}
 
 
-def rarity(profiles: list[dict]) -> dict[str, float]:
-    """A weight per problem and drug: what nearly every candidate has (caries, a flu shot) says
-    little about likeness; what few have says much (inverse document frequency)."""
-    counts: dict[str, int] = {}
-    for profile in profiles:
-        for key in features(profile):
-            counts[key] = counts.get(key, 0) + 1
-    return {key: math.log(len(profiles) / n) for key, n in counts.items()}
+def rarity(backend: Backend, tenant: str, profiles: list[dict]) -> dict[str, float]:
+    """A weight per problem and drug: what nearly every patient of the workspace has (caries, a
+    flu shot) says little about likeness; what few have says much. Counted over the whole
+    tenant, not the candidates: the nearest are alike by construction, so among them what they
+    share looks common. Smoothed (log(1 + N/n)), so a feature every patient shares still counts."""
+    wanted = sorted({key for profile in profiles for feature in features(profile) for key in stored_keys(feature)})
+    total, counts = backend.key_frequencies(tenant, wanted)
+    total = max(total, len(profiles))
+    weights = {}
+    for feature in {f for profile in profiles for f in features(profile)}:
+        holders = max([counts.get(key, 0) for key in stored_keys(feature)] + [1])
+        weights[feature] = math.log(1 + total / holders)
+    return weights
+
+
+def stored_keys(feature: str) -> list[str]:
+    """The profile keys a feature is counted under: a problem by its concept or its code."""
+    if feature.startswith("problem:"):
+        name = feature.split(":", 1)[1]
+        return [f"concept:{name}", f"problem:{name}"]
+    return [feature]
 
 
 def features(profile: dict) -> set[str]:
-    """Active problems (a resolved sprain or bronchitis says little about who a patient is),
-    ingredients and classes of medications ever taken."""
+    """Active problems (a resolved sprain or bronchitis says little about who a patient is) and
+    the ingredients of medications ever taken. Not their classes: each drug carries several
+    (aspirin four: antiplatelet, NSAID, pain medication...), and counted as features those broad
+    classes outweighed the ingredients two patients share."""
     return ({f"problem:{c}" for p in profile["problems"] if p["active"] for c in p["concepts"] or [p["key"]]}
-            | {f"drug:{m['ingredient']}" for m in profile["medications"]}
-            | {f"class:{c}" for m in profile["medications"] for c in m["classes"]})
-
-
-def treated_keys(profile: dict) -> set[str]:
-    return {f"problem:{key}" for key in problem_keys([p for p in profile["problems"] if p.get("treated")])}
+            | {f"drug:{m['ingredient']}" for m in profile["medications"]})
 
 
 def problem_keys(problems: list[dict]) -> list[str]:
@@ -79,6 +88,31 @@ def overlap(a: set[str], b: set[str], weights: dict[str, float]) -> float:
     return sum(weights.get(key, 1.0) for key in a & b) / union if union else 0.0
 
 
+def problem_units(profile: dict, weights: dict[str, float]) -> list[tuple[set[str], float]]:
+    """Each active problem once, as the concepts it asserts, weighed by its broadest one: a
+    diabetic kidney disorder is diabetes to a patient with type 2 diabetes, and counting its code,
+    its kidney concept and its diabetes apart would let the wording of one problem outweigh two
+    patients sharing it. Not weighed up for being treated: three times for a problem a
+    medication names as its reason made the commonest treated one (hypertension) outweigh rarer
+    chronic ones (diabetes, kidney disease); a shared drug already counts on its own."""
+    units = []
+    for problem in (p for p in profile["problems"] if p["active"]):
+        keys = {f"problem:{key}" for key in problem["concepts"] or [problem["key"]]}
+        units.append((keys, min(weights.get(key, 1.0) for key in keys)))
+    return units
+
+
+def problem_overlap(own: dict, other: dict, weights: dict[str, float]) -> float:
+    """0-1: the weight of each patient's problems the other shares (by any concept), over the
+    weight of both patients' problems."""
+    mine, theirs = problem_units(own, weights), problem_units(other, weights)
+    my_keys = set().union(*(keys for keys, _ in mine)) if mine else set()
+    their_keys = set().union(*(keys for keys, _ in theirs)) if theirs else set()
+    total = sum(w for _, w in mine) + sum(w for _, w in theirs)
+    shared = sum(w for keys, w in mine if keys & their_keys) + sum(w for keys, w in theirs if keys & my_keys)
+    return shared / total if total else 0.0
+
+
 def band_low(band: str) -> int | None:
     head = band.split("-")[0].rstrip("+")
     return int(head) if head.isdigit() else None
@@ -86,14 +120,9 @@ def band_low(band: str) -> int | None:
 
 def similarity(own: dict, other: dict, cosine: float, weights: dict[str, float]) -> float:
     """0-1: the profile texts' cosine, the weighted overlap of problems and medications, age and sex."""
-    mine, theirs = features(own), features(other)
-    weights = dict(weights)
-    for key in treated_keys(own) | treated_keys(other):
-        weights[key] = TREATED_WEIGHT * weights.get(key, 1.0)
-    problems = overlap({f for f in mine if f.startswith("problem:")}, {f for f in theirs if f.startswith("problem:")},
-                       weights)
-    drugs = overlap({f for f in mine if not f.startswith("problem:")},
-                    {f for f in theirs if not f.startswith("problem:")}, weights)
+    problems = problem_overlap(own, other, weights)
+    drugs = overlap({f for f in features(own) if f.startswith("drug:")},
+                    {f for f in features(other) if f.startswith("drug:")}, weights)
     a, b = band_low(own["age_band"]), band_low(other["age_band"])
     age = max(0.0, 1 - abs(a - b) / 20) if a is not None and b is not None else 0.0
     demographic = 0.5 * (own["sex"] == other["sex"]) + 0.5 * age

@@ -484,7 +484,7 @@
     encounters: (i) => i.date + " · " + (i.type || i.class) + (i.reason ? " · " + i.reason : ""),
   };
   function loadSummary() {
-    api("/api/context").then(({ ok, body }) => {
+    api("/api/context?similar=no").then(({ ok, body }) => {
       const box = $("summary-body");
       box.textContent = "";
       if (!ok) { box.appendChild(el("div", { class: "muted small" }, body.error || "The summary could not be loaded.")); return; }
@@ -505,6 +505,65 @@
 
   // The Patient message panel (reply.js) opens cited sentences in the same side panel.
   window.chartciteFrame = { get: api, post: post, openRecord: openRecord, patientId: patientId };
+
+  // --- similar patients and cohorts (only where the deployment turned them on) -------------
+  // What the server sends is already de-identified: age bands, sex, what is shared, offsets.
+  function similarItem(peer) {
+    const item = el("li", { class: "similar-item" });
+    item.appendChild(el("div", { class: "similar-head" },
+      "similarity " + peer.similarity.toFixed(2) + " · " + peer.sex + " · aged " + peer.age_band));
+    const parts = [["Shares", peer.shared], ["What followed for them", peer.followed]];
+    parts.forEach(([title, lines]) => {
+      if (!lines.length) return;
+      item.appendChild(el("div", { class: "muted small" }, title));
+      const list = el("ul", { class: "similar-lines" });
+      lines.forEach((line) => list.appendChild(el("li", {}, line)));
+      item.appendChild(list);
+    });
+    return item;
+  }
+  function loadSimilar() {
+    $("similar-message").textContent = "Comparing with this workspace's patients…";
+    post("/api/similar", { k: 5 }).then(({ ok, body }) => {
+      const list = $("similar-list");
+      list.textContent = "";
+      if (!ok) { $("similar-message").textContent = body.error || "Similar patients could not be loaded."; return; }
+      $("similar-source").textContent = body.source;
+      $("similar-message").textContent = body.message + " Confidence: " + body.confidence + ".";
+      body.similar.forEach((peer) => list.appendChild(similarItem(peer)));
+    });
+  }
+  function cohortLine(group, outcome) {
+    if (group.median_change === null) {
+      return group.exposure + ": " + (group.patients ? group.patients + " patients; " : "") + group.note;
+    }
+    const change = (group.median_change > 0 ? "+" : "") + group.median_change;
+    return group.exposure + ": " + group.patients + " patients, " + group.with_measure +
+      " with " + outcome + " before and after; median change " + change;
+  }
+  function compareCohort(event) {
+    event.preventDefault();
+    const box = $("cohort-result");
+    const payload = { condition: $("cohort-condition").value.trim(), outcome: $("cohort-outcome").value.trim(),
+                      exposures: $("cohort-exposures").value.split(",").map((w) => w.trim()).filter(Boolean),
+                      window_months: parseInt($("cohort-window").value, 10) || 12 };
+    box.textContent = "Comparing…";
+    post("/api/cohort", payload).then(({ ok, body }) => {
+      box.textContent = "";
+      if (!ok) { box.appendChild(el("div", { class: "error-message" }, body.error || "The comparison failed.")); return; }
+      box.appendChild(el("div", {}, body.outcome + " within " + body.window_months +
+        " months after each exposure started, patients with " + body.condition + ":"));
+      const list = el("ul", { class: "cohort-groups" });
+      body.groups.forEach((group) => list.appendChild(el("li", {}, cohortLine(group, body.outcome))));
+      box.appendChild(list);
+      if (body.left_out) box.appendChild(el("div", { class: "muted" }, body.left_out));
+      box.appendChild(el("div", { class: "cohort-statement" }, body.statement));
+    });
+  }
+  if ($("similar")) {
+    $("similar").addEventListener("toggle", () => { if ($("similar").open) loadSimilar(); });
+    $("cohort-form").addEventListener("submit", compareCohort);
+  }
 
   pollStatus();
 })();
