@@ -6,14 +6,15 @@ pregnancy; "is she diabetic" with prediabetes alone is "No diabetes is recorded"
 shown after it as context. The target is the first thing the asked clause names, with what it is
 joined to by "or" / "and" / "/" ("DVT or PE"); the other concepts of the question (a state it
 mentions, an event it anchors on) are context. Whether the target exists is read from the whole
-record's coded facts (problems, medications, procedures, vaccines, allergies, results, vitals,
-visits) in the question's time window: a drug class is held when one of its members is, through
+record's entries of the kind that holds it (HELD_BY) in the question's time window: a drug class is held when one of its members is, through
 the class concepts each order was annotated with when indexed (search/nlp/terminology).
 
 This step runs after the answer is composed, so the composer's sentence stands whenever it names
 the target; it rewrites only an answer that says "Yes" of something else, one that abstains over
-a held target of a yes/no question, and one that answers with neighbours of an absent target
-without saying it is absent.
+a held target of a yes/no question, and one to a yes/no question or a question for a measurement
+that answers with neighbours of an absent target without saying it is absent. The absence is
+said of the kind of record that would hold the target ("among the patient's problems"): a
+diagnosis of diabetes, not a screening test for it or a care plan about it.
 """
 from __future__ import annotations
 
@@ -28,14 +29,20 @@ from search.backends.base import Scope
 from search.nlp.annotate import asserted_keys
 from search.retrieval.pipeline import Analysis, Evidence, fact_key
 
-# The kinds of record whose entries say the record holds a thing; care plans, goals and notes name
-# things too ("Diabetes self management plan" for prediabetes) but are context, not the thing.
-FACT_TYPES = ("problem", "medication", "procedure", "immunization", "allergy", "lab", "vital", "encounter")
+# The kinds of thing a question asks about, each with the kinds of record whose entries say the
+# patient has it: diabetes is held by a diagnosis, not by a screening test for diabetes or a
+# diabetes care plan (those are context); a test by a result, whichever kind the record files it
+# as; a procedure by the procedure, its imaging study or a vaccine given.
+HELD_BY = {"problem": ("problem",), "medication": ("medication",), "allergy": ("allergy",),
+           "procedure": ("procedure", "immunization", "imaging"), "immunization": ("immunization", "procedure"),
+           "lab": ("lab", "vital", "exam", "observation", "procedure"), "vital": ("vital", "lab", "exam", "observation"),
+           "encounter": ("encounter",)}
+FACT_TYPES = tuple(HELD_BY)
 CLASS_WORDS = {"problem": "problems", "medication": "medications", "procedure": "procedures",
                "immunization": "immunizations", "allergy": "allergies", "lab": "results", "vital": "vital signs",
                "encounter": "visits"}
-SAYS = FACT_TYPES + ("note",)
 COORDINATED = re.compile(r"^\s*(?:,|/|or|and|and/or|&)\s*$", re.I)
+AFFIRMED = re.compile(r"^(?:Yes|Not now|No) — ")
 HELD_READ = 200           # entries read for the target: more than any clinician reads in one answer
 LISTED = 6                # held entries a rebuilt "Yes" names, newest and current first
 
@@ -69,7 +76,10 @@ def asked_target(analysis: Analysis) -> Target | None:
     for concept in asked[1:]:
         before = group[-1]
         end = before.get("start", 0) + len(before.get("text") or "")
-        if concept.get("start", 0) < end or not COORDINATED.match(analysis.question[end:concept.get("start", 0)]):
+        # Alternatives are things of one kind: "DVT or PE" read as a clot or a physical exam asks
+        # about the clot.
+        if concept.get("start", 0) < end or concept["semantic_type"] != group[0]["semantic_type"] \
+                or not COORDINATED.match(analysis.question[end:concept.get("start", 0)]):
             break
         group.append(concept)
     return Target(group)
@@ -79,7 +89,7 @@ def held_entries(ctx, target: Target) -> list[Evidence]:
     """The record's coded entries asserting the target in the question's window, one per fact,
     current before the rest, newest first."""
     analysis = ctx.retrieval.analysis
-    scope = Scope(ctx.tenant, ctx.patient_id, FACT_TYPES, analysis.date_from, analysis.date_to)
+    scope = Scope(ctx.tenant, ctx.patient_id, HELD_BY[target.kind], analysis.date_from, analysis.date_to)
     hits = ctx.backend.search_concepts(scope, sorted(target.keys), HELD_READ)
     chunks = [c for c in ctx.backend.get_chunks(ctx.tenant, [h.chunk_id for h in hits])
               if asserted_keys(c.concepts) & target.keys and c.category != "trend"]
@@ -97,7 +107,8 @@ def asserting_refs(ctx, target: Target, held: list[Evidence]) -> set[str]:
     asserting it (a care plan or a goal about it is not the thing itself)."""
     retrieval = ctx.retrieval
     seen = [*retrieval.evidence, *retrieval.candidates, *retrieval.histories]
-    return {ev.chunk.ref for ev in held} | {ev.chunk.ref for ev in seen if ev.chunk.semantic_type in SAYS
+    says = HELD_BY[target.kind] + ("note",)
+    return {ev.chunk.ref for ev in held} | {ev.chunk.ref for ev in seen if ev.chunk.semantic_type in says
                                            and asserted_keys(ev.chunk.concepts) & target.keys}
 
 
@@ -128,9 +139,15 @@ def yes_names_the_target(result: Answer, ctx) -> Answer:
         if result.abstained and affirms(analysis.question) and not cited & naming:
             return yes_of(result, held, analysis)
         return result
-    if cited & naming:
-        return result         # it cites a record (a note) that says the target
-    return absent(result, target, analysis)
+    if names_it:
+        return result         # no coded entry, but the first sentence cites a note that says it
+    # Only a question that asks whether the record has it, or asks for a measurement (an answer
+    # about an A1c cites an A1c), is answered "No X is recorded": another question's answer may
+    # rightly rest on records of another kind.
+    asks_if = affirms(analysis.question) or target.kind in ("lab", "vital")
+    if asks_if or result.answer.startswith("Yes"):
+        return absent(result, target, analysis)
+    return result
 
 
 def yes_of(result: Answer, held: list[Evidence], analysis: Analysis) -> Answer:
@@ -163,7 +180,8 @@ def absent(result: Answer, target: Target, analysis: Analysis) -> Answer:
             return result      # another kind of abstention (an empty record, a date), or said already
         rest = result.answer[len(opening):]
         return replace(result, answer=f"{opening} {said}{rest}", lead=f"{opening} {said}")
-    context = [replace(s, context=True, lead=False) for s in result.statements]
+    # What the answer said becomes context, without the "Yes — " it wrongly led with.
+    context = [replace(s, text=AFFIRMED.sub("", s.text), context=True, lead=False) for s in result.statements]
     answer = f"{NO_EVIDENCE} {said}" + (" For context: " + " ".join(s.cited_text() for s in context) if context else "")
     return replace(result, answer=answer, statements=context, abstained=True, lead=f"{NO_EVIDENCE} {said}",
                    confidence="low")
