@@ -30,15 +30,17 @@ from search.nlp.annotate import asserted_keys
 from search.retrieval.pipeline import Analysis, Evidence, fact_key
 
 # The kinds of thing a question asks about, each with the kinds of record whose entries say the
-# patient has it: diabetes is held by a diagnosis, not by a screening test for diabetes or a
-# diabetes care plan (those are context); a test by a result, whichever kind the record files it
-# as; a procedure by the procedure, its imaging study or a vaccine given.
-HELD_BY = {"problem": ("problem",), "medication": ("medication",), "allergy": ("allergy",),
-           "procedure": ("procedure", "immunization", "imaging"), "immunization": ("immunization", "procedure"),
+# patient has it: diabetes is held by a diagnosis (or a finding such as "Pregnancy status =
+# Pregnant"), not by a screening test for diabetes or a diabetes care plan (those are context); a
+# test by a result, whichever kind the record files it as; a procedure by the procedure, its
+# imaging study, a vaccine given or a "History of tubal ligation" on the problem list. A question that names a kind of record ("family history of
+# kidney disease") is answered by records of that kind.
+HELD_BY = {"problem": ("problem", "social", "observation", "exam"), "medication": ("medication",), "allergy": ("allergy",),
+           "procedure": ("procedure", "immunization", "imaging", "problem"), "immunization": ("immunization", "procedure"),
            "lab": ("lab", "vital", "exam", "observation", "procedure"), "vital": ("vital", "lab", "exam", "observation"),
            "encounter": ("encounter",)}
 FACT_TYPES = tuple(HELD_BY)
-CLASS_WORDS = {"problem": "problems", "medication": "medications", "procedure": "procedures",
+CLASS_WORDS = {"problem": "problems and findings", "medication": "medications", "procedure": "procedures",
                "immunization": "immunizations", "allergy": "allergies", "lab": "results", "vital": "vital signs",
                "encounter": "visits"}
 COORDINATED = re.compile(r"^\s*(?:,|/|or|and|and/or|&)\s*$", re.I)
@@ -58,6 +60,16 @@ class Target:
     @property
     def kind(self) -> str:
         return self.concepts[0]["semantic_type"]
+
+    kinds: tuple[str, ...] = ()      # the kinds of record the question names, if any
+
+    @property
+    def held_by(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(self.kinds + HELD_BY[self.kind]))
+
+    @property
+    def class_words(self) -> str:
+        return " and ".join(CLASS_WORDS.get(k, k.replace("-", " ")) for k in self.kinds) or CLASS_WORDS[self.kind]
 
     @property
     def display(self) -> str:
@@ -82,14 +94,14 @@ def asked_target(analysis: Analysis) -> Target | None:
                 or not COORDINATED.match(analysis.question[end:concept.get("start", 0)]):
             break
         group.append(concept)
-    return Target(group)
+    return Target(group, tuple(k for k in analysis.kinds if k not in ("note",)))
 
 
 def held_entries(ctx, target: Target) -> list[Evidence]:
     """The record's coded entries asserting the target in the question's window, one per fact,
     current before the rest, newest first."""
     analysis = ctx.retrieval.analysis
-    scope = Scope(ctx.tenant, ctx.patient_id, HELD_BY[target.kind], analysis.date_from, analysis.date_to)
+    scope = Scope(ctx.tenant, ctx.patient_id, target.held_by, analysis.date_from, analysis.date_to)
     hits = ctx.backend.search_concepts(scope, sorted(target.keys), HELD_READ)
     chunks = [c for c in ctx.backend.get_chunks(ctx.tenant, [h.chunk_id for h in hits])
               if asserted_keys(c.concepts) & target.keys and c.category != "trend"]
@@ -107,7 +119,7 @@ def asserting_refs(ctx, target: Target, held: list[Evidence]) -> set[str]:
     asserting it (a care plan or a goal about it is not the thing itself)."""
     retrieval = ctx.retrieval
     seen = [*retrieval.evidence, *retrieval.candidates, *retrieval.histories]
-    says = HELD_BY[target.kind] + ("note",)
+    says = target.held_by + ("note",)
     return {ev.chunk.ref for ev in held} | {ev.chunk.ref for ev in seen if ev.chunk.semantic_type in says
                                            and asserted_keys(ev.chunk.concepts) & target.keys}
 
@@ -173,7 +185,7 @@ def absent(result: Answer, target: Target, analysis: Analysis) -> Answer:
     """No coded entry asserts the target: said first, the answer's statements after it as context
     (an abstention keeps its own listing of the class, the absence said before it)."""
     window = window_words(analysis)
-    said = f"No {target.display} is recorded among the patient's {CLASS_WORDS[target.kind]}{window}."
+    said = f"No {target.display} is recorded among the patient's {target.class_words}{window}."
     if result.abstained:
         opening = next((s for s in (NO_EVIDENCE, NO_EVIDENCE_YET) if result.answer.startswith(s)), None)
         if opening is None or f"No {target.display} is recorded" in result.answer:
