@@ -124,6 +124,14 @@ def asserting_refs(ctx, target: Target, held: list[Evidence]) -> set[str]:
                                            and asserted_keys(ev.chunk.concepts) & target.keys}
 
 
+def notes_lead(ctx, lead: set[str]) -> bool:
+    """The first sentence quotes notes only ("CT angiography, negative for pulmonary arterial
+    embolism"): the composer chose a note's own words as the answer, which stand."""
+    retrieval = ctx.retrieval
+    kinds = {ev.chunk.ref: ev.chunk.semantic_type for ev in [*retrieval.candidates, *retrieval.evidence]}
+    return bool(lead) and all(kinds.get(ref) == "note" for ref in lead)
+
+
 def lead_refs(result: Answer) -> set[str]:
     """The records the answer's first sentence cites."""
     lead = next((s for s in result.statements if s.lead), result.statements[0] if result.statements else None)
@@ -151,8 +159,8 @@ def yes_names_the_target(result: Answer, ctx) -> Answer:
         if result.abstained and affirms(analysis.question) and not cited & naming:
             return yes_of(result, held, analysis)
         return result
-    if names_it:
-        return result         # no coded entry, but the first sentence cites a note that says it
+    if names_it or (notes_lead(ctx, lead) and not result.answer.startswith("Yes")):
+        return result         # no coded entry, but a note answers: it says it, or denies it in its own words
     # Only a question that asks whether the record has it, or asks for a measurement (an answer
     # about an A1c cites an A1c), is answered "No X is recorded": another question's answer may
     # rightly rest on records of another kind.
@@ -186,6 +194,8 @@ def absent(result: Answer, target: Target, analysis: Analysis) -> Answer:
     (an abstention keeps its own listing of the class, the absence said before it)."""
     window = window_words(analysis)
     said = f"No {target.display} is recorded among the patient's {target.class_words}{window}."
+    if result.abstained and not affirms(analysis.question):
+        return result          # an abstention to a question that did not ask whether: as it is
     if result.abstained:
         opening = next((s for s in (NO_EVIDENCE, NO_EVIDENCE_YET) if result.answer.startswith(s)), None)
         if opening is None or f"No {target.display} is recorded" in result.answer:
