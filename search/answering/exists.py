@@ -45,7 +45,7 @@ CLASS_WORDS = {"problem": "problems and findings", "medication": "medications", 
                "encounter": "visits"}
 COORDINATED = re.compile(r"^\s*(?:,|/|or|and|and/or|&)\s*$", re.I)
 AFFIRMED = re.compile(r"^(?:Yes|Not now|No) — ")
-HELD_READ = 200           # entries read for the target: more than any clinician reads in one answer
+HELD_READ = 50            # entries read for the target: a rebuilt "Yes" names 6, an absence needs none
 LISTED = 6                # held entries a rebuilt "Yes" names, newest and current first
 
 
@@ -179,7 +179,8 @@ def yes_of(result: Answer, held: list[Evidence], analysis: Analysis) -> Answer:
     current = any(f is not None and f.current and not f.negative for f in facts)
     prefix = "Not now — " if PRESENT_TENSE.search(analysis.question) and not current else "Yes — "
     citations = [Citation.of(ev, i + 1) for i, ev in enumerate(shown)]
-    more = f" ({len(shown)} of {len(held)} entries, newest first)" if len(held) > len(shown) else ""
+    counted = f"{len(held)}{' or more' if len(held) >= HELD_READ else ''}"
+    more = f" ({len(shown)} of {counted} entries, newest first)" if len(held) > len(shown) else ""
     text = prefix + "; ".join(f"{entry_words(ev)} [{i + 1}]" for i, ev in enumerate(shown)) + more + "."
     statements = [Statement(text, [c.n for c in citations], lead=True)]
     have = {ref for item in result.evidence for ref in [item.ref, *item.refs]}
