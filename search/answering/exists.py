@@ -45,7 +45,7 @@ CLASS_WORDS = {"problem": "problems and findings", "medication": "medications", 
                "encounter": "visits"}
 COORDINATED = re.compile(r"^\s*(?:,|/|or|and|and/or|&)\s*$", re.I)
 AFFIRMED = re.compile(r"^(?:Yes|Not now|No) — ")
-HELD_READ = 50            # entries read for the target: a rebuilt "Yes" names 6, an absence needs none
+HELD_READ = 24            # entries read for the target (the index stores only asserted concepts): a "Yes" names 6
 LISTED = 6                # held entries a rebuilt "Yes" names, newest and current first
 
 
