@@ -15,6 +15,7 @@ import time
 from collections import defaultdict
 from datetime import date
 
+from search.answering.invariants import citations_outside_evidence
 from search.backends.base import Scope
 
 
@@ -271,6 +272,7 @@ def evaluate(service, tenant: str, questions_path: str, ks: list[int], pipelines
                          **answer_figures(result, q.get("facts") or []),
                          "class_no_evidence": class_present_no_evidence(result),
                          "wrong_yes": wrong_yes(result, q), "hidden_match": hidden_match(result, q),
+                         "cited_outside": len(citations_outside_evidence(result)),
                          "sentence_cited": sentence_cited(result, q),
                          "empty_class": bool(q["answerable"] and EMPTY_CLASS.search(result["answer"])),
                          "conflict": any(st.get("conflict") for st in result.get("statements", [])),
@@ -320,6 +322,7 @@ def summarise(rows: list[dict], ks: list[int], latencies: list[float]) -> dict:
         "class_present_no_evidence": sum(1 for r in rows if r.get("class_no_evidence")),
         "wrong_yes": sum(1 for r in rows if r.get("wrong_yes")),
         "hidden_match": sum(1 for r in rows if r.get("hidden_match")),
+        "citations_outside_evidence": sum(r.get("cited_outside", 0) for r in rows),
         "sentence_cited": mean([r["sentence_cited"] for r in answerable if r.get("sentence_cited") is not None]),
         "empty_class_answerable": sum(1 for r in rows if r.get("empty_class")),
         "conflicts": sum(1 for r in rows if r.get("conflict")),
@@ -337,6 +340,7 @@ def summarise(rows: list[dict], ks: list[int], latencies: list[float]) -> dict:
         "wrong_abstentions": [r["id"] for r in rows if r["abstained"] != (not r["answerable"])],
         "wrong_yes_ids": [r["id"] for r in rows if r.get("wrong_yes")],
         "hidden_match_ids": [r["id"] for r in rows if r.get("hidden_match")],
+        "cited_outside_ids": [r["id"] for r in rows if r.get("cited_outside")],
     }
 
 
@@ -376,14 +380,14 @@ def format_answers_by_kind(report: dict) -> list[str]:
 def format_table(report: dict, ks: list[int]) -> str:
     lines = [f"questions: {report['questions']}", ""]
     head = (f"{'pipeline':16} {'corpus':>7} {'filt-R':>7} " + " ".join(f"{'R@' + str(k):>6}" for k in ks)
-            + f" {'MRR':>6} {'facts':>6} {'1st-s':>6} {'words':>5} {'w-p90':>5} {'uncit':>5} {'abstain':>8} {'false-abst':>10} {'class-NE':>8} {'wrongY':>6} {'hidden':>6} {'multi':>6} {'p50 ms':>8} {'p95 ms':>8}")
+            + f" {'MRR':>6} {'facts':>6} {'1st-s':>6} {'words':>5} {'w-p90':>5} {'uncit':>5} {'abstain':>8} {'false-abst':>10} {'class-NE':>8} {'wrongY':>6} {'hidden':>6} {'cit-out':>7} {'multi':>6} {'p50 ms':>8} {'p95 ms':>8}")
     lines.append(head)
     for name, p in report["pipelines"].items():
         lines.append(f"{name:16} {p.get('corpus_ratio', 1.0):>7.3f} {p.get('filter_recall', 1.0):>7.3f} "
                      + " ".join(f"{p['recall'][str(k)]:>6.3f}" for k in ks)
                      + f" {p['mrr']:>6.3f} {p.get('facts', 0):>6.3f} {p.get('first_facts', 0):>6.3f} {p.get('words_p50', 0):>5.0f}"
                      + f" {p.get('words_p90', 0):>5.0f} {p.get('uncited_clauses', 0):>5} {p['abstention_accuracy']:>8.2f} {p['false_abstention']:>10.2f}"
-                     + f" {p.get('class_present_no_evidence', 0):>8} {p.get('wrong_yes', 0):>6} {p.get('hidden_match', 0):>6}"
+                     + f" {p.get('class_present_no_evidence', 0):>8} {p.get('wrong_yes', 0):>6} {p.get('hidden_match', 0):>6} {p.get('citations_outside_evidence', 0):>7}"
                      + f" {p.get('multi_part_facts', 0):>6.3f}"
                      + f" {p['p50_ms']:>8.1f} {p['p95_ms']:>8.1f}")
     names = list(report["pipelines"])

@@ -15,6 +15,7 @@ from fhir_ingest.record.load import SOURCE, LoadReport, PatientRecord, RemovalBu
 from fhir_ingest.record.reader import DEFAULT_LIMITS, ReadLimits, read_path
 
 from search.answering.answer import compose, impossible_date_answer
+from search.answering.invariants import checked
 from search.answering.grounded import GENERAL_BANNER, GENERAL_REFUSAL, grounded_answer
 from search.answering.parts import combined, question_parts
 from search.answering.phi import Identifiers
@@ -237,8 +238,8 @@ class SearchService:
         if len(parts) > 1:
             answers = [self.answer_one(tenant, patient_id, part, k, pipeline, question_id, ablate, use_llm, today)
                        for part in parts]
-            return combined(question, question_id, parts, answers)
-        return self.answer_one(tenant, patient_id, question, k, pipeline, question_id, ablate, use_llm, today)
+            return checked(combined(question, question_id, parts, answers))
+        return checked(self.answer_one(tenant, patient_id, question, k, pipeline, question_id, ablate, use_llm, today))
 
     def answer_one(self, tenant: str, patient_id: str, question: str, k: int, pipeline: str,
                    question_id: str | None, ablate: tuple[str, ...], use_llm: bool,

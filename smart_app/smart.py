@@ -23,7 +23,7 @@ from joserfc.jwk import KeySet
 
 from fhir_ingest.connection.registry import Ehr, Registry
 from fhir_ingest.connection.client_auth import ClientSecretBasic, client_auth_for
-from fhir_ingest.record.normalize import ID_RULE, is_fhir_id
+from fhir_ingest.record.validate import ID_RULE, is_fhir_id
 from fhir_ingest.connection.smart_auth import (DISCOVERY_TIMEOUT, LaunchError, can_write_documents, discover, kept_tokens,
                                     oauth_reason, scopes_for, token_session)
 

@@ -132,7 +132,7 @@ def test_malformed_resources_are_reported_and_the_rest_is_indexed(tmp_path):
 def test_the_quick_look_for_bad_code_systems_misses_none_the_full_walk_finds(system):
     """The code-system check first looks at the resource's JSON text and walks it only on a
     suspicion: every system the walk rejects, anywhere in the resource, must raise one."""
-    from fhir_ingest.record.normalize import _bad_code_system, _may_name_a_bad_system
+    from fhir_ingest.record.validate import _bad_code_system, _may_name_a_bad_system
 
     nested = obs("o1", 3.4)
     nested["valueCodeableConcept"] = {"coding": [{"system": system, "code": "x"}]}

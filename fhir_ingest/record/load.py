@@ -38,10 +38,10 @@ from typing import Iterable, Iterator
 
 from .contract import PatientNotFound
 from .kinds import CLINICAL_TYPES, IGNORED_TYPES, INDEXED_TYPES, SUPPORT_TYPES, clinical_date
-from .normalize import (InvalidResource, binary_ref, check_content,
-                        check_identity, checked_later, patient_of, ref_id)
+from .normalize import binary_ref, patient_of, ref_id
 from .reader import DEFAULT_LIMITS, Document, RawResource, ReadItem, ReadLimits, ReadProblem, ReadWarning, read_path
 from .staging import PatientStaging, StagedResource
+from .validate import InvalidResource, check_content, check_identity, checked_later
 
 EARLIEST_PLAUSIBLE_YEAR = 1900
 # Indexed kinds a patient's results point at that may name no patient themselves (R4's

@@ -430,6 +430,7 @@ def compose(retrieval: Retrieval, patient_id: str, question_id: str | None = Non
         return abstain(NO_EVIDENCE)
     relevant = relevant_evidence(retrieval)
     statements, citations, chart = clinical_statements(retrieval, relevant)
+    evidence += cited_beyond(evidence, citations, retrieval)
     conflict = note_conflict(retrieval, relevant)
     if conflict is not None:
         ev, sentence = conflict
@@ -447,6 +448,16 @@ def compose(retrieval: Retrieval, patient_id: str, question_id: str | None = Non
         confidence = "low"
     return Answer(question_id, patient_id, retrieval.question, answer, statements, citations, evidence, confidence,
                   False, diagnostics, chart=chart)
+
+
+def cited_beyond(evidence: list[EvidenceItem], citations: list[Citation], retrieval: Retrieval) -> list[EvidenceItem]:
+    """The records the answer cites that its evidence list lacks (the first of a drug's folded
+    orders, read from its order history), as evidence items after the list: every [n] must open
+    something the clinician sees beside the answer."""
+    shown = {ref for item in evidence for ref in [item.ref, *item.refs]}
+    pool = {ev.chunk.ref: ev for ev in [*retrieval.histories, *retrieval.candidates, *retrieval.evidence]}
+    extra = [pool[ref] for ref in dict.fromkeys(c.ref for c in citations) if ref not in shown and ref in pool]
+    return [EvidenceItem.of(ev, len(evidence) + i + 1) for i, ev in enumerate(extra)]
 
 
 def impossible_date_answer(retrieval: Retrieval, patient_id: str, question_id: str | None = None) -> Answer:

@@ -11,9 +11,12 @@ question's context and returns the answer to pass on.
    so "no evidence" is never read as "none recorded".
 4. `grounded_by_model`: with a configured language model, its verified statements replace the
    extractive ones (identifiers scrubbed before anything is sent).
-5. `cite_sentences`: a note's citation names the sentences the answer quotes (the panel highlights them).
-6. `trend_chart`: an answer that cites a trend gets its chart.
-7. `while_reading`: an answer given while the record is still being embedded says so.
+5. `yes_names_the_target`: a "Yes" names the asked thing, read from whether the whole record
+   holds it (search/answering/exists.py); an absent target is said to be absent before anything
+   shown as context.
+6. `cite_sentences`: a note's citation names the sentences the answer quotes (the panel highlights them).
+7. `trend_chart`: an answer that cites a trend gets its chart.
+8. `while_reading`: an answer given while the record is still being embedded says so.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ from search.answering.related import closest_first
 from search.nlp import terminology
 from search.nlp.lexicon import content_tokens
 from search.answering.charts import trend_chart as chart_of_trend
+from search.answering.exists import yes_names_the_target
 from search.answering.types import Answer, Citation, EvidenceItem, Statement
 from search.backends.base import Backend, Scope
 from search.retrieval.pipeline import Evidence, Retrieval, fact_key
@@ -346,6 +350,7 @@ def while_reading(result: Answer, ctx: AnswerContext) -> Answer:
 
 
 STEPS: tuple[AnswerStep, ...] = (empty_record, planned_operation, never_hide_the_class, grounded_by_model,
+                                  yes_names_the_target,
                                   cite_sentences, trend_chart, while_reading)
 
 
