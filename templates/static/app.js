@@ -434,7 +434,9 @@
   function showNote(box, text, quotes) {
     box.textContent = "";
     const escape = (w) => w.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
-    const found = quotes.map((q) => new RegExp(q.split(/\s+/).filter(Boolean).map(escape).join("\\s+")).exec(text))
+    // A quoted list reads "intro: item; item" where the note has "intro:\n- item\n- item": between
+    // two words, spaces, list marks and the semicolons that joined the items all match.
+    const found = quotes.map((q) => new RegExp(q.split(/[\s;]+/).filter(Boolean).map(escape).join("[\\s;\u2022*-]+")).exec(text))
       .filter(Boolean).sort((a, b) => a.index - b.index);
     let at = 0;
     found.forEach((m) => {
