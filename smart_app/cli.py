@@ -502,7 +502,7 @@ def print_stage_table(stages: list[dict]) -> None:
          arg("questions", nargs="+", help="question sets (JSON lines with gold evidence groups)"),
          arg("--k", default="3,5,10", help="cut-offs of recall@k, comma separated; answers use the deepest"),
          arg("--pipeline", default="dense,hybrid,full", help="pipelines to compare, comma separated"),
-         arg("--ablate", default="", help="also run full without these stages: filter,recovery,rerank"),
+         arg("--ablate", default="", help="also run full without these stages: filter,recovery,rerank,series"),
          arg("--backend", choices=("embedded", "elasticsearch"), help="overrides CHARTCITE_BACKEND"), TENANT, JSON,
          arg("--stages", action="store_true", help="also recall@k after every stage of full (first k)"),
          arg("--mode", choices=("answer", "reply"), default="answer",
@@ -515,6 +515,12 @@ def cmd_eval(args, settings: Settings) -> int:
     ks = [int(k) for k in args.k.split(",")]
     pipelines = [p for p in args.pipeline.split(",") if p]
     ablate = [a for a in args.ablate.split(",") if a]
+    from search.retrieval.pipeline import ABLATABLE
+
+    unknown = sorted(set(ablate) - set(ABLATABLE))
+    if unknown:
+        print(f"chartcite: cannot ablate {', '.join(unknown)}; choose from {', '.join(ABLATABLE)}", file=sys.stderr)
+        return 2
     if args.backend:
         settings.backend = args.backend
     svc = service(settings)

@@ -9,7 +9,7 @@ from datetime import date, timedelta
 import pytest
 
 from fhir_ingest.record.contract import Chunk
-from search.retrieval.pipeline import Evidence, with_series_ends
+from search.retrieval.pipeline import Evidence, same_test, with_series_ends
 
 from .conftest import indexed_record
 
@@ -85,3 +85,28 @@ def test_a_window_keeps_the_series_ends_inside_it(svc):
     newest = in_2010[-1]
     assert result["citations"][0]["ref"] == f"Observation/wt-{newest:03d}", result["answer"]
     assert f"on {day(newest)}" in result["answer"]
+
+
+def test_the_newest_goes_first_even_when_the_one_before_it_ranked_above_it():
+    """Dev's "most recent BP reading?": the newest reading had ranked second, the one before it not
+    at all; it must not be put above the newest."""
+    def reading(cid: str, when: str) -> Chunk:
+        return Chunk(tenant="t", patient_id=PID, resource_type="Observation", resource_id=cid, part="0", text=cid,
+                     label="", date=when, semantic_type="vital", concepts=[{"key": "lex:bp", "negated": False}])
+
+    ranked = [Evidence(reading("older", "2024-01-01"), 2.0), Evidence(reading("newest", "2025-05-08"), 1.5),
+              Evidence(reading("other", "2023-01-01"), 1.0)]
+    out = with_series_ends(ranked, "lex:bp", [reading("newest", "2025-05-08"), reading("before", "2025-04-10")])
+    assert [ev.chunk.resource_id for ev in out] == ["newest", "before", "older"]
+
+
+def test_the_series_is_the_top_results_own_test_not_every_test_of_a_broader_concept():
+    """"Most recent K+": potassium and sodium may both assert a broader concept the question's word
+    reads as; the series is potassium's, by its coding."""
+    def result(cid: str, code: str) -> Chunk:
+        return Chunk(tenant="t", patient_id=PID, resource_type="Observation", resource_id=cid, part="0", text=cid,
+                     label="", date="2025-05-26", semantic_type="lab",
+                     codes=[{"system": "http://loinc.org", "code": code}])
+
+    potassium = result("k", "6298-4")
+    assert same_test(result("k2", "6298-4"), potassium) and not same_test(result("na", "2947-0"), potassium)

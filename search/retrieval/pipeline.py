@@ -31,7 +31,7 @@ from search.retrieval.dates import MONTH_RE as _MONTH_RE, MONTHS, impossible_dat
 from search.retrieval.timeline import ANCHOR, anchor, last_n
 
 PIPELINES = ("dense", "hybrid", "full")
-ABLATABLE = ("filter", "recovery", "rerank")
+ABLATABLE = ("filter", "recovery", "rerank", "series")
 RECALL_N = 50
 RECOVERY_N = 40
 RRF_K = 60
@@ -1123,9 +1123,12 @@ def gather_series(state: RetrievalState, tools: Tools) -> tuple[int, str]:
     analysis = state.analysis
     if not (analysis.wants_latest or analysis.wants_first) or analysis.wants_trend or analysis.last_n:
         return len(state.evidence), ""
-    asked = [key for key in sorted(analysis.keys) if any(is_result_of(ev.chunk, key) for ev in state.evidence)]
-    if not asked:
+    # The test the answer rests on: the first ranked result asserting an asked concept. One asked
+    # word may be a broader concept several tests assert ("K+" is an electrolyte, as sodium is).
+    top = next((ev.chunk for ev in state.evidence if any(is_result_of(ev.chunk, k) for k in analysis.keys)), None)
+    if top is None:
         return len(state.evidence), ""
+    asked = [key for key in sorted(analysis.keys) if is_result_of(top, key)][:1]
     wanted = state.scope.semantic_types
     scope = replace(state.scope, semantic_types=tuple(t for t in RESULT_TYPES if not wanted or t in wanted))
     found = tools.backend.search_many([Search("concepts", scope, [key], SERIES_N) for key in asked])
@@ -1135,11 +1138,20 @@ def gather_series(state: RetrievalState, tools: Tools) -> tuple[int, str]:
         results = [chunks[h.chunk_id] for h in hits if h.chunk_id in chunks]
         # Within the window the question names ("latest A1c in 2022"), when the filter was widened.
         windowed = analysis.date_from or analysis.date_to
-        series = sorted((c for c in results if is_result_of(c, key) and (not windowed or in_window(c, analysis))),
+        series = sorted((c for c in results if is_result_of(c, key) and same_test(c, top)
+                         and (not windowed or in_window(c, analysis))),
                         key=lambda c: (c.date, c.chunk_id))
         read += len(series)
         state.evidence = with_series_ends(state.evidence, key, series_ends(series, analysis.wants_first))
     return len(state.evidence), f"{read} results of {len(asked)} asked tests"
+
+
+def same_test(chunk: Chunk, top: Chunk) -> bool:
+    """A result of the top result's own test: a coding in common, or (where neither is coded) its name."""
+    codes = {(c.get("system"), c.get("code")) for c in top.codes if c.get("code")}
+    if codes:
+        return any((c.get("system"), c.get("code")) in codes for c in chunk.codes)
+    return not any(c.get("code") for c in chunk.codes) and chunk.label.partition(" on ")[0] == top.label.partition(" on ")[0]
 
 
 def series_ends(series: list[Chunk], first: bool) -> list[Chunk]:
@@ -1157,13 +1169,15 @@ def with_series_ends(evidence: list[Evidence], key: str, ends: list[Chunk]) -> l
     """`ends` where the first result of the test stood, taking its score; results of the test that
     are not an end give up their places, from the last, so that the evidence grows only when it
     held too few of them (the k passages an answer may rest on stay k)."""
-    have = {ev.chunk.chunk_id for ev in evidence}
-    missing = [c for c in ends if c.chunk_id not in have]
-    if not missing:
-        return evidence
-    at = next(i for i, ev in enumerate(evidence) if is_result_of(ev.chunk, key))
-    out = evidence[:at] + [Evidence(c, evidence[at].score) for c in missing] + evidence[at:]
     ends_ids = {c.chunk_id for c in ends}
+    at = next(i for i, ev in enumerate(evidence) if is_result_of(ev.chunk, key))
+    if [ev.chunk.chunk_id for ev in evidence[at:at + len(ends)]] == [c.chunk_id for c in ends]:
+        return evidence
+    # The ends in their order (newest, then the one before it) where the first result stood,
+    # moved from wherever they ranked.
+    before = [ev for ev in evidence[:at] if ev.chunk.chunk_id not in ends_ids]
+    after = [ev for ev in evidence[at:] if ev.chunk.chunk_id not in ends_ids]
+    out = before + [Evidence(c, evidence[at].score) for c in ends] + after
     for i in range(len(out) - 1, -1, -1):
         if len(out) <= len(evidence):
             break
