@@ -71,6 +71,17 @@ def said_in_notes(analysis: Analysis, evidence: list[Evidence], required: set[st
     return all(any(names(f, notes) for f in forms.get(key, ())) for key in required)
 
 
+def allergy_asserted(evidence, required: set[str], asserted: set[str]) -> set[str] | None:
+    """What the evidence asserts for an allergy question, or None when no allergy record names the
+    allergen asked: an allergy to X is asserted by an allergy record naming X, not by X in a
+    medication list beside an unrelated allergy."""
+    allergy = set().union(*(asserted_keys(e.chunk.concepts) for e in evidence if e.chunk.semantic_type == "allergy"))
+    allergens = required - {ALLERGY_WORDS}
+    if allergens and not allergens & allergy:
+        return None
+    return allergy | ({ALLERGY_WORDS} & asserted)
+
+
 def judge_support(retrieval: Retrieval) -> Support:
     """Does the evidence carry what the question asks about? Concepts absent, only denied, or a
     clinical word of the question that this record never uses all mean: no evidence."""
@@ -82,13 +93,9 @@ def judge_support(retrieval: Retrieval) -> Support:
     asserted = set().union(*(asserted_keys(e.chunk.concepts) for e in evidence))
     required = analysis.required_keys
     if asked_class(analysis) == "allergy":
-        # An allergy to X is asserted by an allergy record naming X, not by X in a medication list
-        # beside an unrelated allergy: the allergen must be held by an allergy record itself.
-        allergy = set().union(*(asserted_keys(e.chunk.concepts) for e in evidence if e.chunk.semantic_type == "allergy"))
-        allergens = required - {ALLERGY_WORDS}
-        if allergens and not allergens & allergy:
+        asserted = allergy_asserted(evidence, required, asserted)
+        if asserted is None:
             return Support(False, 0.0, "no allergy record names what was asked")
-        asserted = allergy | ({ALLERGY_WORDS} & asserted)
     drug = drug_asked(retrieval)
     if drug is not None:
         return drug
