@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -47,25 +48,18 @@ def ranged_bundle() -> dict:
     return {"resourceType": "Bundle", "type": "collection", "entry": [{"resource": r} for r in resources]}
 
 
-@pytest.fixture(scope="module")
-def servers(tmp_path_factory, synthea_dir):
-    if not Path(CHROMIUM).exists():
-        pytest.fail("Debian's chromium is not installed: run `make install-test` (apt-get install chromium)")
-    app_port, ehr_port = free_port(), free_port()
-    source = tmp_path_factory.mktemp("source")
-    for pid in (PID, CARDIAC):
-        shutil.copy(synthea_dir / f"{pid}.json.gz", source)
-    (source / f"{RANGED}.json").write_text(json.dumps(ranged_bundle()))
-    env = clean_env(data_dir=tmp_path_factory.mktemp("data"), demo_source=source, demo_launch="true",
-                    frame_ancestors=f"http://localhost:{ehr_port}")
-    log_path = tmp_path_factory.mktemp("logs") / "serve.log"
+@contextmanager
+def served_in_an_ehr_page(tmp_path_factory, prefix: str, env: dict, app_port: int, ehr_port: int, heading: str,
+                          height: int):
+    """`chartcite serve` on app_port, framed by a static demo EHR page on ehr_port."""
+    log_path = tmp_path_factory.mktemp(f"{prefix}logs") / "serve.log"
     log = open(log_path, "w")
     app = subprocess.Popen([sys.executable, "-m", "smart_app.cli", "serve", "--port", str(app_port)],
                            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    ehr_root = tmp_path_factory.mktemp("ehr")
+    ehr_root = tmp_path_factory.mktemp(f"{prefix}ehr")
     (ehr_root / "index.html").write_text(
-        "<!doctype html><meta charset='utf-8'><title>Demo EHR</title><h3 style='font-family:sans-serif'>Demo EHR · patient chart</h3>"
-        f"<iframe id='app' src='http://127.0.0.1:{app_port}/' width='1180' height='640' "
+        f"<!doctype html><meta charset='utf-8'><title>Demo EHR</title>{heading}"
+        f"<iframe id='app' src='http://127.0.0.1:{app_port}/' width='1180' height='{height}' "
         "style='border:1px solid #999'></iframe>")
     ehr = ThreadingHTTPServer(("127.0.0.1", ehr_port), partial(SimpleHTTPRequestHandler, directory=str(ehr_root)))
     threading.Thread(target=ehr.serve_forever, daemon=True).start()
@@ -77,6 +71,22 @@ def servers(tmp_path_factory, synthea_dir):
         app.wait(timeout=20)
         ehr.shutdown()
         log.close()
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory, synthea_dir):
+    if not Path(CHROMIUM).exists():
+        pytest.fail("Debian's chromium is not installed: run `make install-test` (apt-get install chromium)")
+    app_port, ehr_port = free_port(), free_port()
+    source = tmp_path_factory.mktemp("source")
+    for pid in (PID, CARDIAC):
+        shutil.copy(synthea_dir / f"{pid}.json.gz", source)
+    (source / f"{RANGED}.json").write_text(json.dumps(ranged_bundle()))
+    env = clean_env(data_dir=tmp_path_factory.mktemp("data"), demo_source=source, demo_launch="true",
+                    frame_ancestors=f"http://localhost:{ehr_port}")
+    with served_in_an_ehr_page(tmp_path_factory, "", env, app_port, ehr_port,
+                               "<h3 style='font-family:sans-serif'>Demo EHR · patient chart</h3>", 640) as ports:
+        yield ports
 
 
 # Indexing that shows no change on the frame's progress line for this long is stuck, not slow.
@@ -277,24 +287,8 @@ def similar_servers(tmp_path_factory):
     indexed = subprocess.run([sys.executable, "-m", "smart_app.cli", "index", str(source)], cwd=REPO, env=env,
                              capture_output=True, text=True, timeout=600)
     assert indexed.returncode == 0, indexed.stdout + indexed.stderr
-    log_path = tmp_path_factory.mktemp("similar-logs") / "serve.log"
-    log = open(log_path, "w")
-    app = subprocess.Popen([sys.executable, "-m", "smart_app.cli", "serve", "--port", str(app_port)],
-                           cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    ehr_root = tmp_path_factory.mktemp("similar-ehr")
-    (ehr_root / "index.html").write_text(
-        f"<!doctype html><meta charset='utf-8'><title>Demo EHR</title><iframe id='app' "
-        f"src='http://127.0.0.1:{app_port}/' width='1180' height='700'></iframe>")
-    ehr = ThreadingHTTPServer(("127.0.0.1", ehr_port), partial(SimpleHTTPRequestHandler, directory=str(ehr_root)))
-    threading.Thread(target=ehr.serve_forever, daemon=True).start()
-    try:
-        wait_for(f"http://127.0.0.1:{app_port}/", app, log_path, seconds=90)
-        yield {"app": app_port, "ehr": ehr_port}
-    finally:
-        app.terminate()
-        app.wait(timeout=20)
-        ehr.shutdown()
-        log.close()
+    with served_in_an_ehr_page(tmp_path_factory, "similar-", env, app_port, ehr_port, "", 700) as ports:
+        yield ports
 
 
 @pytest.mark.browser
