@@ -296,3 +296,19 @@ def test_a_question_is_embedded_before_the_batches_a_sync_queued_before_it():
 def test_a_question_vector_is_the_one_the_record_would_get(variants):
     embedder = variants["openvino"]
     assert np.allclose(embedder.encode_query(CHART[3]), embedder.encode([CHART[3]])[0], atol=1e-6)
+
+
+def test_openvino_keeps_its_compiled_model_for_the_next_start(tmp_path):
+    """Compiling costs seconds a session at every command, worker and server start: the compiled
+    model is kept beside the model file, per processor, and a second start reads it back, with the
+    same vectors."""
+    require_openvino()
+    shared_files(tmp_path)
+    first = OnnxInt8Embedder(None, tmp_path, variant="openvino")
+    kept = sorted((tmp_path / "openvino-compiled").glob("*/*.blob"))
+    assert kept, "no compiled model was kept"
+    again = OnnxInt8Embedder(None, tmp_path, variant="openvino")
+    assert sorted((tmp_path / "openvino-compiled").glob("*/*.blob")) == kept      # read, not compiled anew
+    assert np.array_equal(first.encode(SHORT), again.encode(SHORT))
+    first.close()
+    again.close()
