@@ -239,7 +239,7 @@ class Settings:
         """What search.SearchService needs to open the configured backend."""
         if self.backend == "elasticsearch" and not self.es_url:
             raise SettingsError("CHARTCITE_BACKEND=elasticsearch needs CHARTCITE_ES_URL (e.g. http://127.0.0.1:9250)")
-        from search.backends.elastic import ElasticOptions
+        from search.backends.elastic_options import ElasticOptions
         from search.models.llm import LlmSettings
 
         llm = LlmSettings(self.llm_url, self.llm_model or "default", self.llm_api_key, self.llm_timeout_seconds) \

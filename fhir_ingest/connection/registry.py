@@ -18,18 +18,10 @@ from cryptography.fernet import Fernet, InvalidToken
 from sqlalchemy import Float, String, Text, create_engine, delete, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
+from .client_types import CLIENT_AUTH_METHODS, DEFAULT_REQUEST_SCOPES, REQUESTABLE_SCOPES
 from .origins import OriginError, is_origin, normalised_origin
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")   # becomes the tenant (and an index name)
-# How chartcite authenticates at the EHR's token endpoint: a JWT signed with its own key (SMART's
-# confidential asymmetric client), a client secret in HTTP Basic (confidential symmetric; Epic and
-# Oracle Health both offer it), or nothing (a public client: PKCE only). "" is a registration made
-# before client types existed: private_key_jwt when chartcite holds a key, public otherwise.
-CLIENT_AUTH_METHODS = ("private_key_jwt", "client_secret_basic", "none")
-# The scopes besides resource access that a registration may ask for; which ones an EHR grants is
-# its app registration's business, so the set is part of chartcite's registration too.
-REQUESTABLE_SCOPES = ("openid", "fhirUser", "profile", "offline_access", "online_access")
-DEFAULT_REQUEST_SCOPES = "openid fhirUser offline_access"
 
 
 class RegistryError(ValueError):
