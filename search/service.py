@@ -23,7 +23,7 @@ from search.answering.steps import AnswerContext, apply_steps
 from search.answering.types import Answer
 from search.backends.base import Backend, BackendError
 from search.held_back import HeldBackRemovals
-from search.backends.elastic import ElasticOptions
+from search.backends.elastic_options import ElasticOptions
 from search.indexer import IndexResult, index_in_turn, index_record
 from search.models.crossrank import CrossEncoderRanker, load_reranker
 from search.models.embed import Embedder

@@ -641,7 +641,7 @@ def cmd_keys(args, settings: Settings) -> int:
 
 
 def add_client_options(parser, defaults: bool) -> None:
-    from fhir_ingest.connection.registry import CLIENT_AUTH_METHODS, DEFAULT_REQUEST_SCOPES
+    from fhir_ingest.connection.client_types import CLIENT_AUTH_METHODS, DEFAULT_REQUEST_SCOPES
 
     parser.add_argument("--client-auth", choices=CLIENT_AUTH_METHODS, default="private_key_jwt" if defaults else None,
                         help="how chartcite signs in at the token endpoint: private_key_jwt (confidential asymmetric, "

@@ -70,7 +70,7 @@ def one_line(formatter: logging.Formatter) -> OneLineFormatter:
 # the latter with the task's return value, which is not chartcite's to decide the content of.
 # They keep their warnings; at DEBUG everything is written.
 NOISY_LOGGERS = ("elastic_transport", "elasticsearch", "urllib3", "celery.app.trace", "celery.worker.strategy",
-                 "kombu", "amqp")
+                 "kombu", "amqp", "alembic")
 
 
 def configure_logging(level: str) -> None:

@@ -76,6 +76,7 @@ class Settings:
     redis_url: str = ""                   # Celery broker and job progress in production
     sync_interval_minutes: float = 60.0     # Celery beat: how often each tenant's record source is re-synced
     sync_lease_seconds: float = 120.0       # a Bulk sync's hold on its (EHR, group), renewed while it runs: a dead one lets go after this
+    frame_origins_cache_seconds: float = 30.0  # how long a response's CSP may use the registered frame origins before reading them again (a new launch always reads them afresh)
     sync_stall_seconds: float = 900.0       # a Bulk sync with no file, line, poll or patient done this long lets its lease go
     bulk_patients_per_part: int = 25        # patients indexed by one task of a Bulk round (and made searchable together)
     bulk_staging_url: str = ""              # SQLAlchemy URL where a Bulk round's downloads wait for the workers; "" = SQLite in the data dir
@@ -238,7 +239,7 @@ class Settings:
         """What search.SearchService needs to open the configured backend."""
         if self.backend == "elasticsearch" and not self.es_url:
             raise SettingsError("CHARTCITE_BACKEND=elasticsearch needs CHARTCITE_ES_URL (e.g. http://127.0.0.1:9250)")
-        from search.backends.elastic import ElasticOptions
+        from search.backends.elastic_options import ElasticOptions
         from search.models.llm import LlmSettings
 
         llm = LlmSettings(self.llm_url, self.llm_model or "default", self.llm_api_key, self.llm_timeout_seconds) \

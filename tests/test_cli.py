@@ -145,6 +145,11 @@ def test_third_party_loggers_keep_quiet_unless_asked(env, tmp_path):
     assert "elastic_transport" not in quiet.stderr and "INFO" not in quiet.stderr, quiet.stderr
     loud = run(["check", "--tenant", "quiet-loggers"], elastic | {"CHARTCITE_LOG_LEVEL": "DEBUG"})
     assert "elastic_transport" in loud.stderr
+    # The first command on a fresh data folder migrates chartcite's databases: Alembic's INFO lines
+    # (a dozen per command) are not the operator's business.
+    fresh = run(["ehr", "add", "--name", "quiet", "--iss", "https://ehr.example/fhir", "--client-id", "c",
+                 "--client-auth", "none", "--group-id", "g"], elastic | {"CHARTCITE_DATA_DIR": str(tmp_path / "fresh")})
+    assert fresh.returncode == 0 and "alembic" not in fresh.stderr, fresh.stderr
 
 
 def test_unknown_patient_and_missing_paths_are_clear_errors(env):

@@ -21,6 +21,16 @@ SHORT = ["Lab result on 2024-05-01: Potassium [Moles/volume] in Serum or Plasma 
          "Allergy / intolerance (active, confirmed): Peanut (substance)."]
 
 
+@pytest.fixture
+def quick_calibration(monkeypatch):
+    """`auto`'s calibration on fewer texts and one timing round: the choice is the same code
+    (bench/int8.py measures it at full size); the full calibration costs half a minute a test."""
+    texts = calibration_texts()[:STATIC_TEXTS + 48]
+    monkeypatch.setattr(onnx_embed, "calibration_texts", lambda: texts)
+    monkeypatch.setattr(onnx_embed, "AUTO_TEXTS", 32)
+    monkeypatch.setattr(onnx_embed, "TIMING_ROUNDS", 1)
+
+
 def require_openvino() -> None:
     if not onnx_embed.openvino_available():
         pytest.fail("the openvino package is not importable: it is in setup.cfg's install_requires, "
@@ -71,7 +81,7 @@ def test_a_static_vector_does_not_depend_on_the_texts_beside_it(variant, variant
     assert alone_and_beside(variants["dynamic"]) > 1e-6
 
 
-def test_openvino_missing_is_refused_with_its_reason_and_auto_goes_without(tmp_path, monkeypatch):
+def test_openvino_missing_is_refused_with_its_reason_and_auto_goes_without(tmp_path, monkeypatch, quick_calibration):
     monkeypatch.setitem(sys.modules, "openvino", None)          # `import openvino` now fails
     with pytest.raises(ModelNotFound, match="CHARTCITE_INT8=openvino needs the openvino package"):
         OnnxInt8Embedder(None, tmp_path, variant="openvino")
@@ -83,13 +93,13 @@ def test_openvino_missing_is_refused_with_its_reason_and_auto_goes_without(tmp_p
     assert "openvino" in kept["skipped"] and "openvino" not in kept["texts_per_s"]
 
 
-def test_auto_keeps_its_choice_per_processor_and_reuses_it(tmp_path, monkeypatch):
+def test_auto_keeps_its_choice_per_processor_and_reuses_it(tmp_path, monkeypatch, quick_calibration):
     require_openvino()
     shared_files(tmp_path)
     first = OnnxInt8Embedder(None, tmp_path, variant="auto")
     kept = read_choice(tmp_path)
     choice = kept[processor_key()]
-    assert set(choice["texts_per_s"]) == set(VARIANTS) and choice["texts"] == 64
+    assert set(choice["texts_per_s"]) == set(VARIANTS) and choice["texts"] == onnx_embed.AUTO_TEXTS == 32
     assert choice["variant"] == fastest_close(choice["texts_per_s"], choice["min_cosine_to_fp32"])
     assert min(choice["min_cosine_to_fp32"].values()) >= MIN_COSINE
     assert first.variant == choice["variant"] and first.name.endswith(NAME_SUFFIX[choice["variant"]])
@@ -150,7 +160,7 @@ def read_choice(folder) -> dict:
     return json.loads(choice_file(Path(default_model_path()), folder).read_text())
 
 
-def test_auto_embeds_at_fp32_on_a_processor_where_no_int8_variant_stays_close(tmp_path, monkeypatch):
+def test_auto_embeds_at_fp32_on_a_processor_where_no_int8_variant_stays_close(tmp_path, monkeypatch, quick_calibration):
     """Kernels that lose more than the floor on some processor (int8 products that saturate, say)
     must not be chosen for want of a better one: auto runs the fp32 file and keeps that choice."""
     shared_files(tmp_path)
@@ -286,3 +296,19 @@ def test_a_question_is_embedded_before_the_batches_a_sync_queued_before_it():
 def test_a_question_vector_is_the_one_the_record_would_get(variants):
     embedder = variants["openvino"]
     assert np.allclose(embedder.encode_query(CHART[3]), embedder.encode([CHART[3]])[0], atol=1e-6)
+
+
+def test_openvino_keeps_its_compiled_model_for_the_next_start(tmp_path):
+    """Compiling costs seconds a session at every command, worker and server start: the compiled
+    model is kept beside the model file, per processor, and a second start reads it back, with the
+    same vectors."""
+    require_openvino()
+    shared_files(tmp_path)
+    first = OnnxInt8Embedder(None, tmp_path, variant="openvino")
+    kept = sorted((tmp_path / "openvino-compiled").glob("*/*.blob"))
+    assert kept, "no compiled model was kept"
+    again = OnnxInt8Embedder(None, tmp_path, variant="openvino")
+    assert sorted((tmp_path / "openvino-compiled").glob("*/*.blob")) == kept      # read, not compiled anew
+    assert np.array_equal(first.encode(SHORT), again.encode(SHORT))
+    first.close()
+    again.close()

@@ -31,7 +31,8 @@ GROUP = "chartcite-test-group"
 OUTSIDER = "outside-the-group"                          # indexed from a file into the EHR's tenant
 CLIENT_ID = "chartcite-test-client"
 ADMIN_TOKEN = "admin-token-for-the-suite"
-FRAME_ORIGINS_WAIT = 31            # seconds: Registry.FRAME_ORIGINS_TTL, and a second
+FRAME_ORIGINS_CACHE = 3            # seconds the app keeps the registered frame origins (30 by default)
+FRAME_ORIGINS_WAIT = FRAME_ORIGINS_CACHE + 1
 TENANT = "testehr"
 
 
@@ -69,7 +70,8 @@ def stack(tmp_path_factory, synthea_dir):
         app_port = free_port()
         app_url = f"http://localhost:{app_port}"
         env = clean_env(data_dir=folder / "data", demo_launch="false", public_url=app_url,
-                        token_key=Fernet.generate_key().decode(), fhir_max_concurrency=2, admin_token=ADMIN_TOKEN)
+                        token_key=Fernet.generate_key().decode(), fhir_max_concurrency=2, admin_token=ADMIN_TOKEN,
+                        frame_origins_cache_seconds=FRAME_ORIGINS_CACHE)
         ehr, ehr_root = start_ehr_server(folder, fhir_base, CLIENT_ID, app_url, f"{app_url}/.well-known/jwks.json",
                                          standalone_patient=OTHER)
         processes.append(ehr)

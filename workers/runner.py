@@ -48,6 +48,9 @@ class TaskRunner:
             return 0
         try:
             with self.celery.connection_for_read() as conn:
+                # One quick try: a status line must not wait out kombu's reconnect schedule
+                # (about 20 s) to say the broker is down.
+                conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0)
                 return conn.default_channel.queue_declare(queue="celery", passive=True).message_count
         except Exception:  # an empty SQLite broker has no queue yet; a down Redis has no depth to give
             return 0 if "sqla" in self.settings.celery_broker else None

@@ -45,13 +45,13 @@ class RetryLater(Exception):
 
 
 @lru_cache(maxsize=8)
-def _registry(url: str, key: str) -> Registry:
-    return Registry(url, key)
+def _registry(url: str, key: str, frame_origins_ttl: float) -> Registry:
+    return Registry(url, key, frame_origins_ttl)
 
 
 def open_registry(settings) -> Registry:
     settings.prepare_data_dir()
-    return _registry(settings.registry_db, settings.ensure_token_key())
+    return _registry(settings.registry_db, settings.ensure_token_key(), float(settings.frame_origins_cache_seconds))
 
 
 def ehr_client(settings, registry: Registry, ehr: Ehr, session_id: str | None = None,

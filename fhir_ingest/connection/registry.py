@@ -18,18 +18,10 @@ from cryptography.fernet import Fernet, InvalidToken
 from sqlalchemy import Float, String, Text, create_engine, delete, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
+from .client_types import CLIENT_AUTH_METHODS, DEFAULT_REQUEST_SCOPES, REQUESTABLE_SCOPES
 from .origins import OriginError, is_origin, normalised_origin
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")   # becomes the tenant (and an index name)
-# How chartcite authenticates at the EHR's token endpoint: a JWT signed with its own key (SMART's
-# confidential asymmetric client), a client secret in HTTP Basic (confidential symmetric; Epic and
-# Oracle Health both offer it), or nothing (a public client: PKCE only). "" is a registration made
-# before client types existed: private_key_jwt when chartcite holds a key, public otherwise.
-CLIENT_AUTH_METHODS = ("private_key_jwt", "client_secret_basic", "none")
-# The scopes besides resource access that a registration may ask for; which ones an EHR grants is
-# its app registration's business, so the set is part of chartcite's registration too.
-REQUESTABLE_SCOPES = ("openid", "fhirUser", "profile", "offline_access", "online_access")
-DEFAULT_REQUEST_SCOPES = "openid fhirUser offline_access"
 
 
 class RegistryError(ValueError):
@@ -209,13 +201,14 @@ MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 
 
 class Registry:
-    def __init__(self, url: str, token_key: str):
+    def __init__(self, url: str, token_key: str, frame_origins_ttl: float = 30.0):
         from .schema import migrate
 
         migrate(url, MIGRATIONS / "registry", "alembic_version_registry")
         self.engine = shared_engine(url)
         self.fernet = Fernet(token_key.encode())
         self._frame_origins: tuple[float, dict[str, list[str]]] | None = None
+        self.frame_origins_ttl = frame_origins_ttl
 
     # --- EHRs -------------------------------------------------------------------------------------
     def add_ehr(self, name: str, iss: str, client_id: str, scopes: str = "v2", frame_origins: list[str] = (),
@@ -344,15 +337,14 @@ class Registry:
         with Session(self.engine, expire_on_commit=False) as s:
             return s.scalar(select(Ehr).where(Ehr.iss == normalise_iss(iss)))
 
-    FRAME_ORIGINS_TTL = 30.0
-
     def frame_origins_by_ehr(self) -> dict[str, list[str]]:
         """Each registered EHR's frame origins. Read on every response (the CSP header), so kept
-        for 30 s: a change made by another process (`chartcite ehr update`) reaches the pages of
-        launches already open within half a minute; a new launch reads them afresh
-        (`forget_frame_origins`), so it honours the change at once."""
+        for `frame_origins_ttl` seconds (CHARTCITE_FRAME_ORIGINS_CACHE_SECONDS, 30 by default): a
+        change made by another process (`chartcite ehr update`) reaches the pages of launches
+        already open within that time; a new launch reads them afresh (`forget_frame_origins`), so
+        it honours the change at once."""
         if self._frame_origins is None or self._frame_origins[0] < time.monotonic():
-            self._frame_origins = (time.monotonic() + self.FRAME_ORIGINS_TTL,
+            self._frame_origins = (time.monotonic() + self.frame_origins_ttl,
                                    {e.name: stored_origins(e.frame_origins) for e in self.ehrs()})
         return self._frame_origins[1]
 

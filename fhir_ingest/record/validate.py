@@ -51,6 +51,16 @@ def _model_class(resource_type: str):
         raise InvalidResource(f"unknown resource type {resource_type!r}") from exc
 
 
+@lru_cache(maxsize=None)
+def _known_type(resource_type: str) -> bool:
+    """A name of FHIR R4(B)'s, by the models' type table: building a type's model (a Claim's or an
+    ExplanationOfBenefit's, which chartcite counts but does not read) costs a second of CPU at the
+    first of each in a process, and only the types chartcite reads need theirs (check_content)."""
+    from fhir.resources.R4B import fhirtypes
+
+    return hasattr(fhirtypes, f"{resource_type}Type")
+
+
 def check_identity(resource: dict, warn=None) -> None:
     """The resource's type is a FHIR type, and its id and its patient's id (`patient_of`) ids that
     can be stored and put in a REST path safely (what grouping it needs), or InvalidResource. An id
@@ -62,7 +72,8 @@ def check_identity(resource: dict, warn=None) -> None:
     resource_type = resource.get("resourceType")
     if not isinstance(resource_type, str) or not _TYPE_NAME.match(resource_type):
         raise InvalidResource(f"invalid resourceType {str(resource_type)[:40]!r}")
-    _model_class(resource_type)      # an unknown type ("Obsrvation") is invalid, not "not clinical"
+    if not _known_type(resource_type):      # an unknown type ("Obsrvation") is invalid, not "not clinical"
+        raise InvalidResource(f"unknown resource type {resource_type!r}")
     rid = resource.get("id")
     if not rid:
         raise InvalidResource(f"{resource_type} without an id")

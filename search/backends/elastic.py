@@ -14,7 +14,6 @@ import logging
 import re
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from itertools import chain
 
 import numpy as np
@@ -25,6 +24,7 @@ from fhir_ingest.record.contract import Chunk
 from search.nlp.annotate import asserted_keys
 from search.backends.base import (PENDING_PROBLEM, VECTOR_PENDING, Backend, BackendError, BackendUnavailable, Hit,
                                   IndexCheck, ModelMismatch, Scope, Search, profile_problems, summary_after_removal)
+from search.backends.elastic_options import ElasticOptions  # noqa: F401  (where callers have always found it)
 from search.backends.embedded import text_hash
 from search.nlp.lexicon import tokens
 
@@ -83,25 +83,6 @@ class PorterText:
                     self.stems[word] = stem
             out.append(stem)
         return " ".join(out)
-
-
-@dataclass(frozen=True)
-class ElasticOptions:
-    """How to reach the cluster and how to shape new indices (CHARTCITE_ES_* settings)."""
-    urls: tuple[str, ...] = ()
-    api_key: str = field(default="", repr=False)      # credentials never appear in a repr or a traceback
-    username: str = ""
-    password: str = field(default="", repr=False)
-    ca_certs: str = ""
-    verify_certs: bool = True
-    shards: int = 1
-    replicas: int = 0
-
-    def connection(self) -> dict:
-        """The keyword arguments of ElasticsearchBackend besides the URLs."""
-        return {"api_key": self.api_key, "username": self.username, "password": self.password,
-                "ca_certs": self.ca_certs, "verify_certs": self.verify_certs, "shards": self.shards,
-                "replicas": self.replicas}
 
 
 class ElasticsearchBackend(Backend):

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import hashlib
 import itertools
 import json
 import logging
@@ -250,6 +251,20 @@ def new_session(onnx_file: Path, threads: int):
     return onnxruntime.InferenceSession(str(onnx_file), options, providers=["CPUExecutionProvider"])
 
 
+def compiled_model_cache(onnx_file: Path) -> dict:
+    """OpenVINO's cache of compiled models beside the model file, one folder per processor:
+    compiling takes about 3 s a session, so every command, worker and server start paid 6 s on two
+    cores before its first vector; a cached one loads in a fraction of that. OpenVINO keys each
+    entry by the model, the settings and its own version, and compiles afresh when an entry cannot
+    be read. Where the model folder cannot be written, every start compiles, as before."""
+    folder = onnx_file.parent / "openvino-compiled" / hashlib.sha256(processor_key().encode()).hexdigest()[:12]
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return {}
+    return {"CACHE_DIR": str(folder)} if writable(folder) else {}
+
+
 class OpenVinoModel:
     """ONNX Runtime's session interface (run, get_inputs, get_outputs) over one OpenVINO model
     compiled for the CPU, one per session, each run on its caller's thread. Two threads with a
@@ -272,7 +287,8 @@ class OpenVinoModel:
                                                                     # Kernels kept for 16 input shapes, not 5,000: a
                                                                     # batch per length made RSS grow to 2.7 GB over
                                                                     # 6,000 texts (1.0 GB at 5 patients, as fast).
-                                                                    "CPU_RUNTIME_CACHE_CAPACITY": 16})
+                                                                    "CPU_RUNTIME_CACHE_CAPACITY": 16,
+                                                                    **compiled_model_cache(onnx_file)})
         self._idle: list = []
         self._lock = threading.Lock()
         self._pid = os.getpid()
