@@ -696,21 +696,26 @@ def measured_value(chunk: Chunk) -> str:
     return "; ".join(p for p in parts if p)
 
 
-def select(evidence: list[Evidence], k: int, by_fact: bool = True, diverse: bool = False) -> list[Evidence]:
+def select(evidence: list[Evidence], k: int, by_fact: bool = True, diverse: bool = False,
+           per_note: int = 0) -> list[Evidence]:
     """Top-k without twins: one chunk per fact (identical text, a drug's renewals, repeated results).
     For lists and histories, a chunk that only repeats codes already chosen (the visit for a
-    condition already listed) waits until the distinct facts are in."""
-    chosen, deferred, seen, covered = [], [], set(), set()
+    condition already listed) waits until the distinct facts are in. With `per_note`, a note's
+    chunks beyond that many wait too, so one long note cannot fill the evidence of a question
+    that spans notes."""
+    chosen, deferred, seen, covered, of_note = [], [], set(), set(), {}
     for ev in evidence:
         key = fact_key(ev.chunk) if by_fact else "text:" + " ".join(ev.chunk.text.split()).lower()
         if key in seen:
             continue
         seen.add(key)
         codes = {f"{c['system']}|{c['code']}" for c in ev.chunk.codes} if diverse else set()
-        if diverse and codes and codes <= covered:
+        note = ev.chunk.ref if ev.chunk.resource_type == "DocumentReference" else ""
+        if (diverse and codes and codes <= covered) or (per_note and note and of_note.get(note, 0) >= per_note):
             deferred.append(ev)
             continue
         covered |= codes
+        of_note[note] = of_note.get(note, 0) + 1
         chosen.append(ev)
         if len(chosen) == k:
             return chosen
@@ -1074,8 +1079,25 @@ def select_top_k(state: RetrievalState, tools: Tools) -> tuple[int, str]:
 def select_facts(state: RetrievalState, tools: Tools) -> tuple[int, str]:
     """Top-k by fact; lists and histories prefer facts not yet covered."""
     analysis = state.analysis
-    state.evidence = select(state.evidence, state.k, diverse=analysis.wants_list or analysis.wants_ever)
-    return len(state.evidence), ""
+    per_note = NOTE_SHARE if spans_notes(analysis) else 0
+    state.evidence = select(state.evidence, state.k, diverse=analysis.wants_list or analysis.wants_ever,
+                            per_note=per_note)
+    return len(state.evidence), f"at most {per_note} chunks a note" if per_note else ""
+
+
+# A question that compares across notes ("the 2008 duplex vs at surgery") keeps room in its evidence for other notes: a long note is cut into many chunks
+# that all rank well for its topic, and the other note's answering chunk fell below the top k.
+NOTE_SHARE = 2
+ACROSS = re.compile(r"\b(and then|then and now|at follow-?up|second|both|each time|,? and (?:what|which|how|when|where|why))\b",
+                    re.I)
+
+
+def spans_notes(analysis: Analysis) -> bool:
+    """The question asks across several notes: it compares (two years, "vs", "then and now",
+    "first ... second") or asks two things at once. A list ("what meds did she go home on") is
+    often one note's section, and cutting that note cut the list."""
+    q = analysis.question
+    return analysis.wants_trend or len(years_named(q)) > 1 or bool(ACROSS.search(q))
 
 
 HISTORY_N = 200       # orders of one drug read to fold its history (decades of monthly refills)
