@@ -342,3 +342,21 @@ def test_a_bare_test_name_is_answered_by_the_sentence_giving_its_value():
 
     ranked = rank_note_sentences(analysis, [SimpleNamespace(chunk=chunk)], closer_to_the_short_line)
     assert "CEA elevated at 8.6" in ranked[0].sentence.text, [(r.sentence.text, r.score) for r in ranked]
+
+
+def test_the_section_asked_is_read_in_a_chunk_that_ranked_below_the_chunks_read():
+    # A long PLAN cut into chunks: its opening chunk ranked fifth, below four chunks of the note's
+    # other sections, and is read all the same; a fifth chunk of another section is not.
+    from types import SimpleNamespace
+
+    from search.answering.notes import NOTE_CHUNKS_READ, notes_read
+
+    def note_chunk(n: int, heading: str):
+        return SimpleNamespace(chunk=SimpleNamespace(chunk_id=f"c{n}", semantic_type="note", sections=[heading]))
+
+    others = [note_chunk(n, "PHYSICAL EXAMINATION") for n in range(NOTE_CHUNKS_READ)]
+    analysis = SimpleNamespace(question="ortho's plan in the ED", terms=["ortho's", "plan", "ed"], expansions=[],
+                               sections_asked={"assessment and plan"})
+    plan, exam = note_chunk(9, "DISCUSSION AND PLAN"), note_chunk(10, "PHYSICAL EXAMINATION")
+    assert [ev.chunk.chunk_id for ev in notes_read(analysis, others + [plan, exam])] == \
+        [ev.chunk.chunk_id for ev in others] + ["c9"]
