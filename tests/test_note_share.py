@@ -38,3 +38,11 @@ def test_a_list_or_a_single_question_keeps_its_note_whole():
     for question in ("what meds did she go home on after the pacemaker", "Did the MRI of my spine show any MS?",
                      "what was the plan at discharge"):
         assert not spans_notes(analyse(question)), question
+
+
+def test_a_year_on_one_side_of_a_comparison_does_not_window_the_whole_question():
+    from search.retrieval.pipeline import time_window
+    assert time_window("bp meds when she left after the pacemaker vs what she was taking in 2009") == ("", "")
+    assert time_window("what was her a1c in 2009") == ("2009-01-01", "2009-12-31")
+    assert time_window("a1c in 2009 vs 2010") == ("2009-01-01", "2010-12-31")
+    assert time_window("wt at the 2025 physical vs the prior years") == ("", "2025-12-31")

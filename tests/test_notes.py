@@ -360,3 +360,23 @@ def test_the_section_asked_is_read_in_a_chunk_that_ranked_below_the_chunks_read(
     plan, exam = note_chunk(9, "DISCUSSION AND PLAN"), note_chunk(10, "PHYSICAL EXAMINATION")
     assert [ev.chunk.chunk_id for ev in notes_read(analysis, others + [plan, exam])] == \
         [ev.chunk.chunk_id for ev in others] + ["c9"]
+
+
+HYPERTENSION_STAY = note("ds-2", "2007-09-08T10:00:00Z", """HOSPITAL COURSE:
+The patient was admitted for syncope. Her blood pressure was high and medication was adjusted to benazepril 20 mg a day.
+
+DISCHARGE MEDICATIONS:
+1.  Famotidine 20 mg 1 tablet p.o. b.i.d.
+2.  Triazolam 0.125 mg p.o. at bedtime.""")
+
+
+def test_a_drug_class_named_only_in_the_notes_prose_is_not_said_to_be_absent(tmp_path, embedder):
+    # The discharge medications state the class without the antihypertensive, which the hospital
+    # course names: that sentence answers "bp meds?", never "No antihypertensive is recorded".
+    svc = indexed_record(tmp_path, [PATIENT, HYPERTENSION_STAY])
+    try:
+        result = ask(svc, "what bp meds did she go home on?")
+    finally:
+        svc.close()
+    assert "No antihypertensive" not in result["answer"] and not result["abstained"], result["answer"]
+    assert "benazepril 20 mg a day" in result["answer"], result["answer"]

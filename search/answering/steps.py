@@ -127,6 +127,13 @@ def class_in_notes(ctx: AnswerContext, klass: str, mentions: bool = True) -> lis
     if not stated and mentions:
         stated = [(Evidence(chunk, 0.0), heading, sentence) for chunk in chunks
                   for heading, sentence in class_mentions(chunk, klass)][:CLASS_LIST_LIMIT]
+    elif stated and mentions and asked_members(ctx) and not named_in_notes(ctx, stated):
+        # The sections state the class without the drug asked, which a sentence elsewhere names
+        # ("Medication was adjusted to benazepril" for "bp meds"): that sentence answers, and
+        # "no antihypertensive is recorded" would deny what the note says.
+        said = [(Evidence(chunk, 0.0), heading, sentence) for chunk in chunks
+                for heading, sentence in class_mentions(chunk, klass)]
+        stated = named_in_notes(ctx, said)[:CLASS_LIST_LIMIT] + stated
     similarity = ctx.retrieval.similarity
     if similarity is None or len(stated) < 2:
         return stated

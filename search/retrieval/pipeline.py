@@ -473,10 +473,23 @@ def time_window(question: str) -> tuple[str, str]:
                   r"(?:prior|previous|earlier|past|last)\b", q)
     if m:                        # "wt at the 2025 physical vs the prior years": up to that year
         return "", f"{m.group(1)}-12-31"
+    if dated_on_one_side(q):
+        return "", ""
     m = re.search(r"\b(?:in|during|of)\s+(\d{4})\b", q) or re.search(r"\b(19[5-9]\d|20[0-4]\d)\b", q)
     if m and valid_date(int(m.group(1)), 1, 1):
         return f"{m.group(1)}-01-01", f"{m.group(1)}-12-31"
     return "", ""
+
+
+# Two things compared: "bp meds when she left after the pacemaker vs what she was taking in 2009".
+COMPARED = re.compile(r"\b(?:vs\.?|versus|compared (?:to|with)|and then|then and now)\b")
+
+
+def dated_on_one_side(q: str) -> bool:
+    """A comparison whose year is on one side only: the other side is another time (the
+    discharge of 2007), so the year does not window the whole question."""
+    parts = COMPARED.split(q, maxsplit=1)
+    return len(parts) == 2 and sum(bool(years_named(part)) for part in parts) == 1
 
 
 def years_named(q: str) -> list[int]:
