@@ -26,7 +26,7 @@ from search.models.embed import Embedder
 from search.nlp.lexicon import STOP_WORDS, content_tokens, tokens
 from search.nlp.spelling import spelled
 from search.nlp.terminology import is_common_word
-from search.nlp.vocabulary import is_clinical_word, is_phrasing, names_a_clinical_thing, presence_prefix
+from search.nlp.vocabulary import clinical_not_lay, is_clinical_word, is_phrasing, names_a_clinical_thing, presence_prefix
 from search.retrieval.dates import MONTH_RE as _MONTH_RE, MONTHS, impossible_dates, valid_date
 from search.retrieval.timeline import ANCHOR, anchor, last_n
 
@@ -951,10 +951,32 @@ def asked_words(analysis: Analysis) -> dict[str, list[str]]:
     return found
 
 
+def asked_head(analysis: Analysis) -> list[str]:
+    """The thing asked, when no concept names anything the question asks: the first content word
+    of the asked clause ("what did *pathology* say about the appendix", "is an *amputation*
+    planned"), when clinical sources write it and it is no lay word (clinical_not_lay). The
+    record never using it means the record cannot answer, however close a passage about the
+    appendix or the foot comes."""
+    if analysis.required_keys:
+        return []
+    start, end, skip = asked_span(analysis)
+    residual = set(analysis.residual)
+    for m in re.finditer(r"[a-z][a-z0-9'/-]*", analysis.question.lower()):
+        word = m.group(0).strip("'-/")
+        if not (start <= m.start() < end) or any(a <= m.start() < b for a, b in skip):
+            continue
+        if word in STOP_WORDS or word in QUESTION_WORDS or is_phrasing(word) or len(word) < 4:
+            continue
+        # The first content word is the head; only one no concept covers can be required.
+        return [word] if word in residual and word.isalpha() and clinical_not_lay(word) else []
+    return []
+
+
 def absent_words(backend: Backend, tenant: str, patient_id: str, analysis: Analysis) -> set[str]:
     """The question's clinical words this patient's record never uses, in any of their forms (a
     long form counts when each of its words is in the record)."""
-    words = {w: forms for w, forms in ({w: [w] for w in clinical_residual(analysis)} | asked_words(analysis)).items()
+    words = {w: forms for w, forms in ({w: [w] for w in clinical_residual(analysis)} | asked_words(analysis)
+                                       | {w: [w] for w in asked_head(analysis)}).items()
              if not names_a_kind(w)}
     if not words:
         return set()
