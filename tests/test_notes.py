@@ -380,3 +380,29 @@ def test_a_drug_class_named_only_in_the_notes_prose_is_not_said_to_be_absent(tmp
         svc.close()
     assert "No antihypertensive" not in result["answer"] and not result["abstained"], result["answer"]
     assert "benazepril 20 mg a day" in result["answer"], result["answer"]
+
+
+ASPIRIN_ORDER = {"resourceType": "MedicationRequest", "id": "mr-asa", "status": "active", "intent": "order",
+                 "subject": {"reference": f"Patient/{PID}"}, "authoredOn": "2003-07-05",
+                 "medicationCodeableConcept": {"coding": [{"system": "http://www.nlm.nih.gov/research/umls/rxnorm",
+                                                           "code": "243670", "display": "aspirin 81 MG Oral Tablet"}]}}
+KNEE_OA = {"resourceType": "Condition", "id": "c-oa", "subject": {"reference": f"Patient/{PID}"},
+           "clinicalStatus": {"coding": [{"system": "http://terminology.hl7.org/CodeSystem/condition-clinical", "code": "active"}]},
+           "code": {"coding": [{"system": "http://snomed.info/sct", "code": "239873007",
+                                "display": "Osteoarthritis of knee (disorder)"}]}, "onsetDateTime": "2004-01-01"}
+CARDIAC_VISIT = note("vn-1", "2003-07-05T10:00:00Z", """ASSESSMENT AND PLAN:
+Coronary disease, stable. The patient was prescribed aspirin 81 mg oral tablet and simvastatin 20 mg.
+
+MEDICATIONS:
+1.  Metoprolol 25 mg daily.""")
+
+
+def test_a_drug_the_coded_list_holds_is_not_taken_again_from_the_notes_prose(tmp_path, embedder):
+    # The coded aspirin was judged no answer to an NSAID for the knee pain; the note's sentence
+    # naming the same aspirin does not turn that into a "Yes".
+    svc = indexed_record(tmp_path, [PATIENT, KNEE_OA, ASPIRIN_ORDER, CARDIAC_VISIT])
+    try:
+        result = ask(svc, "anything for the knee OA pain - nsaid? tylenol?")
+    finally:
+        svc.close()
+    assert "prescribed aspirin 81 mg" not in result["answer"].split("For context")[0], result["answer"]
