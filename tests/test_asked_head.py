@@ -22,3 +22,9 @@ def test_lay_words_verbs_and_questions_naming_a_concept_ask_no_head_word():
 def test_clinical_words_are_those_clinical_sources_write_and_no_lay_name_uses():
     assert clinical_not_lay("amputation") and clinical_not_lay("pathology")
     assert not clinical_not_lay("pill") and not clinical_not_lay("move")
+
+
+def test_what_is_wanted_of_the_thing_is_not_the_thing():
+    # "side" says what is wanted of the CEA; a record that never writes "side" still answers it.
+    assert asked_head(analyse("which side was the CEA")) == []
+    assert asked_head(analyse("size and location of the stone")) == ["stone"]   # the thing, required of the record

@@ -951,6 +951,11 @@ def asked_words(analysis: Analysis) -> dict[str, list[str]]:
     return found
 
 
+# What about the thing a question wants ("which *side* was the CEA", "*size* and location of the
+# stone"): the thing comes after these words, and a record may never write them.
+ASKED_ABOUT = frozenset("side sides laterality location size extent".split())
+
+
 def asked_head(analysis: Analysis) -> list[str]:
     """The thing asked, when no concept names anything the question asks: the first content word
     of the asked clause ("what did *pathology* say about the appendix", "is an *amputation*
@@ -965,7 +970,7 @@ def asked_head(analysis: Analysis) -> list[str]:
         word = m.group(0).strip("'-/")
         if not (start <= m.start() < end) or any(a <= m.start() < b for a, b in skip):
             continue
-        if word in STOP_WORDS or word in QUESTION_WORDS or is_phrasing(word) or len(word) < 4:
+        if word in STOP_WORDS or word in QUESTION_WORDS or word in ASKED_ABOUT or is_phrasing(word) or len(word) < 4:
             continue
         # The first content word is the head; only one no concept covers can be required.
         return [word] if word in residual and word.isalpha() and clinical_not_lay(word) else []
