@@ -342,3 +342,67 @@ def test_a_bare_test_name_is_answered_by_the_sentence_giving_its_value():
 
     ranked = rank_note_sentences(analysis, [SimpleNamespace(chunk=chunk)], closer_to_the_short_line)
     assert "CEA elevated at 8.6" in ranked[0].sentence.text, [(r.sentence.text, r.score) for r in ranked]
+
+
+def test_the_section_asked_is_read_in_a_chunk_that_ranked_below_the_chunks_read():
+    # A long PLAN cut into chunks: its opening chunk ranked fifth, below four chunks of the note's
+    # other sections, and is read all the same; a fifth chunk of another section is not.
+    from types import SimpleNamespace
+
+    from search.answering.notes import NOTE_CHUNKS_READ, notes_read
+
+    def note_chunk(n: int, heading: str):
+        return SimpleNamespace(chunk=SimpleNamespace(chunk_id=f"c{n}", semantic_type="note", sections=[heading]))
+
+    others = [note_chunk(n, "PHYSICAL EXAMINATION") for n in range(NOTE_CHUNKS_READ)]
+    analysis = SimpleNamespace(question="ortho's plan in the ED", terms=["ortho's", "plan", "ed"], expansions=[],
+                               sections_asked={"assessment and plan"})
+    plan, exam = note_chunk(9, "DISCUSSION AND PLAN"), note_chunk(10, "PHYSICAL EXAMINATION")
+    assert [ev.chunk.chunk_id for ev in notes_read(analysis, others + [plan, exam])] == \
+        [ev.chunk.chunk_id for ev in others] + ["c9"]
+
+
+HYPERTENSION_STAY = note("ds-2", "2007-09-08T10:00:00Z", """HOSPITAL COURSE:
+The patient was admitted for syncope. Her blood pressure was high and medication was adjusted to benazepril 20 mg a day.
+
+DISCHARGE MEDICATIONS:
+1.  Famotidine 20 mg 1 tablet p.o. b.i.d.
+2.  Triazolam 0.125 mg p.o. at bedtime.""")
+
+
+def test_a_drug_class_named_only_in_the_notes_prose_is_not_said_to_be_absent(tmp_path, embedder):
+    # The discharge medications state the class without the antihypertensive, which the hospital
+    # course names: that sentence answers "bp meds?", never "No antihypertensive is recorded".
+    svc = indexed_record(tmp_path, [PATIENT, HYPERTENSION_STAY])
+    try:
+        result = ask(svc, "what bp meds did she go home on?")
+    finally:
+        svc.close()
+    assert "No antihypertensive" not in result["answer"] and not result["abstained"], result["answer"]
+    assert "benazepril 20 mg a day" in result["answer"], result["answer"]
+
+
+ASPIRIN_ORDER = {"resourceType": "MedicationRequest", "id": "mr-asa", "status": "active", "intent": "order",
+                 "subject": {"reference": f"Patient/{PID}"}, "authoredOn": "2003-07-05",
+                 "medicationCodeableConcept": {"coding": [{"system": "http://www.nlm.nih.gov/research/umls/rxnorm",
+                                                           "code": "243670", "display": "aspirin 81 MG Oral Tablet"}]}}
+KNEE_OA = {"resourceType": "Condition", "id": "c-oa", "subject": {"reference": f"Patient/{PID}"},
+           "clinicalStatus": {"coding": [{"system": "http://terminology.hl7.org/CodeSystem/condition-clinical", "code": "active"}]},
+           "code": {"coding": [{"system": "http://snomed.info/sct", "code": "239873007",
+                                "display": "Osteoarthritis of knee (disorder)"}]}, "onsetDateTime": "2004-01-01"}
+CARDIAC_VISIT = note("vn-1", "2003-07-05T10:00:00Z", """ASSESSMENT AND PLAN:
+Coronary disease, stable. The patient was prescribed aspirin 81 mg oral tablet and simvastatin 20 mg.
+
+MEDICATIONS:
+1.  Metoprolol 25 mg daily.""")
+
+
+def test_a_drug_the_coded_list_holds_is_not_taken_again_from_the_notes_prose(tmp_path, embedder):
+    # The coded aspirin was judged no answer to an NSAID for the knee pain; the note's sentence
+    # naming the same aspirin does not turn that into a "Yes".
+    svc = indexed_record(tmp_path, [PATIENT, KNEE_OA, ASPIRIN_ORDER, CARDIAC_VISIT])
+    try:
+        result = ask(svc, "anything for the knee OA pain - nsaid? tylenol?")
+    finally:
+        svc.close()
+    assert "prescribed aspirin 81 mg" not in result["answer"].split("For context")[0], result["answer"]

@@ -19,7 +19,7 @@ from search.nlp.annotate import RecordTerm, asserted_keys, default_annotator
 from search.nlp import terminology
 from search.nlp.lexicon import content_tokens, tokens
 from search.nlp.vocabulary import clinical_words
-from search.retrieval.pipeline import Analysis, Evidence, Retrieval, concept_overlap, holds_asked_section, in_window
+from search.retrieval.pipeline import Analysis, Evidence, Retrieval, concept_overlap, holds_asked_section, in_window, spans_notes
 
 log = logging.getLogger(__name__)
 NO_EVIDENCE = "I don't have evidence for that in this patient's record."
@@ -528,7 +528,7 @@ def clinical_statements(retrieval: Retrieval, relevant: list[Evidence]) -> tuple
         if ev.chunk.chunk_id in said or (stated_series and ev.chunk.semantic_type in ("lab", "vital")) \
                 or (fact is not None and (fact.kind, fact.series or fact.name) in said_names):
             continue
-        if drafts and ev.chunk.semantic_type == "note" and not another_note_answers(ev, drafts, ranked):
+        if drafts and ev.chunk.semantic_type == "note" and not another_note_answers(ev, drafts, ranked, analysis):
             continue       # one passage of a note is enough; another note may say what changed
         words = supporting_words(ev, fact, analysis, first=not drafts, ranked=ranked)
         quoted = words.partition(" says")[2]       # the same passage in another note is said once
@@ -544,6 +544,7 @@ FIRST_WORDS = 60
 
 NOTE_MARGIN = 0.12     # a second note is quoted when its best sentence scores this near the best one
 NOTES_QUOTED = 2
+ACROSS_NOTE_MARGIN = 0.3   # ...and this near when the question compares notes
 
 
 def notes_by_their_best_sentence(relevant: list[Evidence], ranked: list[Ranked]) -> list[Evidence]:
@@ -569,16 +570,19 @@ def notes_by_their_best_sentence(relevant: list[Evidence], ranked: list[Ranked])
     return out
 
 
-def another_note_answers(ev: Evidence, drafts: list[Draft], ranked: list[Ranked]) -> bool:
+def another_note_answers(ev: Evidence, drafts: list[Draft], ranked: list[Ranked], analysis: Analysis) -> bool:
     """A passage of another note is said too when its best sentence is nearly as good as the
-    best of all (a cross-note question: "at discharge" and "at follow-up"), at most two notes."""
+    best of all (a cross-note question: "at discharge" and "at follow-up"), at most two notes.
+    A question that compares or asks two things ("after the GI bleed and then after the INR of
+    12") expects the second note, whose best sentence shares fewer of the question's words."""
     quoted = [d.sources()[0].chunk for d in drafts if d.sources()[0].chunk.semantic_type == "note"]
     if not quoted:
         return True
     if len(quoted) >= NOTES_QUOTED or any(c.ref == ev.chunk.ref for c in quoted) or not ranked:
         return False
     mine = next((r.score for r in ranked if r.ev.chunk.chunk_id == ev.chunk.chunk_id), None)
-    return mine is not None and mine >= ranked[0].score - NOTE_MARGIN
+    margin = ACROSS_NOTE_MARGIN if spans_notes(analysis) else NOTE_MARGIN
+    return mine is not None and mine >= ranked[0].score - margin
 
 
 def supporting_words(ev: Evidence, fact: Fact | None, analysis: Analysis, first: bool,

@@ -192,7 +192,7 @@ def rank_note_sentences(analysis, evidence: list, similarity: Similarity | None)
     """Every sentence of the best note chunks, best answer first: its similarity to the question
     (the embedding model's), the question's words it has, the section the question names, and the
     side the question names (a question about the right breast is not answered from the left)."""
-    notes = [ev for ev in evidence if ev.chunk.semantic_type == "note"][:NOTE_CHUNKS_READ]
+    notes = notes_read(analysis, evidence)
     if not notes:
         return []       # nothing to embed: an answer from coded records costs no more than before
     pairs = [(ev, s) for ev in notes for s in sentences_of(ev.chunk) if re.search(r"[A-Za-z]{2}", s.text)]
@@ -231,6 +231,16 @@ def rank_note_sentences(analysis, evidence: list, similarity: Similarity | None)
             score += VALUE_WEIGHT
         ranked.append(Ranked(ev, sentence, score))
     return sorted(ranked, key=lambda r: r.score, reverse=True)
+
+
+def notes_read(analysis, evidence: list) -> list:
+    """The best note chunks of the evidence, and any further one that holds the section the
+    question names: a long PLAN is cut into chunks, and its opening (what matters most) may be in
+    the chunk that ranked last."""
+    notes = [ev for ev in evidence if ev.chunk.semantic_type == "note"]
+    kinds = asked_section_kinds(analysis)
+    return notes[:NOTE_CHUNKS_READ] + [ev for ev in notes[NOTE_CHUNKS_READ:]
+                                       if kinds & {k for h in ev.chunk.sections for k in section_kinds(h)}]
 
 
 def answer_kinds(analysis) -> set[str]:

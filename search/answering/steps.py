@@ -127,6 +127,8 @@ def class_in_notes(ctx: AnswerContext, klass: str, mentions: bool = True) -> lis
     if not stated and mentions:
         stated = [(Evidence(chunk, 0.0), heading, sentence) for chunk in chunks
                   for heading, sentence in class_mentions(chunk, klass)][:CLASS_LIST_LIMIT]
+    elif stated and mentions and asked_members(ctx) and not named_in_notes(ctx, stated):
+        stated = named_only_in_prose(ctx, klass, chunks) + stated
     similarity = ctx.retrieval.similarity
     if similarity is None or len(stated) < 2:
         return stated
@@ -239,6 +241,19 @@ def with_note_statements(result: Answer, extra: list, context: bool = False) -> 
 
 
 SUPPORTING_NOTES = 3
+
+
+def named_only_in_prose(ctx: AnswerContext, klass: str, chunks: list) -> list[tuple[Evidence, str, str]]:
+    """Sentences of the notes naming what was asked that neither the notes' class sections nor the
+    coded entries name ("Medication was adjusted to benazepril" for "bp meds"): "no
+    antihypertensive is recorded" would deny what the note says. A drug the coded entries hold
+    was judged there already (aspirin 81 mg is no answer to "an NSAID for the knee pain?")."""
+    coded = " ".join(f"{e.chunk.label} {e.chunk.text}" for e in
+                     class_entries(ctx.backend, Scope(ctx.tenant, ctx.patient_id, semantic_types=(klass,))))
+    uncoded = [m for m in asked_members(ctx) if not names(m, coded)]
+    said = [(Evidence(chunk, 0.0), heading, sentence) for chunk in chunks
+            for heading, sentence in class_mentions(chunk, klass)]
+    return [s for s in named_in_notes(ctx, said) if any(names(m, s[2]) for m in uncoded)][:CLASS_LIST_LIMIT]
 
 
 def absence(analysis, klass: str, read_whole: bool, related: list) -> str:

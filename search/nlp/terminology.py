@@ -613,6 +613,14 @@ def _abbreviations() -> _Abbreviations:
     return _Abbreviations(source, overrides, {k: tuple(v) for k, v in by_lower.items()})
 
 
+@lru_cache(maxsize=1)
+def long_form_words() -> frozenset[str]:
+    """Every word of the inventory's long forms ("amputation" of "below-knee amputation",
+    "pathology" of "anatomic pathology"): words a clinical source writes out."""
+    forms = [form for forms in _abbreviations().source.values() for form in forms]
+    return frozenset(w for form in forms for w in re.findall(r"[a-z]+", form.lower()))
+
+
 def has_reviewed_meaning(token: str) -> bool:
     """Whether the hand-reviewed overrides give the token a meaning ("chemo", "appy", "fx"):
     such a token is an abbreviation even where it looks like an ordinary word."""

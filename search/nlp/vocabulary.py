@@ -20,7 +20,7 @@ import re
 from functools import lru_cache
 
 from search.nlp.lexicon import default_lexicon, tokens
-from search.nlp.terminology import is_common_word
+from search.nlp.terminology import is_common_word, long_form_words
 
 SHORTEST_WORD = 4       # shorter ones are mostly function words and units ("and", "per", "mg")
 
@@ -76,6 +76,15 @@ def is_phrasing(word: str) -> bool:
     """A word of how the question is put ("dose", "first", "reassessed", "flagged")."""
     return word in PHRASING or (word.endswith("s") and word[:-1] in PHRASING) \
         or (VERB_FORM.match(word) is not None and word not in clinical_words())
+
+
+def clinical_not_lay(word: str) -> bool:
+    """A word clinical sources write out (the abbreviation inventory's long forms: "pathology",
+    "amputation") and no name of the lexicon uses: the lexicon holds the lay names ("water
+    pill", "birth control pill"), and a lay word the record does not use may still be answered
+    by the record's clinical name."""
+    forms = {word, word[:-1] if word.endswith("s") else word}
+    return bool(forms & long_form_words()) and not forms & qualifier_words()
 
 
 def names_a_clinical_thing(word: str, abbreviation: bool = False) -> bool:

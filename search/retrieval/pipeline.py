@@ -26,7 +26,7 @@ from search.models.embed import Embedder
 from search.nlp.lexicon import STOP_WORDS, content_tokens, tokens
 from search.nlp.spelling import spelled
 from search.nlp.terminology import is_common_word
-from search.nlp.vocabulary import is_clinical_word, is_phrasing, names_a_clinical_thing, presence_prefix
+from search.nlp.vocabulary import clinical_not_lay, is_clinical_word, is_phrasing, names_a_clinical_thing, presence_prefix
 from search.retrieval.dates import MONTH_RE as _MONTH_RE, MONTHS, impossible_dates, valid_date
 from search.retrieval.timeline import ANCHOR, anchor, last_n
 
@@ -473,10 +473,23 @@ def time_window(question: str) -> tuple[str, str]:
                   r"(?:prior|previous|earlier|past|last)\b", q)
     if m:                        # "wt at the 2025 physical vs the prior years": up to that year
         return "", f"{m.group(1)}-12-31"
+    if dated_on_one_side(q):
+        return "", ""
     m = re.search(r"\b(?:in|during|of)\s+(\d{4})\b", q) or re.search(r"\b(19[5-9]\d|20[0-4]\d)\b", q)
     if m and valid_date(int(m.group(1)), 1, 1):
         return f"{m.group(1)}-01-01", f"{m.group(1)}-12-31"
     return "", ""
+
+
+# Two things compared: "bp meds when she left after the pacemaker vs what she was taking in 2009".
+COMPARED = re.compile(r"\b(?:vs\.?|versus|compared (?:to|with)|and then|then and now)\b")
+
+
+def dated_on_one_side(q: str) -> bool:
+    """A comparison whose year is on one side only: the other side is another time (the
+    discharge of 2007), so the year does not window the whole question."""
+    parts = COMPARED.split(q, maxsplit=1)
+    return len(parts) == 2 and sum(bool(years_named(part)) for part in parts) == 1
 
 
 def years_named(q: str) -> list[int]:
@@ -696,21 +709,26 @@ def measured_value(chunk: Chunk) -> str:
     return "; ".join(p for p in parts if p)
 
 
-def select(evidence: list[Evidence], k: int, by_fact: bool = True, diverse: bool = False) -> list[Evidence]:
+def select(evidence: list[Evidence], k: int, by_fact: bool = True, diverse: bool = False,
+           per_note: int = 0) -> list[Evidence]:
     """Top-k without twins: one chunk per fact (identical text, a drug's renewals, repeated results).
     For lists and histories, a chunk that only repeats codes already chosen (the visit for a
-    condition already listed) waits until the distinct facts are in."""
-    chosen, deferred, seen, covered = [], [], set(), set()
+    condition already listed) waits until the distinct facts are in. With `per_note`, a note's
+    chunks beyond that many wait too, so one long note cannot fill the evidence of a question
+    that spans notes."""
+    chosen, deferred, seen, covered, of_note = [], [], set(), set(), {}
     for ev in evidence:
         key = fact_key(ev.chunk) if by_fact else "text:" + " ".join(ev.chunk.text.split()).lower()
         if key in seen:
             continue
         seen.add(key)
         codes = {f"{c['system']}|{c['code']}" for c in ev.chunk.codes} if diverse else set()
-        if diverse and codes and codes <= covered:
+        note = ev.chunk.ref if ev.chunk.resource_type == "DocumentReference" else ""
+        if (diverse and codes and codes <= covered) or (per_note and note and of_note.get(note, 0) >= per_note):
             deferred.append(ev)
             continue
         covered |= codes
+        of_note[note] = of_note.get(note, 0) + 1
         chosen.append(ev)
         if len(chosen) == k:
             return chosen
@@ -933,10 +951,37 @@ def asked_words(analysis: Analysis) -> dict[str, list[str]]:
     return found
 
 
+# What about the thing a question wants ("which *side* was the CEA", "*size* and location of the
+# stone"): the thing comes after these words, and a record may never write them.
+ASKED_ABOUT = frozenset("side sides laterality location size extent".split())
+
+
+def asked_head(analysis: Analysis) -> list[str]:
+    """The thing asked, when no concept names anything the question asks: the first content word
+    of the asked clause ("what did *pathology* say about the appendix", "is an *amputation*
+    planned"), when clinical sources write it and it is no lay word (clinical_not_lay). The
+    record never using it means the record cannot answer, however close a passage about the
+    appendix or the foot comes."""
+    if analysis.required_keys:
+        return []
+    start, end, skip = asked_span(analysis)
+    residual = set(analysis.residual)
+    for m in re.finditer(r"[a-z][a-z0-9'/-]*", analysis.question.lower()):
+        word = m.group(0).strip("'-/")
+        if not (start <= m.start() < end) or any(a <= m.start() < b for a, b in skip):
+            continue
+        if word in STOP_WORDS or word in QUESTION_WORDS or word in ASKED_ABOUT or is_phrasing(word) or len(word) < 4:
+            continue
+        # The first content word is the head; only one no concept covers can be required.
+        return [word] if word in residual and word.isalpha() and clinical_not_lay(word) else []
+    return []
+
+
 def absent_words(backend: Backend, tenant: str, patient_id: str, analysis: Analysis) -> set[str]:
     """The question's clinical words this patient's record never uses, in any of their forms (a
     long form counts when each of its words is in the record)."""
-    words = {w: forms for w, forms in ({w: [w] for w in clinical_residual(analysis)} | asked_words(analysis)).items()
+    words = {w: forms for w, forms in ({w: [w] for w in clinical_residual(analysis)} | asked_words(analysis)
+                                       | {w: [w] for w in asked_head(analysis)}).items()
              if not names_a_kind(w)}
     if not words:
         return set()
@@ -1074,8 +1119,25 @@ def select_top_k(state: RetrievalState, tools: Tools) -> tuple[int, str]:
 def select_facts(state: RetrievalState, tools: Tools) -> tuple[int, str]:
     """Top-k by fact; lists and histories prefer facts not yet covered."""
     analysis = state.analysis
-    state.evidence = select(state.evidence, state.k, diverse=analysis.wants_list or analysis.wants_ever)
-    return len(state.evidence), ""
+    per_note = NOTE_SHARE if spans_notes(analysis) else 0
+    state.evidence = select(state.evidence, state.k, diverse=analysis.wants_list or analysis.wants_ever,
+                            per_note=per_note)
+    return len(state.evidence), f"at most {per_note} chunks a note" if per_note else ""
+
+
+# A question that compares across notes ("the 2008 duplex vs at surgery") keeps room in its evidence for other notes: a long note is cut into many chunks
+# that all rank well for its topic, and the other note's answering chunk fell below the top k.
+NOTE_SHARE = 2
+ACROSS = re.compile(r"\b(and then|then and now|at follow-?up|second|both|each time|,? and (?:what|which|how|when|where|why))\b",
+                    re.I)
+
+
+def spans_notes(analysis: Analysis) -> bool:
+    """The question asks across several notes: it compares (two years, "vs", "then and now",
+    "first ... second") or asks two things at once. A list ("what meds did she go home on") is
+    often one note's section, and cutting that note cut the list."""
+    q = analysis.question
+    return analysis.wants_trend or len(years_named(q)) > 1 or bool(ACROSS.search(q))
 
 
 HISTORY_N = 200       # orders of one drug read to fold its history (decades of monthly refills)
