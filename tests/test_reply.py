@@ -9,9 +9,9 @@ import shutil
 import pytest
 
 from search.reply.asked import missing_thing
-from search.reply.compose import CHECK_WITH_CARE_TEAM, Evidence, extractive_sentences, same_side
+from search.reply.compose import CHECK_WITH_CARE_TEAM, Evidence, extractive_sentences, same_side, with_asked_content
 from search.reply.evaluate import score_message, summary
-from search.reply.message import about_whom, questions_in
+from search.reply.message import about_whom, asks_to_name_what_happens_now, questions_in
 from search.reply.plain import TABLE, glosses
 from search.reply.urgent import urgent_signs
 from smart_app.app import create_app
@@ -52,6 +52,31 @@ def test_questions_are_read_with_their_context():
 
 def _ev(n, text, score=0.8, kind="note", ref="DocumentReference/a", question=0):
     return Evidence(n, ref, text, score, question, "2020-01-02", "label", kind, [0, len(text)])
+
+
+def test_a_question_for_a_side_a_number_or_a_time_drops_sentences_without_it():
+    transfer = _ev(0, "He requests that she be transferred to Labor and Delivery.", 0.78)
+    side = _ev(0, "She presents with left lower quadrant pain.", 0.64)
+    kept = with_asked_content([transfer, side], ["side"])
+    assert [e.text for e in kept] == [side.text]
+    # "When?" is answered by a coded record's own date, which the draft states.
+    coded = _ev(0, "Problem / diagnosis (active): Polyp of colon", 0.6, kind="coded")
+    assert with_asked_content([_ev(0, "Polyps were seen.", 0.7), coded], ["time"]) == [coded]
+    # Nothing that could answer has it: a sentence surely without it is still left out (the weak one
+    # then fails the thresholds and the question goes to the care team)...
+    weak = _ev(0, "The baby weighed 7 pounds.", 0.2)
+    assert with_asked_content([transfer, weak], ["amount"]) == [weak]
+    # ...but a note may name a drug in words no pattern knows ("started on Sanctura"): it stays.
+    started = _ev(0, "We will start Sanctura XR.", 0.7)
+    lab = _ev(0, "Lab result: Cholesterol = 164 mg/dL", 0.6, kind="coded", ref="Observation/o")
+    assert with_asked_content([started, lab], ["medication"]) == [started]
+    # "Is he on anything for his osteoporosis?": a medication record, not the problem it treats.
+    problem = _ev(0, "Problem / diagnosis (active): Osteoporosis (disorder)", 0.67, kind="coded", ref="Condition/c")
+    drug = _ev(0, "Medication order (active): Alendronic acid 10 MG Oral Tablet", 0.5, kind="coded",
+               ref="MedicationRequest/m")
+    assert with_asked_content([problem, drug], ["medication"]) == [drug]
+    # A finding only ranks: its words are too many to require.
+    assert with_asked_content([transfer, side], ["finding"]) == [transfer, side]
 
 
 def test_right_is_never_answered_from_a_left_only_sentence():
@@ -238,3 +263,27 @@ def test_a_sentence_with_the_kind_of_content_asked_for_ranks_higher():
     assert answer_type_bonus(dose, "She is on 20 mg of methotrexate every week.") == BONUS
     assert answer_type_bonus(dose, "Her history is significant for rheumatoid arthritis.") == 0
     assert answer_type_bonus(wanted("When was my MS diagnosed?"), "In the fall of 2002, she was seen.") == BONUS
+
+
+@pytest.mark.parametrize("message, whom", [
+    ("I had my tubes tied last year and my sister keeps asking about it. What exactly was the surgery?", "you"),
+    ("I left my inhaler at my mom's house. What is my rescue inhaler called?", "you"),
+    ("My dad's memory keeps getting worse. What medicine is he on for it?", "your dad"),
+    ("Grandpa was told he has weak bones. Is he on anything for it?", "your grandpa"),
+    ("My mom had a stroke. Is my mom still on the blood thinner?", "your mom"),
+    ("My daughter had her baby by C-section. How much did the baby weigh?", "your daughter"),
+])
+def test_the_draft_speaks_of_whom_the_message_asks_about(message, whom):
+    assert about_whom(message) == whom
+
+
+@pytest.mark.parametrize("question, naming", [
+    ("Is this my heart disease again?", True),
+    ("Is it my heart?", True),
+    ("Could this be a stroke?", True),
+    ("Is it normal that my chest hurts after the pacemaker?", False),
+    ("Is that written in my chart?", False),
+    ("Is my EpiPen still on my list?", False),
+])
+def test_a_question_naming_what_happens_now_is_left_to_the_care_team(question, naming):
+    assert asks_to_name_what_happens_now(question) is naming

@@ -24,9 +24,9 @@ from search.nlp.lexicon import STOP_WORDS
 from search.nlp.vocabulary import names_a_clinical_thing, presence_prefix
 from search.retrieval.pipeline import patient_terms, retrieve
 
-from .answer_types import answer_type_bonus, wanted
+from .answer_types import WHY, answer_type_bonus, has_asked_content, required, wanted
 from .asked import missing_thing
-from .message import about_whom, questions_in
+from .message import about_whom, asks_to_name_what_happens_now, questions_in
 from .plain import glosses
 from .urgent import urgent_signs
 
@@ -40,7 +40,6 @@ MOST_PER_QUESTION = 2    # ...up to this many per question
 QUOTED_BONUS = 0.1       # a sentence the answer pipeline chose to quote
 MOST_GLOSSES = 2         # plain names per draft: more would make it long
 SIDES = {"left": "right", "right": "left"}
-WHY = re.compile(r"\bwhy\b|\bwhat (?:was|is) the reason\b|\bhow come\b", re.I)
 # The words a sentence gives a reason with.
 REASON = re.compile(r"\b(?:because|due to|secondary to|given (?:his|her|the|their)|in light of|owing to|as a result|"
                     r"therefore|reason|risky|risk of|need for|in order to|so that|for (?:further|continued|possible))\b",
@@ -94,6 +93,8 @@ def questions_and_evidence(svc, tenant: str, patient_id: str, message: str, k: i
 
 
 def evidence_for(svc, tenant: str, patient_id: str, question: str, index: int, k: int = 5) -> Found:
+    if asks_to_name_what_happens_now(asked_part(question)):
+        return Found(question, [], "it asks what is happening now, which only the care team can judge")
     retrieval = retrieve(svc.backend, svc.embedder, question, tenant, patient_id, k=k, pipeline="full",
                          reranker=svc.reranker)
     analysis = retrieval.analysis
@@ -114,6 +115,7 @@ def evidence_for(svc, tenant: str, patient_id: str, question: str, index: int, k
         return Found(question, [], "the record never names " + ", ".join(absent))
     scored = scored_sentences(retrieval, answer, analysis)
     scored = same_side(scored, question)
+    scored = with_asked_content(scored, required(asked_part(question)))
     chosen = chosen_evidence(scored)
     if not chosen:
         return Found(question, [], "no sentence of the record answers it closely enough")
@@ -203,6 +205,24 @@ def same_side(scored: list[Evidence], question: str) -> list[Evidence]:
                                       and not re.search(rf"\b{side}\b", e.text, re.I))]
 
 
+def with_asked_content(scored: list[Evidence], kinds: list[str]) -> list[Evidence]:
+    """A question that cannot be answered without a kind of content (a side, a number, a time, a
+    drug: `answer_types.required`) is not answered by a sentence that lacks it: "Which side was the
+    pain on?" by the note's best-matching sentence about the transfer, "Is he on anything for his
+    osteoporosis?" by the osteoporosis itself. When something that could answer has the content, the
+    rest are left out; when nothing does, only those whose lack is certain are (the patterns read
+    sides, numbers and times reliably, a coded record's type says whether it is a drug, but a note
+    may name a drug in words no pattern knows), and the usual thresholds decide."""
+    if not kinds:
+        return scored
+    having = {id(e) for e in scored if has_asked_content(kinds, e.text, dated=e.kind == "coded" and bool(e.date),
+                                                         medication=e.ref.startswith("Medication") if e.kind == "coded" else None)}
+    if any(id(e) in having and (e.score >= MIN_SCORE or e.cited) for e in scored):
+        return [e for e in scored if id(e) in having]
+    lack_is_certain = [all(k != "medication" or e.kind == "coded" for k in kinds) for e in scored]
+    return [e for e, certain in zip(scored, lack_is_certain) if id(e) in having or not certain]
+
+
 def chosen_evidence(scored: list[Evidence]) -> list[Evidence]:
     # A sentence the answer pipeline quotes has had its support judged; any other must score well.
     if not scored or (scored[0].score < MIN_SCORE and not scored[0].cited):
@@ -255,8 +275,9 @@ def build_reply(svc, tenant: str, patient_id: str, message: str, urgent_text: st
     if use_llm and svc.llm is not None and evidence:
         written = model_sentences(svc, tenant, patient_id, found, evidence)
         if written is not None:
-            sentences, removed = written
-            generator = svc.llm.name
+            kept, removed = written      # what verification removed is reported even when nothing is kept
+            if kept:
+                sentences, generator = kept, svc.llm.name
     sentences += [{"text": CHECK_WITH_CARE_TEAM.format(question=shortened(q)), "citations": [], "kind": "unanswered"}
                   for q in unanswered]
     if signs:
@@ -324,8 +345,8 @@ def shortened(question: str, most: int = 18) -> str:
 
 def model_sentences(svc, tenant: str, patient_id: str, found: list[Found], evidence: list[Evidence]):
     """The model's plain-language sentences, each verified against the evidence sentences it cites
-    (as answers are: concepts with their negation, numbers and dates must be in them); None when
-    the model fails or keeps nothing, so the extractive draft stands."""
+    (as answers are: concepts with their negation, numbers and dates must be in them), and those
+    removed with the reason; None when the model fails. With none kept the extractive draft stands."""
     ids = Identifiers.from_patient(svc.resource(tenant, patient_id, f"Patient/{patient_id}"))
     question = " ".join(f.question for f in found if f.evidence)
     block = [(e.n, e.label, e.text) for e in evidence]
@@ -351,4 +372,4 @@ def model_sentences(svc, tenant: str, patient_id: str, found: list[Found], evide
             kept.append({"text": item["statement"], "citations": cited, "kind": "answer"})
         else:
             removed.append({"statement": item["statement"], "reason": verdict.reason})
-    return (kept, removed) if kept else None
+    return kept, removed

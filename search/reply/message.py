@@ -73,3 +73,14 @@ def about_whom(message: str) -> str:
         if m:
             return f"your {m.group(1).lower()}"
     return "you"
+
+
+# "Is this my heart disease again?", "Could it be a stroke?": the writer asks what is happening to
+# them now. The record holds what was found before, not what this is: quoting "ischemic heart
+# disease" under that question would read as a diagnosis, so such a question goes to the care
+# team. ("Is it normal after...?" and "Is that written in my chart?" are not of this form.)
+NAMING_NOW = re.compile(r"^\W*(?:is|could|can|might) (?:this|it|that) (?:be |just )?(?:my|his|her|their|a|an)\b", re.I)
+
+
+def asks_to_name_what_happens_now(question: str) -> bool:
+    return bool(NAMING_NOW.search(question))
