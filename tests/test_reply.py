@@ -129,6 +129,13 @@ def test_the_reply_measures_count_what_they_say():
     assert (row["hits"], row["met"], row["uncited"], row["facts"]) == (1, 1, 1, True)
     unanswerable = score_message({**item, "answerable": False, "gold": [], "facts": []}, reply)
     assert summary([row, unanswerable])["answered_unanswerable"] == 1
+    # A model's draft: its kept sentences and those verification removed, with why, are counted.
+    written = {**reply, "generator": "gemma3-270m", "sentences": reply["sentences"][:1],
+               "removed": [{"statement": "Yes", "reason": "not a sentence"}, {"statement": "1", "reason": "not a sentence"}]}
+    fallback = {**reply, "removed": [{"statement": "No", "reason": "not a sentence"}]}
+    report = summary([score_message(item, written), score_message(item, fallback)])
+    assert (report["model_drafts"], report["model_sentences_kept"], report["model_sentences_removed"]) == (1, 1, 3)
+    assert report["model_removed_why"] == {"not a sentence": 3}
 
 
 # --- the route ----------------------------------------------------------------------------------

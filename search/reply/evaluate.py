@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 import statistics
+from collections import Counter
 from pathlib import Path
 
 from .compose import build_reply
@@ -67,7 +68,8 @@ def score_message(item: dict, reply: dict) -> dict:
             "unanswered": len(reply["unanswered"]),
             "by_model": reply.get("generator", "extractive") != "extractive",
             "model_kept": len(answer_sentences) if reply.get("generator", "extractive") != "extractive" else 0,
-            "model_removed": len(reply.get("removed") or [])}
+            "model_removed": len(reply.get("removed") or []),
+            "removed_reasons": [r["reason"] for r in reply.get("removed") or []]}
 
 
 def evaluate_replies(svc, tenant: str, paths: list[str], words: int = 75) -> dict:
@@ -102,11 +104,12 @@ def summary(rows: list[dict]) -> dict:
             "model_drafts": sum(r.get("by_model", False) for r in rows),
             "model_sentences_kept": sum(r.get("model_kept", 0) for r in rows),
             "model_sentences_removed": sum(r.get("model_removed", 0) for r in rows),
+            "model_removed_why": dict(Counter(reason for r in rows for reason in r.get("removed_reasons", []))),
             "rows": rows}
 
 
 def format_summary(report: dict) -> str:
     keys = ("messages", "answerable", "evidence_precision", "evidence_recall", "evidence_f1", "facts", "words_median",
             "uncited_sentences", "answered_unanswerable", "unanswered_answerable", "urgent_correct", "model_drafts",
-            "model_sentences_kept", "model_sentences_removed")
+            "model_sentences_kept", "model_sentences_removed", "model_removed_why")
     return "\n".join(f"{k:24} {report[k]}" for k in keys)
