@@ -33,6 +33,13 @@ from .urgent import urgent_signs
 DEFAULT_WORDS = 75
 DEFAULT_URGENT_TEXT = ("If this is happening now, call 911 or go to the nearest emergency department. "
                        "Do not wait for a reply to this message.")
+# How the model writes a reply: whole sentences to the patient (the clinician's instruction asks for
+# "yes or no" first, which a small model writes as a bare "Yes" that verification must remove).
+WRITE_FOR_PATIENT = (
+    "Answer in JSON: an object whose key statements is a list; each item has statement (one whole "
+    "sentence written to the patient, saying you or your, in plain words, telling what the evidence "
+    "says, with its value and date when it has them) and citations (the ids of the evidence it comes "
+    "from). No advice, no diagnosis, nothing the evidence does not say; at most three statements.")
 CHECK_WITH_CARE_TEAM = "I will check with your care team about your question: “{question}”"
 MIN_SCORE = 0.45         # a best sentence the answer did not quote, scoring below this, does not answer
 WITHIN = 0.06            # further sentences are kept when nearly as good as the best...
@@ -352,7 +359,7 @@ def model_sentences(svc, tenant: str, patient_id: str, found: list[Found], evide
     block = [(e.n, e.label, e.text) for e in evidence]
     try:
         draft = generate(svc.llm, "A patient wrote, and a reply in plain words to them is wanted: " + question,
-                         block, ids)
+                         block, ids, WRITE_FOR_PATIENT)
     except LlmError:
         return None
     if draft is None:
