@@ -27,7 +27,7 @@ from search.retrieval.pipeline import patient_terms, retrieve
 from .answer_types import WHY, answer_type_bonus, has_asked_content, required, wanted
 from .asked import missing_thing
 from .message import about_whom, asks_to_name_what_happens_now, questions_in
-from .plain import glosses
+from .plain import clinical_reading, glosses
 from .urgent import urgent_signs
 
 DEFAULT_WORDS = 75
@@ -52,6 +52,8 @@ REASON = re.compile(r"\b(?:because|due to|secondary to|given (?:his|her|the|thei
                     r"therefore|reason|risky|risk of|need for|in order to|so that|for (?:further|continued|possible))\b",
                     re.I)
 REASON_BONUS = 0.12
+KIND_OF = re.compile(r"\b(?:what|which) (?:kinds?|types?|sorts?) of\b", re.I)
+SITUATION = re.compile(r"\(situation\)\s*$", re.I)      # SNOMED's tag for "History of ..." statements
 ABSTAINED = "the record holds no evidence for it"
 PLACEHOLDER = re.compile(r"\s*\[(?:redacted|birth date|phone|email|name)\]")
 # Coded records a draft may quote (a visit's own line says nothing a patient asked).
@@ -90,11 +92,12 @@ class Found:
 def questions_and_evidence(svc, tenant: str, patient_id: str, message: str, k: int = 5) -> list[Found]:
     found = []
     for i, (asked, read) in enumerate(questions_in(message)):
-        result = evidence_for(svc, tenant, patient_id, read, i, k)
+        # The patient's lay words are read as the record's clinical terms too ("doesn't reject it").
+        result = evidence_for(svc, tenant, patient_id, clinical_reading(read), i, k)
         if not result.evidence and result.reason == ABSTAINED and read != asked:
             # The context can mislead the pipeline as it can help ("I'm still confused about my ER
             # visit..."): the question is read once more as asked, under the same rules.
-            result = evidence_for(svc, tenant, patient_id, asked, i, k)
+            result = evidence_for(svc, tenant, patient_id, clinical_reading(asked), i, k)
         found.append(replace(result, question=asked))
     return found
 
@@ -123,6 +126,9 @@ def evidence_for(svc, tenant: str, patient_id: str, question: str, index: int, k
     scored = scored_sentences(retrieval, answer, analysis)
     scored = same_side(scored, question)
     scored = with_asked_content(scored, required(asked_part(question)))
+    scored = naming_what_is_asked(scored, analysis, required(asked_part(question)))
+    scored = the_specific_kind(scored, analysis, asked_part(question))
+    scored = without_unrelated_weak_records(scored, analysis)
     chosen = chosen_evidence(scored)
     if not chosen:
         return Found(question, [], "no sentence of the record answers it closely enough")
@@ -228,6 +234,60 @@ def with_asked_content(scored: list[Evidence], kinds: list[str]) -> list[Evidenc
         return [e for e in scored if id(e) in having]
     lack_is_certain = [all(k != "medication" or e.kind == "coded" for k in kinds) for e in scored]
     return [e for e, certain in zip(scored, lack_is_certain) if id(e) in having or not certain]
+
+
+def naming_what_is_asked(scored: list[Evidence], analysis, kinds: list[str]) -> list[Evidence]:
+    """A drug question that names its subject ("what medicine is he on for his Alzheimer's?", "is he
+    on an anti-rejection drug?") is answered by the medication order whose concepts name it (its
+    reason, or its drug's class), not by a note's medication list that scores higher because it
+    reads like a list of medicines. When a cited medication record names a concept the question
+    asks about (not one of its context), evidence naming neither such a concept nor the drug of
+    such a record is left out (a note's list naming the drugs asked for still answers)."""
+    asked = {c["key"] for c in analysis.concepts if c.get("role") != "context" and not c.get("negated")}
+    if "medication" not in kinds or not asked:
+        return scored
+    orders = [e for e in scored if e.kind == "coded" and e.cited and e.ref.startswith("Medication")
+              and asked & concepts_named(e)]
+    if not orders:
+        return scored
+    drugs = {key for e in orders for key in concepts_named(e, role="member")}
+    return [e for e in scored if (asked | drugs) & concepts_named(e)]
+
+
+def the_specific_kind(scored: list[Evidence], analysis, question: str) -> list[Evidence]:
+    """"What kind of heart attack was it?" asks for the disorder itself (the ST-elevation infarction),
+    not the record that it happened: a coded SNOMED "(situation)" ("History of myocardial
+    infarction") yields to a coded record of another kind naming the same concept."""
+    if not KIND_OF.search(question):
+        return scored
+    asked = {c["key"] for c in analysis.concepts if c.get("role") != "context" and not c.get("negated")}
+    coded = [e for e in scored if e.kind == "coded" and asked & concepts_named(e)]
+    specific = set().union(*[concepts_named(e) for e in coded if not SITUATION.search(e.text)])
+    general = {id(e) for e in coded if SITUATION.search(e.text) and asked & specific & concepts_named(e)}
+    return [e for e in scored if id(e) not in general]
+
+
+def without_unrelated_weak_records(scored: list[Evidence], analysis) -> list[Evidence]:
+    """A coded record the answer cites but that scores low and names nothing the message names is
+    not an answer ("what was the surgery?" after "I had my tubes tied" is not the year's health
+    assessment): the answer pipeline's citation lets a weak record through only when it is about
+    what the message is about."""
+    named = {c["key"] for c in analysis.concepts if not c.get("negated")}
+    if not named:
+        return scored
+    return [e for e in scored if not (e.kind == "coded" and e.score < MIN_SCORE and not named & concepts_named(e))]
+
+
+def concepts_named(e: Evidence, role: str | None = None) -> set[str]:
+    """The concept keys the evidence names (of that role: "member" for a drug), a coded record's or
+    those inside a note sentence's span."""
+    concepts = [c for c in (getattr(e.chunk, "concepts", None) or [])
+                if not c.get("negated") and (role is None or c.get("role") == role)]
+    if e.kind == "coded":
+        return {c["key"] for c in concepts}
+    if not e.span:
+        return set()
+    return {c["key"] for c in concepts if "start" in c and e.span[0] <= c["start"] < e.span[1]}
 
 
 def chosen_evidence(scored: list[Evidence]) -> list[Evidence]:
