@@ -9,10 +9,11 @@ import shutil
 import pytest
 
 from search.reply.asked import missing_thing
-from search.reply.compose import CHECK_WITH_CARE_TEAM, Evidence, extractive_sentences, same_side
+from search.reply.compose import (CHECK_WITH_CARE_TEAM, Evidence, extractive_sentences, naming_what_is_asked, same_side,
+                                  the_specific_kind, with_asked_content, without_unrelated_weak_records)
 from search.reply.evaluate import score_message, summary
-from search.reply.message import about_whom, questions_in
-from search.reply.plain import TABLE, glosses
+from search.reply.message import about_whom, asks_to_name_what_happens_now, questions_in
+from search.reply.plain import TABLE, clinical_reading, glosses
 from search.reply.urgent import urgent_signs
 from smart_app.app import create_app
 from smart_app.settings import Settings
@@ -52,6 +53,31 @@ def test_questions_are_read_with_their_context():
 
 def _ev(n, text, score=0.8, kind="note", ref="DocumentReference/a", question=0):
     return Evidence(n, ref, text, score, question, "2020-01-02", "label", kind, [0, len(text)])
+
+
+def test_a_question_for_a_side_a_number_or_a_time_drops_sentences_without_it():
+    transfer = _ev(0, "He requests that she be transferred to Labor and Delivery.", 0.78)
+    side = _ev(0, "She presents with left lower quadrant pain.", 0.64)
+    kept = with_asked_content([transfer, side], ["side"])
+    assert [e.text for e in kept] == [side.text]
+    # "When?" is answered by a coded record's own date, which the draft states.
+    coded = _ev(0, "Problem / diagnosis (active): Polyp of colon", 0.6, kind="coded")
+    assert with_asked_content([_ev(0, "Polyps were seen.", 0.7), coded], ["time"]) == [coded]
+    # Nothing that could answer has it: a sentence surely without it is still left out (the weak one
+    # then fails the thresholds and the question goes to the care team)...
+    weak = _ev(0, "The baby weighed 7 pounds.", 0.2)
+    assert with_asked_content([transfer, weak], ["amount"]) == [weak]
+    # ...but a note may name a drug in words no pattern knows ("started on Sanctura"): it stays.
+    started = _ev(0, "We will start Sanctura XR.", 0.7)
+    lab = _ev(0, "Lab result: Cholesterol = 164 mg/dL", 0.6, kind="coded", ref="Observation/o")
+    assert with_asked_content([started, lab], ["medication"]) == [started]
+    # "Is he on anything for his osteoporosis?": a medication record, not the problem it treats.
+    problem = _ev(0, "Problem / diagnosis (active): Osteoporosis (disorder)", 0.67, kind="coded", ref="Condition/c")
+    drug = _ev(0, "Medication order (active): Alendronic acid 10 MG Oral Tablet", 0.5, kind="coded",
+               ref="MedicationRequest/m")
+    assert with_asked_content([problem, drug], ["medication"]) == [drug]
+    # A finding only ranks: its words are too many to require.
+    assert with_asked_content([transfer, side], ["finding"]) == [transfer, side]
 
 
 def test_right_is_never_answered_from_a_left_only_sentence():
@@ -104,6 +130,13 @@ def test_the_reply_measures_count_what_they_say():
     assert (row["hits"], row["met"], row["uncited"], row["facts"]) == (1, 1, 1, True)
     unanswerable = score_message({**item, "answerable": False, "gold": [], "facts": []}, reply)
     assert summary([row, unanswerable])["answered_unanswerable"] == 1
+    # A model's draft: its kept sentences and those verification removed, with why, are counted.
+    written = {**reply, "generator": "gemma3-270m", "sentences": reply["sentences"][:1],
+               "removed": [{"statement": "Yes", "reason": "not a sentence"}, {"statement": "1", "reason": "not a sentence"}]}
+    fallback = {**reply, "removed": [{"statement": "No", "reason": "not a sentence"}]}
+    report = summary([score_message(item, written), score_message(item, fallback)])
+    assert (report["model_drafts"], report["model_sentences_kept"], report["model_sentences_removed"]) == (1, 1, 3)
+    assert report["model_removed_why"] == {"not a sentence": 3}
 
 
 # --- the route ----------------------------------------------------------------------------------
@@ -238,3 +271,97 @@ def test_a_sentence_with_the_kind_of_content_asked_for_ranks_higher():
     assert answer_type_bonus(dose, "She is on 20 mg of methotrexate every week.") == BONUS
     assert answer_type_bonus(dose, "Her history is significant for rheumatoid arthritis.") == 0
     assert answer_type_bonus(wanted("When was my MS diagnosed?"), "In the fall of 2002, she was seen.") == BONUS
+
+
+@pytest.mark.parametrize("message, whom", [
+    ("I had my tubes tied last year and my sister keeps asking about it. What exactly was the surgery?", "you"),
+    ("I left my inhaler at my mom's house. What is my rescue inhaler called?", "you"),
+    ("My dad's memory keeps getting worse. What medicine is he on for it?", "your dad"),
+    ("Grandpa was told he has weak bones. Is he on anything for it?", "your grandpa"),
+    ("My mom had a stroke. Is my mom still on the blood thinner?", "your mom"),
+    ("My daughter had her baby by C-section. How much did the baby weigh?", "your daughter"),
+])
+def test_the_draft_speaks_of_whom_the_message_asks_about(message, whom):
+    assert about_whom(message) == whom
+
+
+@pytest.mark.parametrize("question, naming", [
+    ("Is this my heart disease again?", True),
+    ("Is it my heart?", True),
+    ("Could this be a stroke?", True),
+    ("Is it normal that my chest hurts after the pacemaker?", False),
+    ("Is that written in my chart?", False),
+    ("Is my EpiPen still on my list?", False),
+])
+def test_a_question_naming_what_happens_now_is_left_to_the_care_team(question, naming):
+    assert asks_to_name_what_happens_now(question) is naming
+
+
+def _concept(key, start=0, negated=False, role=""):
+    return {"key": key, "start": start, "negated": negated, "role": role}
+
+
+def test_a_drug_question_naming_its_subject_takes_the_order_that_names_it():
+    from types import SimpleNamespace as NS
+    asked = NS(concepts=[_concept("lex:dementia")])
+    med_list = _ev(0, "simvastatin 10 mg oral tablet", 0.74)
+    med_list.chunk = NS(concepts=[_concept("lex:simvastatin", 0), _concept("lex:dementia", 200)])  # outside its span
+    order = _ev(0, "Medication order (active): Donepezil 10 MG", 0.34, kind="coded", ref="MedicationRequest/m")
+    order.chunk, order.cited = NS(concepts=[_concept("lex:donepezil", 30), _concept("lex:dementia", 90)]), True
+    assert naming_what_is_asked([med_list, order], asked, ["medication"]) == [order]
+    # A note's list that names the order's drug still answers ("which inhalers?": both named there).
+    both = _ev(0, "donepezil 10 mg; simvastatin 10 mg", 0.8)
+    both.chunk = NS(concepts=[_concept("lex:donepezil", 0, role="member"), _concept("lex:simvastatin", 18, role="member")])
+    order.chunk.concepts[0]["role"] = "member"
+    assert naming_what_is_asked([both, med_list, order], asked, ["medication"]) == [both, order]
+    # Not a drug question, or no cited order names what is asked: the scores decide as before.
+    assert naming_what_is_asked([med_list, order], asked, []) == [med_list, order]
+    order.chunk = NS(concepts=[_concept("lex:dementia", 90, negated=True)])
+    assert naming_what_is_asked([med_list, order], asked, ["medication"]) == [med_list, order]
+    # A concept of the context ("I had my tubes tied...") is not what the question asks about.
+    order.chunk = NS(concepts=[_concept("lex:dementia", 90)])
+    context = NS(concepts=[_concept("lex:dementia", role="context")])
+    assert naming_what_is_asked([med_list, order], context, ["medication"]) == [med_list, order]
+
+
+def test_a_patients_lay_words_are_read_with_the_clinical_term():
+    read = clinical_reading("Which medicine is he taking so his body doesn’t reject it?")
+    assert read == "Which medicine is he taking so his body doesn't reject (immunosuppressant) it?"
+    # A plain name of two words or more reads as its term; one word ("swelling") is too common to.
+    assert clinical_reading("Were my kidney stones big?") == "Were my kidney stones (nephrolithiasis) big?"
+    assert clinical_reading("Is the swelling worse?") == "Is the swelling worse?"
+    # A question that names the term already is left as written.
+    assert clinical_reading("Is my hypertension, my high blood pressure, better?") == \
+        "Is my hypertension, my high blood pressure, better?"
+
+
+def test_what_kind_asks_for_the_disorder_not_the_history_of_it():
+    from types import SimpleNamespace as NS
+    mi = NS(concepts=[_concept("lex:myocardial infarction")])
+    history = _ev(0, "Problem / diagnosis (active): History of myocardial infarction (situation)", 0.71,
+                  kind="coded", ref="Condition/h")
+    stemi = _ev(0, "Problem / diagnosis (active): Acute ST segment elevation myocardial infarction (disorder)", 0.5,
+                kind="coded", ref="Condition/s")
+    history.chunk = stemi.chunk = NS(concepts=[_concept("lex:myocardial infarction", 40)])
+    assert the_specific_kind([history, stemi], mi, "What kind of heart attack was it?") == [stemi]
+    # Asked whether it happened, the history answers as well as the disorder.
+    assert the_specific_kind([history, stemi], mi, "Did he have a heart attack?") == [history, stemi]
+    # With no other record of the concept, the history stays.
+    assert the_specific_kind([history], mi, "What kind of heart attack was it?") == [history]
+
+
+def test_a_weak_cited_record_about_something_else_does_not_answer():
+    from types import SimpleNamespace as NS
+    asked = NS(concepts=[_concept("lex:tubal ligation", role="context")])
+    assessment = _ev(0, "Procedure (completed): Assessment of health and social care needs", 0.34, kind="coded",
+                     ref="Procedure/a")
+    assessment.chunk = NS(concepts=[_concept("http://snomed.info/sct|710824005")])
+    ligation = _ev(0, "Procedure (completed): Ligation of bilateral fallopian tubes", 0.34, kind="coded",
+                   ref="Procedure/l")
+    ligation.chunk = NS(concepts=[_concept("lex:tubal ligation", 30)])
+    assert without_unrelated_weak_records([assessment, ligation], asked) == [ligation]
+    # Scoring well, or a message naming no concept: the thresholds decide as before.
+    strong = _ev(0, "Procedure (completed): Assessment of health and social care needs", 0.6, kind="coded")
+    strong.chunk = assessment.chunk
+    assert without_unrelated_weak_records([strong], asked) == [strong]
+    assert without_unrelated_weak_records([assessment], NS(concepts=[])) == [assessment]

@@ -183,8 +183,18 @@ def evidence_block(evidence: list[tuple[int, str, str]], ids: Identifiers) -> st
     return "\n".join(f"[{i}] {scrub(label, ids)}: {scrub(text, ids)}" for i, label, text in evidence)
 
 
-def generate(client: ChatClient, question: str, evidence: list[tuple[int, str, str]], ids: Identifiers) -> Draft | None:
-    """Select, then write. None when the model's output stays malformed (the caller falls back),
+WRITE_FOR_CLINICIAN = (
+    "Answer in JSON: an object whose key statements is a list; each item has "
+    "statement (one sentence, in your words, from the evidence) and citations (the ids "
+    "of the evidence it comes from). The first statement answers the question directly "
+    "in clinical words: yes or no, the value with its unit and date, or the current "
+    "items; at most three short supporting statements follow.")
+
+
+def generate(client: ChatClient, question: str, evidence: list[tuple[int, str, str]], ids: Identifiers,
+             write_instruction: str = WRITE_FOR_CLINICIAN) -> Draft | None:
+    """Select, then write (`write_instruction` says how: a clinician's answer by default, a reply
+    to a patient from `search.reply`). None when the model's output stays malformed (the caller falls back),
     and at once when there is no evidence: nothing could be cited, and a schema whose id list is
     empty is a grammar with an empty rule, which crashes llama.cpp's server (SIGSEGV)."""
     if not evidence:
@@ -204,11 +214,7 @@ def generate(client: ChatClient, question: str, evidence: list[tuple[int, str, s
     write_messages = [
         {"role": "system", "content": RULES},
         {"role": "user", "content": f"Question: {safe_question}\n\nEvidence:\n{evidence_block(chosen, ids)}\n\n"
-                                    "Answer in JSON: an object whose key statements is a list; each item has "
-                                    "statement (one sentence, in your words, from the evidence) and citations (the ids "
-                                    "of the evidence it comes from). The first statement answers the question directly "
-                                    "in clinical words: yes or no, the value with its unit and date, or the current "
-                                    "items; at most three short supporting statements follow."}]
+                                    + write_instruction}]
     chosen_ids = [e[0] for e in chosen]
     statements = ask_json(client, write_messages, parse_statements,
                           '{"statements": [{"statement": "...", "citations": [1]}]}', statements_schema(chosen_ids))

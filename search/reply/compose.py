@@ -24,15 +24,22 @@ from search.nlp.lexicon import STOP_WORDS
 from search.nlp.vocabulary import names_a_clinical_thing, presence_prefix
 from search.retrieval.pipeline import patient_terms, retrieve
 
-from .answer_types import answer_type_bonus, wanted
+from .answer_types import WHY, answer_type_bonus, has_asked_content, required, wanted
 from .asked import missing_thing
-from .message import about_whom, questions_in
-from .plain import glosses
+from .message import about_whom, asks_to_name_what_happens_now, questions_in
+from .plain import clinical_reading, glosses
 from .urgent import urgent_signs
 
 DEFAULT_WORDS = 75
 DEFAULT_URGENT_TEXT = ("If this is happening now, call 911 or go to the nearest emergency department. "
                        "Do not wait for a reply to this message.")
+# How the model writes a reply: whole sentences to the patient (the clinician's instruction asks for
+# "yes or no" first, which a small model writes as a bare "Yes" that verification must remove).
+WRITE_FOR_PATIENT = (
+    "Answer in JSON: an object whose key statements is a list; each item has statement (one whole "
+    "sentence written to the patient, saying you or your, in plain words, telling what the evidence "
+    "says, with its value and date when it has them) and citations (the ids of the evidence it comes "
+    "from). No advice, no diagnosis, nothing the evidence does not say; at most three statements.")
 CHECK_WITH_CARE_TEAM = "I will check with your care team about your question: “{question}”"
 MIN_SCORE = 0.45         # a best sentence the answer did not quote, scoring below this, does not answer
 WITHIN = 0.06            # further sentences are kept when nearly as good as the best...
@@ -40,12 +47,13 @@ MOST_PER_QUESTION = 2    # ...up to this many per question
 QUOTED_BONUS = 0.1       # a sentence the answer pipeline chose to quote
 MOST_GLOSSES = 2         # plain names per draft: more would make it long
 SIDES = {"left": "right", "right": "left"}
-WHY = re.compile(r"\bwhy\b|\bwhat (?:was|is) the reason\b|\bhow come\b", re.I)
 # The words a sentence gives a reason with.
 REASON = re.compile(r"\b(?:because|due to|secondary to|given (?:his|her|the|their)|in light of|owing to|as a result|"
                     r"therefore|reason|risky|risk of|need for|in order to|so that|for (?:further|continued|possible))\b",
                     re.I)
 REASON_BONUS = 0.12
+KIND_OF = re.compile(r"\b(?:what|which) (?:kinds?|types?|sorts?) of\b", re.I)
+SITUATION = re.compile(r"\(situation\)\s*$", re.I)      # SNOMED's tag for "History of ..." statements
 ABSTAINED = "the record holds no evidence for it"
 PLACEHOLDER = re.compile(r"\s*\[(?:redacted|birth date|phone|email|name)\]")
 # Coded records a draft may quote (a visit's own line says nothing a patient asked).
@@ -84,16 +92,19 @@ class Found:
 def questions_and_evidence(svc, tenant: str, patient_id: str, message: str, k: int = 5) -> list[Found]:
     found = []
     for i, (asked, read) in enumerate(questions_in(message)):
-        result = evidence_for(svc, tenant, patient_id, read, i, k)
+        # The patient's lay words are read as the record's clinical terms too ("doesn't reject it").
+        result = evidence_for(svc, tenant, patient_id, clinical_reading(read), i, k)
         if not result.evidence and result.reason == ABSTAINED and read != asked:
             # The context can mislead the pipeline as it can help ("I'm still confused about my ER
             # visit..."): the question is read once more as asked, under the same rules.
-            result = evidence_for(svc, tenant, patient_id, asked, i, k)
+            result = evidence_for(svc, tenant, patient_id, clinical_reading(asked), i, k)
         found.append(replace(result, question=asked))
     return found
 
 
 def evidence_for(svc, tenant: str, patient_id: str, question: str, index: int, k: int = 5) -> Found:
+    if asks_to_name_what_happens_now(asked_part(question)):
+        return Found(question, [], "it asks what is happening now, which only the care team can judge")
     retrieval = retrieve(svc.backend, svc.embedder, question, tenant, patient_id, k=k, pipeline="full",
                          reranker=svc.reranker)
     analysis = retrieval.analysis
@@ -114,6 +125,10 @@ def evidence_for(svc, tenant: str, patient_id: str, question: str, index: int, k
         return Found(question, [], "the record never names " + ", ".join(absent))
     scored = scored_sentences(retrieval, answer, analysis)
     scored = same_side(scored, question)
+    scored = with_asked_content(scored, required(asked_part(question)))
+    scored = naming_what_is_asked(scored, analysis, required(asked_part(question)))
+    scored = the_specific_kind(scored, analysis, asked_part(question))
+    scored = without_unrelated_weak_records(scored, analysis)
     chosen = chosen_evidence(scored)
     if not chosen:
         return Found(question, [], "no sentence of the record answers it closely enough")
@@ -203,6 +218,78 @@ def same_side(scored: list[Evidence], question: str) -> list[Evidence]:
                                       and not re.search(rf"\b{side}\b", e.text, re.I))]
 
 
+def with_asked_content(scored: list[Evidence], kinds: list[str]) -> list[Evidence]:
+    """A question that cannot be answered without a kind of content (a side, a number, a time, a
+    drug: `answer_types.required`) is not answered by a sentence that lacks it: "Which side was the
+    pain on?" by the note's best-matching sentence about the transfer, "Is he on anything for his
+    osteoporosis?" by the osteoporosis itself. When something that could answer has the content, the
+    rest are left out; when nothing does, only those whose lack is certain are (the patterns read
+    sides, numbers and times reliably, a coded record's type says whether it is a drug, but a note
+    may name a drug in words no pattern knows), and the usual thresholds decide."""
+    if not kinds:
+        return scored
+    having = {id(e) for e in scored if has_asked_content(kinds, e.text, dated=e.kind == "coded" and bool(e.date),
+                                                         medication=e.ref.startswith("Medication") if e.kind == "coded" else None)}
+    if any(id(e) in having and (e.score >= MIN_SCORE or e.cited) for e in scored):
+        return [e for e in scored if id(e) in having]
+    lack_is_certain = [all(k != "medication" or e.kind == "coded" for k in kinds) for e in scored]
+    return [e for e, certain in zip(scored, lack_is_certain) if id(e) in having or not certain]
+
+
+def naming_what_is_asked(scored: list[Evidence], analysis, kinds: list[str]) -> list[Evidence]:
+    """A drug question that names its subject ("what medicine is he on for his Alzheimer's?", "is he
+    on an anti-rejection drug?") is answered by the medication order whose concepts name it (its
+    reason, or its drug's class), not by a note's medication list that scores higher because it
+    reads like a list of medicines. When a cited medication record names a concept the question
+    asks about (not one of its context), evidence naming neither such a concept nor the drug of
+    such a record is left out (a note's list naming the drugs asked for still answers)."""
+    asked = {c["key"] for c in analysis.concepts if c.get("role") != "context" and not c.get("negated")}
+    if "medication" not in kinds or not asked:
+        return scored
+    orders = [e for e in scored if e.kind == "coded" and e.cited and e.ref.startswith("Medication")
+              and asked & concepts_named(e)]
+    if not orders:
+        return scored
+    drugs = {key for e in orders for key in concepts_named(e, role="member")}
+    return [e for e in scored if (asked | drugs) & concepts_named(e)]
+
+
+def the_specific_kind(scored: list[Evidence], analysis, question: str) -> list[Evidence]:
+    """"What kind of heart attack was it?" asks for the disorder itself (the ST-elevation infarction),
+    not the record that it happened: a coded SNOMED "(situation)" ("History of myocardial
+    infarction") yields to a coded record of another kind naming the same concept."""
+    if not KIND_OF.search(question):
+        return scored
+    asked = {c["key"] for c in analysis.concepts if c.get("role") != "context" and not c.get("negated")}
+    coded = [e for e in scored if e.kind == "coded" and asked & concepts_named(e)]
+    specific = set().union(*[concepts_named(e) for e in coded if not SITUATION.search(e.text)])
+    general = {id(e) for e in coded if SITUATION.search(e.text) and asked & specific & concepts_named(e)}
+    return [e for e in scored if id(e) not in general]
+
+
+def without_unrelated_weak_records(scored: list[Evidence], analysis) -> list[Evidence]:
+    """A coded record the answer cites but that scores low and names nothing the message names is
+    not an answer ("what was the surgery?" after "I had my tubes tied" is not the year's health
+    assessment): the answer pipeline's citation lets a weak record through only when it is about
+    what the message is about."""
+    named = {c["key"] for c in analysis.concepts if not c.get("negated")}
+    if not named:
+        return scored
+    return [e for e in scored if not (e.kind == "coded" and e.score < MIN_SCORE and not named & concepts_named(e))]
+
+
+def concepts_named(e: Evidence, role: str | None = None) -> set[str]:
+    """The concept keys the evidence names (of that role: "member" for a drug), a coded record's or
+    those inside a note sentence's span."""
+    concepts = [c for c in (getattr(e.chunk, "concepts", None) or [])
+                if not c.get("negated") and (role is None or c.get("role") == role)]
+    if e.kind == "coded":
+        return {c["key"] for c in concepts}
+    if not e.span:
+        return set()
+    return {c["key"] for c in concepts if "start" in c and e.span[0] <= c["start"] < e.span[1]}
+
+
 def chosen_evidence(scored: list[Evidence]) -> list[Evidence]:
     # A sentence the answer pipeline quotes has had its support judged; any other must score well.
     if not scored or (scored[0].score < MIN_SCORE and not scored[0].cited):
@@ -255,8 +342,9 @@ def build_reply(svc, tenant: str, patient_id: str, message: str, urgent_text: st
     if use_llm and svc.llm is not None and evidence:
         written = model_sentences(svc, tenant, patient_id, found, evidence)
         if written is not None:
-            sentences, removed = written
-            generator = svc.llm.name
+            kept, removed = written      # what verification removed is reported even when nothing is kept
+            if kept:
+                sentences, generator = kept, svc.llm.name
     sentences += [{"text": CHECK_WITH_CARE_TEAM.format(question=shortened(q)), "citations": [], "kind": "unanswered"}
                   for q in unanswered]
     if signs:
@@ -324,14 +412,14 @@ def shortened(question: str, most: int = 18) -> str:
 
 def model_sentences(svc, tenant: str, patient_id: str, found: list[Found], evidence: list[Evidence]):
     """The model's plain-language sentences, each verified against the evidence sentences it cites
-    (as answers are: concepts with their negation, numbers and dates must be in them); None when
-    the model fails or keeps nothing, so the extractive draft stands."""
+    (as answers are: concepts with their negation, numbers and dates must be in them), and those
+    removed with the reason; None when the model fails. With none kept the extractive draft stands."""
     ids = Identifiers.from_patient(svc.resource(tenant, patient_id, f"Patient/{patient_id}"))
     question = " ".join(f.question for f in found if f.evidence)
     block = [(e.n, e.label, e.text) for e in evidence]
     try:
         draft = generate(svc.llm, "A patient wrote, and a reply in plain words to them is wanted: " + question,
-                         block, ids)
+                         block, ids, WRITE_FOR_PATIENT)
     except LlmError:
         return None
     if draft is None:
@@ -351,4 +439,4 @@ def model_sentences(svc, tenant: str, patient_id: str, found: list[Found], evide
             kept.append({"text": item["statement"], "citations": cited, "kind": "answer"})
         else:
             removed.append({"statement": item["statement"], "reason": verdict.reason})
-    return (kept, removed) if kept else None
+    return kept, removed

@@ -5,6 +5,10 @@ list of alternatives; an evidence sentence meets an alternative when either cont
 compared as lower-case words), the facts the draft states, its words, its uncited sentences, and
 whether a message the record cannot answer was answered anyway.
 
+With a language model configured (`CHARTCITE_LLM_URL`), the drafts are the model's, as the panel
+would show them: each of its sentences verified against the evidence it cites; the report counts
+the drafts the model wrote, its sentences kept and those removed by verification.
+
 Question sets read: a notes-dev `questions.jsonl` (its `patient_portal` questions, each a message;
 gold from `sentence`) and reply sets (`message`, `answerable`, `gold`, `facts`, `urgent`), such as
 `search/reply/data/messages-dev.jsonl`.
@@ -14,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 import statistics
+from collections import Counter
 from pathlib import Path
 
 from .compose import build_reply
@@ -60,14 +65,20 @@ def score_message(item: dict, reply: dict) -> dict:
             "uncited": sum(1 for s in answer_sentences if not s["citations"]),
             "answered": bool(answer_sentences),
             "urgent_ok": reply["urgent"] == bool(item.get("urgent")),
-            "unanswered": len(reply["unanswered"])}
+            "unanswered": len(reply["unanswered"]),
+            "by_model": reply.get("generator", "extractive") != "extractive",
+            "model_kept": len(answer_sentences) if reply.get("generator", "extractive") != "extractive" else 0,
+            "model_removed": len(reply.get("removed") or []),
+            "removed_reasons": [r["reason"] for r in reply.get("removed") or []]}
 
 
 def evaluate_replies(svc, tenant: str, paths: list[str], words: int = 75) -> dict:
+    """Every message of the sets drafted and scored; the configured model drafts when there is one."""
     rows = []
     for path in paths:
         for item in load_messages(path):
-            reply = build_reply(svc, tenant, item["patient_id"], item["message"], words=words, use_llm=False).to_dict()
+            reply = build_reply(svc, tenant, item["patient_id"], item["message"], words=words,
+                                use_llm=svc.llm is not None).to_dict()
             row = score_message(item, reply)
             row["source"] = str(path)
             rows.append(row)
@@ -90,10 +101,15 @@ def summary(rows: list[dict]) -> dict:
             "answered_unanswerable": sum(1 for r in rows if not r["answerable"] and r["answered"]),
             "unanswered_answerable": sum(1 for r in answerable if not r["answered"]),
             "urgent_correct": sum(r["urgent_ok"] for r in rows),
+            "model_drafts": sum(r.get("by_model", False) for r in rows),
+            "model_sentences_kept": sum(r.get("model_kept", 0) for r in rows),
+            "model_sentences_removed": sum(r.get("model_removed", 0) for r in rows),
+            "model_removed_why": dict(Counter(reason for r in rows for reason in r.get("removed_reasons", []))),
             "rows": rows}
 
 
 def format_summary(report: dict) -> str:
     keys = ("messages", "answerable", "evidence_precision", "evidence_recall", "evidence_f1", "facts", "words_median",
-            "uncited_sentences", "answered_unanswerable", "unanswered_answerable", "urgent_correct")
+            "uncited_sentences", "answered_unanswerable", "unanswered_answerable", "urgent_correct", "model_drafts",
+            "model_sentences_kept", "model_sentences_removed", "model_removed_why")
     return "\n".join(f"{k:24} {report[k]}" for k in keys)

@@ -51,7 +51,36 @@ def questions_in(message: str) -> list[tuple[str, str]]:
     return found[:MOST_QUESTIONS]
 
 
+OPENS_WITH_RELATION = re.compile(rf"^\s*(?:my\s+)?({'|'.join(RELATIONS)})\b", re.I)
+FIRST_PERSON = re.compile(r"\b(?:i|me|my|mine|myself)\b", re.I)
+
+
 def about_whom(message: str) -> str:
-    """"your dad" when the writer asks about a relative, else "you"; said in the draft."""
-    m = RELATION.search(message)
-    return f"your {m.group(1).lower()}" if m else "you"
+    """"your dad" when the writer asks about a relative, else "you"; said in the draft. A relative
+    named in passing ("my sister keeps asking", "I left it at my mom's") is not whom the message is
+    about: the question's own relative comes first, then a question in the first person ("What
+    was my surgery?"), then a sentence whose subject is a relative ("My dad had a stroke.")."""
+    said = sentences(message)
+    asked = [s for s in said if asks(s)] or said
+    for sentence in asked:
+        m = RELATION.search(sentence)
+        if m:
+            return f"your {m.group(1).lower()}"
+    if any(FIRST_PERSON.search(s) for s in asked):
+        return "you"
+    for sentence in said:
+        m = OPENS_WITH_RELATION.match(sentence)
+        if m:
+            return f"your {m.group(1).lower()}"
+    return "you"
+
+
+# "Is this my heart disease again?", "Could it be a stroke?": the writer asks what is happening to
+# them now. The record holds what was found before, not what this is: quoting "ischemic heart
+# disease" under that question would read as a diagnosis, so such a question goes to the care
+# team. ("Is it normal after...?" and "Is that written in my chart?" are not of this form.)
+NAMING_NOW = re.compile(r"^\W*(?:is|could|can|might) (?:this|it|that) (?:be |just )?(?:my|his|her|their|a|an)\b", re.I)
+
+
+def asks_to_name_what_happens_now(question: str) -> bool:
+    return bool(NAMING_NOW.search(question))
