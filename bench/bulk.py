@@ -12,7 +12,10 @@ Each mode syncs the whole group into a fresh data directory (a first round: full
   processes indexing the parts, into Elasticsearch, over Redis.
 
 Printed per mode: resources/s end to end (kick-off to the round's end) and while indexing (first
-part claimed to last part done), the share of the indexing time the model alone would need
+part claimed to last part done), the CPU seconds (user + system) of chartcite's processes (the
+sync and its workers; not the EHR's) per resource, and their bound on 2 cores (2 × resources per
+CPU-second: what a machine of its own would reach end to end if chartcite kept both cores busy),
+the share of the indexing time the model alone would need
 (chunks embedded ÷ the model's own rate on these chunks' texts, measured here), the peak RSS of
 each process, and the staging database's size. The processor is the first line; the last is for
 scripts: `bulk: patients=… embedded_resources_per_s=… embedded_indexing_resources_per_s=… … cpu="…" cores=… isa=…`.
@@ -31,6 +34,7 @@ import gzip
 import json
 import os
 import re
+import resource
 import signal
 import sqlite3
 import subprocess
@@ -202,7 +206,7 @@ def run_mode(mode: str, folder: Path, ehr_root: str) -> dict:
     processes = {f"worker {n + 1}": subprocess.Popen(
         [sys.executable, "-m", "smart_app.cli", "worker"], cwd=REPO, env=env, stdout=(folder / f"{tenant}-w{n}.log").open("w"),
         stderr=subprocess.STDOUT, start_new_session=True) for n in range(workers)}
-    started = time.time()
+    started, cpu_before = time.time(), children_cpu()
     sync = subprocess.Popen([sys.executable, "-m", "smart_app.cli", "sync", "--tenant", tenant,
                              *(["--workers"] if workers else [])], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -214,6 +218,8 @@ def run_mode(mode: str, folder: Path, ehr_root: str) -> dict:
         for process in processes.values():
             os.killpg(process.pid, signal.SIGTERM)
             process.wait(60)
+    # Reaped here: the sync and its workers, nothing else (the servers run until the end).
+    cpu_seconds = children_cpu() - cpu_before
     if sync.returncode != 0:
         raise RuntimeError(f"{mode}: sync exited {sync.returncode}\n{out}\n{err[-3000:]}")
     times = round_times(data)
@@ -222,7 +228,14 @@ def run_mode(mode: str, folder: Path, ehr_root: str) -> dict:
     staging = (data / "bulk-staging.sqlite").stat().st_size / 2**20 if (data / "bulk-staging.sqlite").exists() else 0
     drop_index(env, tenant)
     return {"mode": mode, "elapsed": elapsed, "times": times, "peaks": memory.peaks, "model_rate": rate,
-            "staging_mb": staging, "check_seconds": check_seconds}
+            "staging_mb": staging, "check_seconds": check_seconds, "cpu_seconds": cpu_seconds}
+
+
+def children_cpu() -> float:
+    """User + system CPU seconds of this process's children that have ended and been waited for:
+    a machine shared with other work stretches the wall clock, not these."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def publish_keys(env: dict, path: Path) -> None:
@@ -251,7 +264,10 @@ def report(result: dict) -> str:
             f"{resources / indexing:.0f} resources/s, {chunks / indexing:.0f} chunks/s | the model alone "
             f"({result['model_rate']:.0f} chunks/s) would take {model_alone:.0f} s: {100 * model_alone / indexing:.0f}% "
             f"of indexing, {100 - 100 * model_alone / indexing:.0f}% outside embedding | peak RSS {peaks} | "
-            f"staging {result['staging_mb']:.0f} MB | check {result['check_seconds']:.1f} s")
+            f"staging {result['staging_mb']:.0f} MB | check {result['check_seconds']:.1f} s | "
+            f"CPU {result['cpu_seconds']:.0f} s = {1000 * result['cpu_seconds'] / resources:.2f} ms a resource, "
+            f"{resources / result['cpu_seconds']:.0f} resources per CPU-second, "
+            f"{2 * resources / result['cpu_seconds']:.0f}/s on 2 cores at best")
 
 
 def machine_figures(result: dict) -> str:
@@ -259,7 +275,8 @@ def machine_figures(result: dict) -> str:
     t, summary = result["times"], result["times"]["summary"]
     key = result["mode"].replace("-", "_")
     return (f"{key}_resources_per_s={summary['resources'] / result['elapsed']:.0f} "
-            f"{key}_indexing_resources_per_s={summary['resources'] / (t['last_part'] - t['first_part']):.0f}")
+            f"{key}_indexing_resources_per_s={summary['resources'] / (t['last_part'] - t['first_part']):.0f} "
+            f"{key}_resources_per_cpu_s={summary['resources'] / result['cpu_seconds']:.0f}")
 
 
 def main() -> None:

@@ -240,7 +240,8 @@ def write_words_then_vectors(backend: Backend, embedder: Embedder, tenant: str, 
 
 
 def index_in_turn(backend: Backend, embedder: Embedder, tenant: str, records: Iterable[PatientRecord],
-                  group: int = PATIENTS_PER_ENCODE) -> Iterator[IndexResult]:
+                  group: int = PATIENTS_PER_ENCODE, in_parts: Callable[[PatientRecord], bool] = lambda record: False,
+                  index_in_parts: Callable[..., IndexResult] | None = None) -> Iterator[IndexResult]:
     """Index records a few at a time, each one's result as it is written. The texts of a group
     of patients are embedded in one call (per-patient calls pad more: 8% slower on these
     records) while the next group is read from `records`, chunked and annotated on a thread (the
@@ -249,28 +250,46 @@ def index_in_turn(backend: Backend, embedder: Embedder, tenant: str, records: It
     `records` is consumed on that thread, so a database it reads must allow it. This thread
     plans a group (reads what the index holds) before handing that one the next: a thread that
     waits on SQLite between two Python steps waits again for the lock each time the other holds
-    it (reading records here, beside the preparation, cost 7 s in 80)."""
+    it (reading records here, beside the preparation, cost 7 s in 80).
+    A record `in_parts` says is too large to hold whole ends its group and is given to
+    `index_in_parts` (search/record_parts.py) on this thread, the groups before it written first
+    and the next one prepared after it (the annotator is not shared between threads)."""
     budget = embedder.budget()
     remaining = iter(records)
 
-    def prepare_group(size: int) -> list[PreparedRecord]:
-        return [prepare_record(tenant, record, budget) for record in islice(remaining, size)]
+    def prepare_group(size: int) -> tuple[list[PreparedRecord], PatientRecord | None]:
+        prepared = []
+        for record in islice(remaining, size):
+            if in_parts(record):
+                return prepared, record
+            prepared.append(prepare_record(tenant, record, budget))
+        return prepared, None
 
     with ThreadPoolExecutor(1, thread_name_prefix="chartcite-prepare") as pool:
         # A small first group: the model waits for it.
         upcoming = pool.submit(prepare_group, FIRST_GROUP)
         unwritten: tuple[list[RecordPlan], Callable[[], np.ndarray]] | None = None
-        while current := upcoming.result():
-            if unwritten and patients_of(unwritten[0]) & {prepared.record.patient_id for prepared in current}:
+        while True:
+            current, large = upcoming.result()
+            if not current and large is None:
+                break
+            if current and unwritten and patients_of(unwritten[0]) & {prepared.record.patient_id for prepared in current}:
                 # The same patient again: planned against the index as the earlier copy leaves it.
                 yield from write_group(backend, tenant, *unwritten)
                 unwritten = None
             plans = [plan_record(backend, tenant, prepared) for prepared in current]
-            upcoming = pool.submit(prepare_group, group)
-            vectors = embedder.encode_soon([text for plan in plans for text in plan.texts])
+            if large is None:
+                upcoming = pool.submit(prepare_group, group)
+            vectors = embedder.encode_soon([text for plan in plans for text in plan.texts]) if plans else None
             if unwritten:
                 yield from write_group(backend, tenant, *unwritten)
-            unwritten = (plans, vectors)
+            unwritten = (plans, vectors) if plans else None
+            if large is not None:
+                if unwritten:
+                    yield from write_group(backend, tenant, *unwritten)
+                    unwritten = None
+                yield index_in_parts(backend, embedder, tenant, large)
+                upcoming = pool.submit(prepare_group, group)
         if unwritten:
             yield from write_group(backend, tenant, *unwritten)
 

@@ -25,6 +25,7 @@ from search.backends.base import Backend, BackendError
 from search.held_back import HeldBackRemovals
 from search.backends.elastic_options import ElasticOptions
 from search.indexer import IndexResult, index_in_turn, index_record
+from search.record_parts import in_parts, index_in_parts
 from search.models.crossrank import CrossEncoderRanker, load_reranker
 from search.models.embed import Embedder
 from search.models.embedders import DEFAULT_INT8, load_embedder
@@ -176,8 +177,10 @@ class SearchService:
                      report: LoadReport | None = None) -> IndexResult:
         """`words_first`: searchable by words and concepts at once, by meaning as the vectors
         follow (a first sync). `report` hears what indexing decided against the record held."""
-        return index_record(self.backend, self.embedder, tenant, self.as_indexed(tenant, record, report), progress,
-                            words_first)
+        record = self.as_indexed(tenant, record, report)
+        if in_parts(record):     # too large to hold whole: searchable part by part as it is written
+            return index_in_parts(self.backend, self.embedder, tenant, record, progress)
+        return index_record(self.backend, self.embedder, tenant, record, progress, words_first)
 
     def as_indexed(self, tenant: str, record: PatientRecord, report: LoadReport | None = None,
                    budget: RemovalBudget | None = None) -> PatientRecord:
@@ -199,7 +202,8 @@ class SearchService:
         in one call while the next group is prepared."""
         budget = self.budget(allow_removals)
         return index_in_turn(self.backend, self.embedder, tenant,
-                             (self.as_indexed(tenant, r, report, budget) for r in records))
+                             (self.as_indexed(tenant, r, report, budget) for r in records),
+                             in_parts=in_parts, index_in_parts=index_in_parts)
 
     def deferred_refresh(self):
         """Writes in the block become searchable together at its end (a Bulk Data round)."""

@@ -174,8 +174,14 @@ class PatientChunker:
         )
 
     def chunks(self) -> list[Chunk]:
+        return self.chunks_of(self.resources) + self.trend_part()
+
+    def chunks_of(self, resources: list[dict]) -> list[Chunk]:
+        """The chunks of some of the record's resources (each fitted to the window), references
+        resolved against the whole record: a large record is chunked a part at a time
+        (search/record_parts.py), and its parts together make what `chunks()` makes."""
         out: list[Chunk] = []
-        for r in self.resources:
+        for r in resources:
             if withdrawn(r):
                 continue
             render = self.renderer(r["resourceType"])
@@ -191,8 +197,17 @@ class PatientChunker:
                 # (code, not data) so the bug is seen and fixed.
                 log.error("the %s renderer failed (%s): a bug", r["resourceType"], type(exc).__name__, exc_info=True)
                 self.problems.append(ChunkProblem(f"{r['resourceType']}/{r.get('id')}", f"could not be chunked: {exc}"))
-        out.extend(self.trend_chunks())
         return [piece for chunk in out for piece in self.within_window(chunk)]
+
+    def trend_part(self) -> list[Chunk]:
+        """The trend summaries of the whole record, fitted to the window."""
+        return [piece for chunk in self.trend_chunks() for piece in self.within_window(chunk)]
+
+    def forget_rendered(self) -> None:
+        """Drop what rendering cached (facts, the notes already fitted): a part's chunks need it
+        only until they are made, and a large record's would otherwise grow with the record."""
+        self._facts.clear()
+        self.fitted.clear()
 
     @staticmethod
     def renderer(resource_type: str):
