@@ -30,10 +30,8 @@ from __future__ import annotations
 
 import argparse
 import csv
-import gzip
 import json
 import os
-import re
 import resource
 import signal
 import sqlite3
@@ -52,6 +50,7 @@ import psutil  # noqa: E402
 import requests  # noqa: E402
 from cryptography.fernet import Fernet  # noqa: E402
 
+from bench.copies import copied_bundle_json  # noqa: E402
 from bench.machine import fields, header  # noqa: E402
 from tests.conftest import SYNTHEA, clean_env  # noqa: E402
 from tests.fhir_servers import (as_put_transaction, load_bundle, published_keys, serve_folder,  # noqa: E402
@@ -60,7 +59,6 @@ from tests.fhir_servers import (as_put_transaction, load_bundle, published_keys,
 RUN = "synthea_data_california"
 GROUP = "bench-group"
 CLIENT_ID = "chartcite-bench"
-UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 REDIS_DB = 7            # the bench's own Redis database, flushed before each run with workers
 
 
@@ -74,13 +72,7 @@ def one_run(synthea: Path) -> list[str]:
 def copied_bundle(source: Path, copy: int) -> tuple[dict, str]:
     """The patient's bundle with every resource id replaced by one of this copy's own (the same old
     id always becomes the same new one), and the new patient id."""
-    with gzip.open(source, "rt") as fh:
-        text = fh.read()
-    ids = {e["resource"]["id"] for e in json.loads(text)["entry"] if e.get("resource", {}).get("id")}
-    if copy:
-        text = UUID.sub(lambda m: str(uuid.uuid5(uuid.NAMESPACE_URL, f"{copy}/{m.group(0)}"))
-                        if m.group(0) in ids else m.group(0), text)
-    bundle = as_put_transaction(json.loads(text))
+    bundle = as_put_transaction(copied_bundle_json(source, copy))
     patient = next(e["resource"]["id"] for e in bundle["entry"] if e["resource"]["resourceType"] == "Patient")
     return bundle, patient
 

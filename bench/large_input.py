@@ -23,23 +23,21 @@ Usage: python bench/large_input.py [--mb 600] [--inputs bundle,ndjson,patient] [
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import re
 import subprocess
 import sys
 import tempfile
-import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.copies import copied_bundle_json  # noqa: E402
 from bench.long_lines import index_process  # noqa: E402
 from bench.machine import fields, header  # noqa: E402
 from tests.conftest import SYNTHEA  # noqa: E402
 
-UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 LOCAL_REFERENCE = re.compile(r'"urn:uuid:([0-9a-f-]{36})"')
 
 
@@ -50,13 +48,7 @@ def sources(synthea: Path) -> list[Path]:
 def copied_entries(source: Path, copy: int) -> list[dict]:
     """The bundle's entries with every resource id replaced by one of this copy's own (copy 0 keeps
     the originals); each entry keeps its fullUrl and resource only (a collection's entries)."""
-    with gzip.open(source, "rt") as fh:
-        text = fh.read()
-    ids = {e["resource"]["id"] for e in json.loads(text)["entry"] if e.get("resource", {}).get("id")}
-    if copy:
-        text = UUID.sub(lambda m: str(uuid.uuid5(uuid.NAMESPACE_URL, f"{copy}/{m.group(0)}"))
-                        if m.group(0) in ids else m.group(0), text)
-    return [{"fullUrl": e["fullUrl"], "resource": e["resource"]} for e in json.loads(text)["entry"]
+    return [{"fullUrl": e["fullUrl"], "resource": e["resource"]} for e in copied_bundle_json(source, copy)["entry"]
             if isinstance(e.get("resource"), dict)]
 
 
