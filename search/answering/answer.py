@@ -141,6 +141,37 @@ def judge_support(retrieval: Retrieval) -> Support:
     return Support(False, 0.0, "nothing in the record matches the question")
 
 
+def top_item_answers(retrieval: Retrieval) -> Support | None:
+    """Support from the top evidence item alone, when the words the record was judged to lack are
+    in that item after all and its typed fact carries every concept asked about ("point-of-care
+    glucose" answered by "POC Glucose 212 mg/dL"). Only a judgement on words is overturned: a
+    concept absent, only denied or not the named drug stays no evidence."""
+    analysis, evidence = retrieval.analysis, retrieval.evidence
+    required = analysis.required_keys
+    if not evidence or not required or not retrieval.absent_terms:
+        return None
+    top = evidence[0]
+    if fact_of(top) is None or not required <= asserted_keys(top.chunk.concepts):
+        return None
+    if drug_asked(retrieval) is not None:
+        return None
+    text = f"{top.chunk.label} {top.chunk.text}"
+    if not all(word_in_item(word, text) for word in retrieval.absent_terms):
+        return None
+    return Support(True, 1.0, "the top evidence item carries what was asked")
+
+
+def word_in_item(word: str, text: str) -> bool:
+    """The question's word is in the item as written or as its initialism: a record says "POC"
+    where the question says "point-of-care" (three letters or more: two letters are too often a
+    word of their own, "IV", "OR")."""
+    if term_in(word, text):
+        return True
+    parts = [p for p in re.split(r"[\s/-]+", word.lower()) if p]
+    initials = "".join(p[0] for p in parts)
+    return len(parts) > 1 and len(initials) >= 3 and re.search(rf"\b{initials}\b", text.lower()) is not None
+
+
 def drug_asked(retrieval: Retrieval) -> Support | None:
     """"Is she on calcium + vit D?", "post-op pain meds?": a question about what the patient takes
     is answered by medication records naming the drug or class (in the asked window), not by a
@@ -433,6 +464,9 @@ def compose(retrieval: Retrieval, patient_id: str, question_id: str | None = Non
     best_dense = max((e.dense for e in retrieval.evidence if e.dense is not None), default=0.0)
     diagnostics["support"] = {"supported": support.supported, "coverage": round(support.coverage, 3),
                               "reason": support.reason, "best_dense": round(best_dense, 4)}
+    if not support.supported:
+        support = top_item_answers(retrieval) or support
+        diagnostics["support"]["top_item"] = support.supported
     if not support.supported:
         return abstain(NO_EVIDENCE)
     relevant = relevant_evidence(retrieval)
