@@ -252,13 +252,20 @@ def without_window(question: str) -> str:
     return question
 
 
+def sig_asked(question: str, target: Target) -> bool:
+    """"How often is albuterol given?": of a drug, "how often" asks the order's frequency, which the
+    order's sentence states, not how many records there are ("how many times" still counts)."""
+    counted = {m.group(0).lower() for m in COUNT.finditer(question)}
+    return counted == {"how often"} and target.semantic_types == ("medication",)
+
+
 def operation_of(question: str, target: Target) -> str:
     """What to do with the target's items, from the question's words; the arithmetic first, as
     "how many times since the first one" is a count."""
     question = without_window(question).strip(" ,;")
     if DURATION.search(question) and (target.kind == "visit" or target.keys):
         return "duration"      # a stay of a class of visit, or the stay that holds a named event
-    if COUNT.search(question):
+    if COUNT.search(question) and not sig_asked(question, target):
         return "count"
     if CHANGE.search(question) and target.kind == "concept":
         return "change"
