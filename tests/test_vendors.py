@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from fhir_ingest.record.chunk import PatientChunker, TextBudget
 from fhir_ingest.record.contract import Chunk
 from fhir_ingest.record.load import load_resources
@@ -231,3 +233,58 @@ def test_an_icu_stay_part_of_an_admission_is_not_called_the_admission():
     icu = next(clause for clause in said.split("; ") if "intensive care" in clause)
     assert "intensive care unit (part of the inpatient encounter (URGENT) of 2180-05-06) on 2180-05-06" in icu, said
     assert "hospital admission" not in icu
+
+
+# --- the top evidence item answers: no "no evidence" beside it (issue 35) -------------------------
+
+@pytest.fixture(scope="module")
+def oracle_service(tmp_path_factory):
+    from search.service import SearchService
+
+    service = SearchService("embedded", tmp_path_factory.mktemp("oracle") / "index.sqlite")
+    assert not service.index_paths("t", [ORACLE]).load.skipped
+    yield service
+    service.close()
+
+
+def ask(service, question: str) -> dict:
+    return service.ask("t", "12724066", question, use_llm=False)
+
+
+def test_a_point_of_care_value_is_stated_when_the_record_writes_its_initialism(oracle_service):
+    """"point-of-care" is in no form in the record, which says "POC": the top item's typed fact
+    carries the glucose asked about, so its value is the answer, not "no evidence"."""
+    result = ask(oracle_service, "point-of-care glucose value?")
+    assert not result["abstained"], result["answer"]
+    assert result["answer"].startswith("POC Glucose 212 mg/dL (high) on 2020-06-02 [1]"), result["answer"]
+
+
+def test_a_word_the_top_item_does_not_carry_still_means_no_evidence(oracle_service):
+    """Fail safe: the glucose result does not answer a point-of-care hemoglobin."""
+    result = ask(oracle_service, "point-of-care hemoglobin?")
+    assert result["abstained"] and not result["citations"], result["answer"]
+
+
+def test_the_initialism_of_a_question_word_is_found_in_the_item():
+    from search.answering.answer import word_in_item
+
+    assert word_in_item("point-of-care", "2020-06-02 · Lab · POC Glucose 212 mg/dL High")
+    assert not word_in_item("x-ray", "XR Chest 2 Views")      # two letters: too likely a word by chance
+    assert not word_in_item("point-of-care", "Glucose 212 mg/dL (poco loco)")
+    assert word_in_item("fasting", "Fasting glucose 98 mg/dL")
+
+
+def test_asked_why_a_vaccine_was_not_given_the_refusal_and_its_reason_come_first(oracle_service):
+    for question in ("why was the flu vaccine not given?", "did she refuse the flu shot?"):
+        said = ask(oracle_service, question)["answer"]
+        assert said.startswith("Influenza vaccine not done (2020-06-03, patient refused) [1]"), said
+    said = ask(oracle_service, "when did she get a flu vaccine?")["answer"]
+    assert said.startswith("Influenza vaccine on 2019-10-21 [1]"), said
+
+
+def test_how_often_of_an_as_needed_order_is_its_frequency_not_a_count_or_no_evidence(oracle_service):
+    for question in ("how often is albuterol given?", "how much albuterol and how often?"):
+        result = ask(oracle_service, question)
+        said = result["answer"]
+        assert said.startswith("Albuterol inhaler, 2 puff(s) inhaled every 4 hours as needed for wheezing"), said
+        assert "I don't have evidence" not in said and not result["abstained"], said
