@@ -288,3 +288,12 @@ def test_how_often_of_an_as_needed_order_is_its_frequency_not_a_count_or_no_evid
         said = result["answer"]
         assert said.startswith("Albuterol inhaler, 2 puff(s) inhaled every 4 hours as needed for wheezing"), said
         assert "I don't have evidence" not in said and not result["abstained"], said
+
+
+def test_a_measurement_the_record_never_holds_is_said_to_be_absent_first(oracle_service):
+    """"whats the a1c" for a patient with no A1c: that none is recorded is the answer, said before
+    anything else, and nothing is cited for it."""
+    result = ask(oracle_service, "whats the a1c")
+    assert result["abstained"] and not result["citations"], result["answer"]
+    opening = result["answer"].split(". ")[1]
+    assert opening.startswith("No hemoglobin a1c is recorded among the patient's results"), result["answer"]

@@ -197,8 +197,9 @@ def absent(result: Answer, target: Target, analysis: Analysis) -> Answer:
     (an abstention keeps its own listing of the class, the absence said before it)."""
     window = window_words(analysis)
     said = f"No {target.display} is recorded among the patient's {target.class_words}{window}."
-    if result.abstained and not affirms(analysis.question):
-        return result          # an abstention to a question that did not ask whether: as it is
+    if result.abstained and not (affirms(analysis.question) or target.kind in ("lab", "vital")):
+        return result          # an abstention to a question that did not ask whether, nor for a
+                               # measurement ("whats the a1c": that none is recorded is the answer)
     if result.abstained:
         opening = next((s for s in (NO_EVIDENCE, NO_EVIDENCE_YET) if result.answer.startswith(s)), None)
         if opening is None or f"No {target.display} is recorded" in result.answer:
