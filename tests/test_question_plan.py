@@ -303,6 +303,10 @@ def ops_record() -> list[dict]:
                   "Fracture of clavicle"),
         encounter("imp-1", "IMP", "2025-04-16T08:00:00Z", "2025-05-12T11:00:00Z", "Hospital admission",
                   "Fracture of clavicle"),
+        encounter("tx-1", "IMP", "2019-04-18T10:00:00Z", "2019-04-25T18:00:00Z",
+                  "Admission to surgical transplant department", "Awaiting transplantation of kidney"),
+        encounter("hd-1", "AMB", "2019-05-02T10:00:00Z", "2019-05-02T14:00:00Z", "Hemodialysis",
+                  "Awaiting transplantation of kidney"),
         *[{"resourceType": "MedicationRequest", "id": mid, "status": status, "intent": "order", "subject": SUBJECT,
            "authoredOn": day, "medicationCodeableConcept": coded(RXNORM, code, name)}
           for mid, status, day, code, name in (
@@ -341,6 +345,16 @@ def test_length_of_stay_and_where(ops_service):
     result = ask(ops_service, "how long was she in for the last admission")
     assert result["answer"].startswith("26 days: admitted 2025-04-16, discharged 2025-05-12")
     assert "Mercy General Hospital" in result["answer"] and every_mark_opens_the_evidence(result)
+
+
+def test_length_of_stay_for_a_kind_of_record_is_the_stay_whose_type_names_it(ops_service):
+    """"How long was she in for the transplant" names procedures, not one: the stay is the visit
+    whose type says transplant, not the newer dialysis visit whose reason does."""
+    result = ask(ops_service, "how long was she in for the transplant")
+    assert result["answer"].startswith("7 days: admitted 2019-04-18, discharged 2019-04-25"), result["answer"]
+    assert "Hemodialysis" not in result["answer"] and every_mark_opens_the_evidence(result)
+    part = plan_question("how long was she in for the transplant", TODAY, [], ("procedure",)).parts[0]
+    assert part.operation == "duration" and part.target.event_word == "transplant"
 
 
 def test_the_dose_change_is_stated_not_folded(ops_service):

@@ -101,6 +101,7 @@ class Target:
     semantic_types: tuple[str, ...] = ()       # kinds of record the items may be
     visit_class: str = ""                      # emergency | inpatient | home health | virtual | ambulatory
     visit_codes: tuple[str, ...] = ()          # its Encounter.class codes
+    event_word: str = ""                       # a class named by an event one is admitted for ("the transplant")
 
 
 @dataclass(frozen=True)
@@ -263,7 +264,7 @@ def operation_of(question: str, target: Target) -> str:
     """What to do with the target's items, from the question's words; the arithmetic first, as
     "how many times since the first one" is a count."""
     question = without_window(question).strip(" ,;")
-    if DURATION.search(question) and (target.kind == "visit" or target.keys):
+    if DURATION.search(question) and (target.kind == "visit" or target.keys or target.event_word):
         return "duration"      # a stay of a class of visit, or the stay that holds a named event
     if COUNT.search(question) and not sig_asked(question, target):
         return "count"
@@ -288,6 +289,9 @@ def visit_class_of(question: str) -> tuple[str, tuple[str, ...]]:
     return "", ()
 
 
+# Kinds of record that are also events a stay is for: "how long was she in for the transplant"
+# names no coded procedure, only the kind; the stay is the visit that says it or holds one.
+EVENT_KIND = re.compile(r"\b(transplant|surgery|operation)(?:s|ed)?\b", re.I)
 NOTE_WORDS = re.compile(r"\b(notes?|documented|says?|said|presented with|complaints?|hpi|chief complaint)\b", re.I)
 
 
@@ -325,7 +329,9 @@ def target_of(question: str, concepts: list[dict], kinds: tuple[str, ...]) -> Ta
         return Target("visit", (named if re.search(r"visits?$", named) else f"{named} visits") if named else "visits",
                       keys=tuple(c["key"] for c in visits), semantic_types=("encounter",))
     if kinds:
-        return Target("class", " and ".join(CLASS_ITEMS.get(k, k) for k in kinds), semantic_types=tuple(kinds))
+        event = EVENT_KIND.search(question)
+        return Target("class", " and ".join(CLASS_ITEMS.get(k, k) for k in kinds), semantic_types=tuple(kinds),
+                      event_word=event.group(1).lower() if event else "")
     return None
 
 
