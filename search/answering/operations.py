@@ -261,6 +261,7 @@ def change(part: PlanPart, items: list[Item], organisation=lambda item: "") -> O
 
 def compare(part: PlanPart, items: list[Item], organisation=lambda item: "") -> Outcome:
     """This period against that one: the latest value of each, and which way it moved."""
+    items = one_measurement(items, part.target.words)
     now = in_window(items, part.window)
     then = in_window(items, part.compare_with) if part.compare_with else []
     words = part.target.words
@@ -277,6 +278,24 @@ def compare(part: PlanPart, items: list[Item], organisation=lambda item: "") -> 
     lead = (f"{words[0].upper() + words[1:]}{window_words(part.window)}: {value_words(a)} on {a.day} [1]; "
             f"{part.compare_with.words}: {value_words(b)} on {b.day} [2]" + (f" ({direction})" if direction else "") + ".")
     return Outcome([Statement(lead, [1, 2], lead=True)], [a, b])
+
+
+def one_measurement(items: list[Item], words: str) -> list[Item]:
+    """Of the codes that assert the asked concept, the one that measures it plainest: a BMI is
+    compared with a BMI, not with a BMI-for-age percentile of the same visit (its name holds the
+    fewest words beyond the asked ones; the most items break a tie)."""
+    groups: dict[str, list[Item]] = {}
+    for item in items:
+        code = next(iter(item.fact.get("codes") or []), {})
+        groups.setdefault(f"{code.get('system', '')}|{code.get('code', '')}", []).append(item)
+    if len(groups) < 2:
+        return items
+    asked = set(re.findall(r"[a-z0-9]+", words.lower()))
+
+    def extra_words(group: list[Item]) -> tuple[int, int]:
+        name = str(group[0].fact.get("name") or group[0].chunk.label)
+        return len(set(re.findall(r"[a-z0-9]+", name.lower())) - asked), -len(group)
+    return min(groups.values(), key=extra_words)
 
 
 def movement(a: Item, b: Item) -> str:
