@@ -33,11 +33,11 @@ SEVERAL_VALUES = re.compile(r"\b(?:trend\w*|changed?|going (?:up|down)|over time
 # The lexicon's entry for the words "allergy", "allergic", "intolerance"...: every other concept of
 # an allergy question (latex, peanuts, a drug class) is the allergen asked about.
 ALLERGY_WORDS = "lex:allergy"
-# "Is she pregnant?", "does he have asthma?", "still on warfarin?": asked of now, not of ever.
 # "why was the flu vaccine not given?", "did she refuse it?": what was not done is what is asked
 # ("declining kidney function" asks no such thing).
 ASKS_THE_NEGATIVE = re.compile(r"\b(?:refus\w*|declined?|declines|withh[oe]ld\w*|defer(?:red|ral)|"
                                r"not\s+(?:given|done|administered|performed|received|taken))\b", re.I)
+# "Is she pregnant?", "does he have asthma?", "still on warfarin?": asked of now, not of ever.
 PRESENT_TENSE = re.compile(r"^\s*(?:is|are|does|do)\b(?!.*\bever\b)|\b(?:currently|still|now)\b", re.I)
 FAMILY = {"immunization": ("immunization", "procedure"), "procedure": ("procedure", "immunization")}
 ASKED_KINDS = ("medication", "allergy", "problem", "procedure", "immunization", "encounter")

@@ -57,7 +57,7 @@ COMPARE = re.compile(r"\b(better or worse|worse or better|better|worse|compared?
                      r"than (?:in|last|the)?\s*(?:19|20)\d\d)\b", re.I)
 # "a1c now vs last year": the period compared with is the last calendar year (a window phrase,
 # taken off before the operation is read, so looked for in the question as asked).
-LAST_YEAR = re.compile(r"\b(?:last|previous|prior)\s+(?:year|yr)\b", re.I)
+LAST_YEAR = re.compile(r"\b(?:last|previous)\s+(?:year|yr)\b", re.I)
 LATEST = re.compile(r"\b(latest|last|most recent|newest|recent)\b", re.I)
 FIRST = re.compile(r"\b(first|earliest|initial|oldest)\b", re.I)
 EXISTS = re.compile(r"^\s*(?:any|is|was|are|were|does|did|do|has|have|had|ever)\b", re.I)
