@@ -295,5 +295,21 @@ def test_a_measurement_the_record_never_holds_is_said_to_be_absent_first(oracle_
     anything else, and nothing is cited for it."""
     result = ask(oracle_service, "whats the a1c")
     assert result["abstained"] and not result["citations"], result["answer"]
-    opening = result["answer"].split(". ")[1]
-    assert opening.startswith("No hemoglobin a1c is recorded among the patient's results"), result["answer"]
+    assert result["answer"].startswith("No hemoglobin a1c is recorded among the patient's results."), result["answer"]
+
+
+def test_this_admission_is_the_stay_not_the_whole_record(oracle_service):
+    """"This admission" is the inpatient stay of 2020-06-01 to 06-04: the vaccine given in 2019 is
+    not a "Yes" for it; the refusal during the stay is the answer."""
+    result = ask(oracle_service, "was she vaccinated against influenza this admission?")
+    said = result["answer"]
+    assert not said.startswith("Yes") and "2019-10-21" not in said, said
+    assert said.startswith("No — influenza vaccine not done (2020-06-03, patient refused) [1]"), said
+
+
+def test_a_yes_rests_only_on_entries_in_the_asked_window(oracle_service):
+    """A retrieved entry from outside "in 2015" does not make the answer "Yes"."""
+    result = ask(oracle_service, "was she vaccinated against influenza in 2015?")
+    assert not result["answer"].startswith("Yes") and result["abstained"], result["answer"]
+    assert "recorded among the patient's immunizations between 2015-01-01 and 2015-12-31" in result["answer"]
+    assert ask(oracle_service, "any flu vaccine in 2019?")["answer"].startswith("Yes — influenza vaccine on 2019-10-21")

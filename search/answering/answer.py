@@ -256,9 +256,8 @@ def class_entries_answer(result: Answer, klass: str, entries: list, context=None
     shown_related = statements[(context is not None):(context is not None) + len(related)]
     listed = statements[(context is not None) + len(related):]
     cut = len(entries) > room
-    parts = [NO_EVIDENCE]
-    if absent:
-        parts.append(absent)
+    # What the whole class, read through, lacks is the answer: said first, the listing after it.
+    parts = [absent, NO_EVIDENCE] if absent else [NO_EVIDENCE]
     if context is not None:
         parts.append(statements[0].cited_text())
     if shown_related:
@@ -508,6 +507,15 @@ def impossible_date_answer(retrieval: Retrieval, patient_id: str, question_id: s
     text = " ".join(f"{sentence}." for sentence in said) + \
         f" I have not answered as if {'it were' if len(said) == 1 else 'they were'}: ask again with the date you mean."
     diagnostics = retrieval_diagnostics(retrieval) | {"impossible_dates": said}
+    return Answer(question_id, patient_id, retrieval.question, text, [], [], [], "low", True, diagnostics)
+
+
+def unplaced_window_answer(retrieval: Retrieval, patient_id: str, question_id: str | None = None) -> Answer:
+    """"Was she vaccinated this admission?" when the record holds no admission: answering over the
+    whole record would pass older entries off as this stay's, so the missing stay is said instead."""
+    said = retrieval.analysis.unplaced
+    text = f"{said}. I have not answered over the whole record: ask again with the dates you mean."
+    diagnostics = retrieval_diagnostics(retrieval) | {"unplaced_window": said}
     return Answer(question_id, patient_id, retrieval.question, text, [], [], [], "low", True, diagnostics)
 
 
