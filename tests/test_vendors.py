@@ -313,3 +313,18 @@ def test_a_yes_rests_only_on_entries_in_the_asked_window(oracle_service):
     assert not result["answer"].startswith("Yes") and result["abstained"], result["answer"]
     assert "recorded among the patient's immunizations between 2015-01-01 and 2015-12-31" in result["answer"]
     assert ask(oracle_service, "any flu vaccine in 2019?")["answer"].startswith("Yes — influenza vaccine on 2019-10-21")
+
+
+def test_a_question_word_is_found_through_another_name_of_the_same_test(oracle_service):
+    """"fingerstick" is in no form in the record, which says "POC Glucose": labs.tsv names both the
+    same capillary glucose test, so the POC value answers "fingerstick bg?"."""
+    from search.answering.answer import word_in_item
+    from search.nlp import terminology
+
+    assert {"poc glucose", "capillary glucose"} <= terminology.lab_synonyms("fingerstick")
+    assert "glucose" not in terminology.lab_synonyms("fingerstick")     # shared by other tests: not a synonym
+    assert word_in_item("fingerstick", "2020-06-02 · Lab · POC Glucose 212 mg/dL High")
+    assert not word_in_item("fingerstick", "Glucose [Mass/volume] in Blood 98 mg/dL")
+    result = ask(oracle_service, "fingerstick bg?")
+    assert result["answer"].startswith("POC Glucose 212 mg/dL (high) on 2020-06-02 [1]"), result["answer"]
+    assert ask(oracle_service, "fingerstick hemoglobin?")["abstained"]

@@ -167,6 +167,9 @@ def word_in_item(word: str, text: str) -> bool:
     word of their own, "IV", "OR")."""
     if term_in(word, text):
         return True
+    # "fingerstick" where the record says "POC Glucose": another name of that very test.
+    if any(re.search(rf"\b{re.escape(name)}\b", text, re.I) for name in terminology.lab_synonyms(word)):
+        return True
     parts = [p for p in re.split(r"[\s/-]+", word.lower()) if p]
     initials = "".join(p[0] for p in parts)
     return len(parts) > 1 and len(initials) >= 3 and re.search(rf"\b{initials}\b", text.lower()) is not None
