@@ -27,6 +27,9 @@ CLASS_WORDS = {"EMER": ["ED visits", "ER visits", "emergency visits"],
 OBSERVATIONS = {"85354-9": ("bp readings", "blood pressure"), "39156-5": ("bmi readings", "BMI"),
                 "29463-7": ("weights", "weight"), "2093-3": ("cholesterol checks", "cholesterol")}
 
+# Compared measurements, in the order tried (the blood pressure panel is two values, not one).
+COMPARED = (("4548-4", "a1c"), ("39156-5", "BMI"), ("29463-7", "weight"), ("2093-3", "cholesterol"))
+
 
 def back(day: date, years: int = 0, months: int = 0) -> date:
     total = day.year * 12 + day.month - 1 - years * 12 - months
@@ -118,15 +121,30 @@ def observation_questions(out: Questions, pid: str, rs: list[dict], turn: int) -
         inside = [r for r in found if r.get("effectiveDateTime", "")[:10] >= since]
         out.add(pid, f"how many {plural} since {TODAY.year - 3}", "count", [[ref(r)] for r in inside[-5:]],
                 [str(len(inside))] if inside else [], len(inside))
-        quantity = lambda r: r.get("valueQuantity", {}).get("value")
-        if code != "85354-9" and quantity(found[-1]) is not None:
-            year = int(found[-1]["effectiveDateTime"][:4]) - 1
-            before = [r for r in found if r["effectiveDateTime"][:4] == str(year)]
-            if before:
-                out.add(pid, f"{name} better or worse than {year}?", "compare",
-                        [[ref(found[-1])], [ref(before[-1])]],
-                        [fmt(quantity(found[-1])), fmt(quantity(before[-1]))])
         return       # one measurement per patient keeps the set varied
+
+
+def compare_questions(out: Questions, pid: str, rs: list[dict]) -> None:
+    """One comparison per patient, of the first measurement of COMPARED measured both in a year and
+    after it: "a1c better or worse than 2023?" (after the year against it) or, every other one
+    when the latest is of this year, "a1c now vs last year" (this year against the last)."""
+    observations = [r for r in rs if r["resourceType"] == "Observation" and r.get("valueQuantity", {}).get("value") is not None]
+    for code, name in COMPARED:
+        found = sorted((r for r in observations if r["code"]["coding"][0]["code"] == code),
+                       key=lambda r: r.get("effectiveDateTime", ""))
+        if not found:
+            continue
+        latest = found[-1]
+        year = int(latest["effectiveDateTime"][:4]) - 1
+        question = f"{name} better or worse than {year}?"
+        asked_before = sum(1 for row in out.rows if row["kind"] == "compare")
+        if asked_before % 2 and latest["effectiveDateTime"][:4] == str(TODAY.year):
+            question = f"{name} now vs last year"
+        before = [r for r in found if r["effectiveDateTime"][:4] == str(year)]
+        if before:
+            out.add(pid, question, "compare", [[ref(latest)], [ref(before[-1])]],
+                    [fmt(latest["valueQuantity"]["value"]), fmt(before[-1]["valueQuantity"]["value"])])
+            return
 
 
 def fmt(value: float) -> str:
@@ -161,6 +179,7 @@ def main(shared: Path) -> None:
         rs = resources(shared, pid)
         visit_questions(out, pid, rs, turn)
         observation_questions(out, pid, rs, turn)
+        compare_questions(out, pid, rs)
         medication_questions(out, pid, rs, turn)
     for n, row in enumerate(kept(out.rows), start=1):
         print(json.dumps(dict(row, id=f"ops-{n:03d}")))

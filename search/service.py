@@ -14,7 +14,7 @@ from fhir_ingest.record.kinds import CLINICAL_TYPES
 from fhir_ingest.record.load import SOURCE, LoadReport, PatientRecord, RemovalBudget, against_held, assembled
 from fhir_ingest.record.reader import DEFAULT_LIMITS, ReadLimits, read_path
 
-from search.answering.answer import compose, impossible_date_answer
+from search.answering.answer import compose, impossible_date_answer, unplaced_window_answer
 from search.answering.invariants import checked
 from search.answering.grounded import GENERAL_BANNER, GENERAL_REFUSAL, grounded_answer
 from search.answering.parts import combined, question_parts
@@ -253,6 +253,8 @@ class SearchService:
         analysis = retrieval.analysis
         if analysis.impossible_dates:
             return impossible_date_answer(retrieval, patient_id, question_id)
+        if analysis.unplaced:
+            return unplaced_window_answer(retrieval, patient_id, question_id)
         # Asking for a latest value, a trend, a list, a history or a date is asking about the record.
         # Asking for a kind of record ("the care plan", "her meds") is asking about the record too.
         about_record = bool(analysis.intents() or analysis.date_from or analysis.date_to or analysis.kinds)

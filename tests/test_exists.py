@@ -90,8 +90,15 @@ def test_an_absent_target_is_said_to_be_absent_and_never_answered_yes(svc, quest
     for diabetes: those are shown after the absence, as context."""
     result = svc.ask("t", PID, question)
     assert not result["answer"].startswith("Yes"), result["answer"]
-    assert result["abstained"] and result["answer"].startswith(NO_EVIDENCE)
-    assert absent in result["answer"], result["answer"]
+    assert result["abstained"] and result["answer"].startswith(absent), result["answer"]
+    assert NO_EVIDENCE in result["answer"]
+
+
+def test_a_question_about_this_admission_without_one_is_not_answered_over_the_whole_record(svc):
+    """The record holds no encounter: the opioid order of 2024 is not passed off as this stay's."""
+    result = svc.ask("t", PID, "any opioids given this admission?")
+    assert result["abstained"] and not result["citations"], result["answer"]
+    assert result["answer"].startswith("No hospital admission in progress or recorded for 'this admission'")
 
 
 def test_a_present_target_is_yes_with_its_entries(svc):

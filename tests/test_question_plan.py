@@ -261,6 +261,34 @@ def test_compare_plan_reads_the_named_year():
     assert plan.window.start == "2025-01-01" and plan.compare_with.words == "in 2024"
 
 
+def test_compare_plan_reads_now_against_last_year():
+    plan = plan_question("a1c now vs last year", TODAY, [A1C]).parts[0]
+    assert plan.operation == "compare"
+    assert (plan.window.start, plan.window.end) == ("2025-01-01", "2025-08-01")
+    assert (plan.compare_with.start, plan.compare_with.end, plan.compare_with.words) == ("2024-01-01", "2024-12-31", "in 2024")
+    assert plan_question("a1c last year", TODAY, [A1C]).parts[0].operation == "list"
+
+
+def bmi(n: int, day: str, value: float, percentile: bool = False) -> ops.Item:
+    name, code, unit = (("Body mass index (BMI) [Percentile] Per age and sex", "59576-9", "%") if percentile
+                        else ("Body mass index (BMI) [Ratio]", "39156-5", "kg/m2"))
+    return item(n, day, fact={"kind": "measurement", "name": name, "codes": [{"system": "http://loinc.org", "code": code}],
+                              "value": {"text": f"{value} {unit}", "quantity": {"value": value}}}, semantic_type="vital")
+
+
+def test_a_comparison_compares_one_measurement_not_another_code_of_the_same_concept():
+    """A child's BMI and BMI-for-age percentile both assert "body mass index": the BMI of 2024 is
+    compared with the BMI of 2023, not with the percentile taken at the same visit."""
+    items = [bmi(4, "2024-11-19", 90.8, percentile=True), bmi(3, "2024-11-19", 27.9),
+             bmi(2, "2023-11-14", 92.1, percentile=True), bmi(1, "2023-11-14", 27.6)]
+    target = Target("concept", "body mass index", keys=("lex:body mass index",))
+    outcome = ops.compare(part("compare", Window("2024-01-01", "2025-08-01", "since 2024-01-01"), target,
+                               compare_with=Window("2023-01-01", "2023-12-31", "in 2023")), items)
+    said = outcome.statements[0].text
+    assert "27.9 kg/m2 on 2024-11-19 [1]; in 2023: 27.6 kg/m2 on 2023-11-14 [2] (higher than then)" in said, said
+    assert "%" not in said
+
+
 def test_items_are_the_target_itself():
     denied = item(1, "2024-01-01", concepts=[{"key": "lex:hemoglobin a1c", "negated": True}])
     asserted = item(2, "2024-01-01", concepts=[{"key": "lex:hemoglobin a1c", "negated": False}])
@@ -303,6 +331,10 @@ def ops_record() -> list[dict]:
                   "Fracture of clavicle"),
         encounter("imp-1", "IMP", "2025-04-16T08:00:00Z", "2025-05-12T11:00:00Z", "Hospital admission",
                   "Fracture of clavicle"),
+        encounter("tx-1", "IMP", "2019-04-18T10:00:00Z", "2019-04-25T18:00:00Z",
+                  "Admission to surgical transplant department", "Awaiting transplantation of kidney"),
+        encounter("hd-1", "AMB", "2019-05-02T10:00:00Z", "2019-05-02T14:00:00Z", "Hemodialysis",
+                  "Awaiting transplantation of kidney"),
         *[{"resourceType": "MedicationRequest", "id": mid, "status": status, "intent": "order", "subject": SUBJECT,
            "authoredOn": day, "medicationCodeableConcept": coded(RXNORM, code, name)}
           for mid, status, day, code, name in (
@@ -341,6 +373,16 @@ def test_length_of_stay_and_where(ops_service):
     result = ask(ops_service, "how long was she in for the last admission")
     assert result["answer"].startswith("26 days: admitted 2025-04-16, discharged 2025-05-12")
     assert "Mercy General Hospital" in result["answer"] and every_mark_opens_the_evidence(result)
+
+
+def test_length_of_stay_for_a_kind_of_record_is_the_stay_whose_type_names_it(ops_service):
+    """"How long was she in for the transplant" names procedures, not one: the stay is the visit
+    whose type says transplant, not the newer dialysis visit whose reason does."""
+    result = ask(ops_service, "how long was she in for the transplant")
+    assert result["answer"].startswith("7 days: admitted 2019-04-18, discharged 2019-04-25"), result["answer"]
+    assert "Hemodialysis" not in result["answer"] and every_mark_opens_the_evidence(result)
+    part = plan_question("how long was she in for the transplant", TODAY, [], ("procedure",)).parts[0]
+    assert part.operation == "duration" and part.target.event_word == "transplant"
 
 
 def test_the_dose_change_is_stated_not_folded(ops_service):

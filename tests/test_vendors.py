@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from fhir_ingest.record.chunk import PatientChunker, TextBudget
 from fhir_ingest.record.contract import Chunk
 from fhir_ingest.record.load import load_resources
@@ -231,3 +233,98 @@ def test_an_icu_stay_part_of_an_admission_is_not_called_the_admission():
     icu = next(clause for clause in said.split("; ") if "intensive care" in clause)
     assert "intensive care unit (part of the inpatient encounter (URGENT) of 2180-05-06) on 2180-05-06" in icu, said
     assert "hospital admission" not in icu
+
+
+# --- the top evidence item answers: no "no evidence" beside it (issue 35) -------------------------
+
+@pytest.fixture(scope="module")
+def oracle_service(tmp_path_factory):
+    from search.service import SearchService
+
+    service = SearchService("embedded", tmp_path_factory.mktemp("oracle") / "index.sqlite")
+    assert not service.index_paths("t", [ORACLE]).load.skipped
+    yield service
+    service.close()
+
+
+def ask(service, question: str) -> dict:
+    return service.ask("t", "12724066", question, use_llm=False)
+
+
+def test_a_point_of_care_value_is_stated_when_the_record_writes_its_initialism(oracle_service):
+    """"point-of-care" is in no form in the record, which says "POC": the top item's typed fact
+    carries the glucose asked about, so its value is the answer, not "no evidence"."""
+    result = ask(oracle_service, "point-of-care glucose value?")
+    assert not result["abstained"], result["answer"]
+    assert result["answer"].startswith("POC Glucose 212 mg/dL (high) on 2020-06-02 [1]"), result["answer"]
+
+
+def test_a_word_the_top_item_does_not_carry_still_means_no_evidence(oracle_service):
+    """Fail safe: the glucose result does not answer a point-of-care hemoglobin."""
+    result = ask(oracle_service, "point-of-care hemoglobin?")
+    assert result["abstained"] and not result["citations"], result["answer"]
+
+
+def test_the_initialism_of_a_question_word_is_found_in_the_item():
+    from search.answering.answer import word_in_item
+
+    assert word_in_item("point-of-care", "2020-06-02 · Lab · POC Glucose 212 mg/dL High")
+    assert not word_in_item("x-ray", "XR Chest 2 Views")      # two letters: too likely a word by chance
+    assert not word_in_item("point-of-care", "Glucose 212 mg/dL (poco loco)")
+    assert word_in_item("fasting", "Fasting glucose 98 mg/dL")
+
+
+def test_asked_why_a_vaccine_was_not_given_the_refusal_and_its_reason_come_first(oracle_service):
+    for question in ("why was the flu vaccine not given?", "did she refuse the flu shot?"):
+        said = ask(oracle_service, question)["answer"]
+        assert said.startswith("Influenza vaccine not done (2020-06-03, patient refused) [1]"), said
+    said = ask(oracle_service, "when did she get a flu vaccine?")["answer"]
+    assert said.startswith("Influenza vaccine on 2019-10-21 [1]"), said
+
+
+def test_how_often_of_an_as_needed_order_is_its_frequency_not_a_count_or_no_evidence(oracle_service):
+    for question in ("how often is albuterol given?", "how much albuterol and how often?"):
+        result = ask(oracle_service, question)
+        said = result["answer"]
+        assert said.startswith("Albuterol inhaler, 2 puff(s) inhaled every 4 hours as needed for wheezing"), said
+        assert "I don't have evidence" not in said and not result["abstained"], said
+
+
+def test_a_measurement_the_record_never_holds_is_said_to_be_absent_first(oracle_service):
+    """"whats the a1c" for a patient with no A1c: that none is recorded is the answer, said before
+    anything else, and nothing is cited for it."""
+    result = ask(oracle_service, "whats the a1c")
+    assert result["abstained"] and not result["citations"], result["answer"]
+    assert result["answer"].startswith("No hemoglobin a1c is recorded among the patient's results."), result["answer"]
+
+
+def test_this_admission_is_the_stay_not_the_whole_record(oracle_service):
+    """"This admission" is the inpatient stay of 2020-06-01 to 06-04: the vaccine given in 2019 is
+    not a "Yes" for it; the refusal during the stay is the answer."""
+    result = ask(oracle_service, "was she vaccinated against influenza this admission?")
+    said = result["answer"]
+    assert not said.startswith("Yes") and "2019-10-21" not in said, said
+    assert said.startswith("No — influenza vaccine not done (2020-06-03, patient refused) [1]"), said
+
+
+def test_a_yes_rests_only_on_entries_in_the_asked_window(oracle_service):
+    """A retrieved entry from outside "in 2015" does not make the answer "Yes"."""
+    result = ask(oracle_service, "was she vaccinated against influenza in 2015?")
+    assert not result["answer"].startswith("Yes") and result["abstained"], result["answer"]
+    assert "recorded among the patient's immunizations between 2015-01-01 and 2015-12-31" in result["answer"]
+    assert ask(oracle_service, "any flu vaccine in 2019?")["answer"].startswith("Yes — influenza vaccine on 2019-10-21")
+
+
+def test_a_question_word_is_found_through_another_name_of_the_same_test(oracle_service):
+    """"fingerstick" is in no form in the record, which says "POC Glucose": labs.tsv names both the
+    same capillary glucose test, so the POC value answers "fingerstick bg?"."""
+    from search.answering.answer import word_in_item
+    from search.nlp import terminology
+
+    assert {"poc glucose", "capillary glucose"} <= terminology.lab_synonyms("fingerstick")
+    assert "glucose" not in terminology.lab_synonyms("fingerstick")     # shared by other tests: not a synonym
+    assert word_in_item("fingerstick", "2020-06-02 · Lab · POC Glucose 212 mg/dL High")
+    assert not word_in_item("fingerstick", "Glucose [Mass/volume] in Blood 98 mg/dL")
+    result = ask(oracle_service, "fingerstick bg?")
+    assert result["answer"].startswith("POC Glucose 212 mg/dL (high) on 2020-06-02 [1]"), result["answer"]
+    assert ask(oracle_service, "fingerstick hemoglobin?")["abstained"]

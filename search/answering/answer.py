@@ -141,6 +141,40 @@ def judge_support(retrieval: Retrieval) -> Support:
     return Support(False, 0.0, "nothing in the record matches the question")
 
 
+def top_item_answers(retrieval: Retrieval) -> Support | None:
+    """Support from the top evidence item alone, when the words the record was judged to lack are
+    in that item after all and its typed fact carries every concept asked about ("point-of-care
+    glucose" answered by "POC Glucose 212 mg/dL"). Only a judgement on words is overturned: a
+    concept absent, only denied or not the named drug stays no evidence."""
+    analysis, evidence = retrieval.analysis, retrieval.evidence
+    required = analysis.required_keys
+    if not evidence or not required or not retrieval.absent_terms:
+        return None
+    top = evidence[0]
+    if fact_of(top) is None or not required <= asserted_keys(top.chunk.concepts):
+        return None
+    if drug_asked(retrieval) is not None:
+        return None
+    text = f"{top.chunk.label} {top.chunk.text}"
+    if not all(word_in_item(word, text) for word in retrieval.absent_terms):
+        return None
+    return Support(True, 1.0, "the top evidence item carries what was asked")
+
+
+def word_in_item(word: str, text: str) -> bool:
+    """The question's word is in the item as written or as its initialism: a record says "POC"
+    where the question says "point-of-care" (three letters or more: two letters are too often a
+    word of their own, "IV", "OR")."""
+    if term_in(word, text):
+        return True
+    # "fingerstick" where the record says "POC Glucose": another name of that very test.
+    if any(re.search(rf"\b{re.escape(name)}\b", text, re.I) for name in terminology.lab_synonyms(word)):
+        return True
+    parts = [p for p in re.split(r"[\s/-]+", word.lower()) if p]
+    initials = "".join(p[0] for p in parts)
+    return len(parts) > 1 and len(initials) >= 3 and re.search(rf"\b{initials}\b", text.lower()) is not None
+
+
 def drug_asked(retrieval: Retrieval) -> Support | None:
     """"Is she on calcium + vit D?", "post-op pain meds?": a question about what the patient takes
     is answered by medication records naming the drug or class (in the asked window), not by a
@@ -225,9 +259,8 @@ def class_entries_answer(result: Answer, klass: str, entries: list, context=None
     shown_related = statements[(context is not None):(context is not None) + len(related)]
     listed = statements[(context is not None) + len(related):]
     cut = len(entries) > room
-    parts = [NO_EVIDENCE]
-    if absent:
-        parts.append(absent)
+    # What the whole class, read through, lacks is the answer: said first, the listing after it.
+    parts = [absent, NO_EVIDENCE] if absent else [NO_EVIDENCE]
     if context is not None:
         parts.append(statements[0].cited_text())
     if shown_related:
@@ -434,6 +467,9 @@ def compose(retrieval: Retrieval, patient_id: str, question_id: str | None = Non
     diagnostics["support"] = {"supported": support.supported, "coverage": round(support.coverage, 3),
                               "reason": support.reason, "best_dense": round(best_dense, 4)}
     if not support.supported:
+        support = top_item_answers(retrieval) or support
+        diagnostics["support"]["top_item"] = support.supported
+    if not support.supported:
         return abstain(NO_EVIDENCE)
     relevant = relevant_evidence(retrieval)
     statements, citations, chart = clinical_statements(retrieval, relevant)
@@ -474,6 +510,15 @@ def impossible_date_answer(retrieval: Retrieval, patient_id: str, question_id: s
     text = " ".join(f"{sentence}." for sentence in said) + \
         f" I have not answered as if {'it were' if len(said) == 1 else 'they were'}: ask again with the date you mean."
     diagnostics = retrieval_diagnostics(retrieval) | {"impossible_dates": said}
+    return Answer(question_id, patient_id, retrieval.question, text, [], [], [], "low", True, diagnostics)
+
+
+def unplaced_window_answer(retrieval: Retrieval, patient_id: str, question_id: str | None = None) -> Answer:
+    """"Was she vaccinated this admission?" when the record holds no admission: answering over the
+    whole record would pass older entries off as this stay's, so the missing stay is said instead."""
+    said = retrieval.analysis.unplaced
+    text = f"{said}. I have not answered over the whole record: ask again with the dates you mean."
+    diagnostics = retrieval_diagnostics(retrieval) | {"unplaced_window": said}
     return Answer(question_id, patient_id, retrieval.question, text, [], [], [], "low", True, diagnostics)
 
 

@@ -120,8 +120,21 @@ def asserting_refs(ctx, target: Target, held: list[Evidence]) -> set[str]:
     retrieval = ctx.retrieval
     seen = [*retrieval.evidence, *retrieval.candidates, *retrieval.histories]
     says = target.held_by + ("note",)
+    # A window asked ("in 2015", "this admission") holds the answer: a retrieved entry from outside
+    # it is not the thing asked, however well it ranked.
     return {ev.chunk.ref for ev in held} | {ev.chunk.ref for ev in seen if ev.chunk.semantic_type in says
-                                           and asserted_keys(ev.chunk.concepts) & target.keys}
+                                           and asserted_keys(ev.chunk.concepts) & target.keys
+                                           and within(ev.chunk.date, retrieval.analysis)}
+
+
+def within(day: str, analysis: Analysis) -> bool:
+    """Whether a record's date lies in the question's window (any date when none was asked; an
+    undated note may still say it)."""
+    day = (day or "")[:10]
+    if not day:
+        return True
+    return (not analysis.date_from or day >= analysis.date_from[:10]) and \
+        (not analysis.date_to or day <= analysis.date_to[:10])
 
 
 def notes_lead(ctx, lead: set[str]) -> bool:
@@ -197,19 +210,28 @@ def absent(result: Answer, target: Target, analysis: Analysis) -> Answer:
     (an abstention keeps its own listing of the class, the absence said before it)."""
     window = window_words(analysis)
     said = f"No {target.display} is recorded among the patient's {target.class_words}{window}."
-    if result.abstained and not affirms(analysis.question):
-        return result          # an abstention to a question that did not ask whether: as it is
+    if result.abstained and not (affirms(analysis.question) or target.kind in ("lab", "vital")):
+        return result          # an abstention to a question that did not ask whether, nor for a
+                               # measurement ("whats the a1c": that none is recorded is the answer)
     if result.abstained:
         opening = next((s for s in (NO_EVIDENCE, NO_EVIDENCE_YET) if result.answer.startswith(s)), None)
         if opening is None or f"No {target.display} is recorded" in result.answer:
             return result      # another kind of abstention (an empty record, a date), or said already
         rest = result.answer[len(opening):]
-        return replace(result, answer=f"{opening} {said}{rest}", lead=f"{opening} {said}")
+        opening = absence_opening(opening, said, window)
+        return replace(result, answer=f"{opening}{rest}", lead=opening)
     # What the answer said becomes context, without the "Yes — " it wrongly led with.
     context = [replace(s, text=AFFIRMED.sub("", s.text), context=True, lead=False) for s in result.statements]
-    answer = f"{NO_EVIDENCE} {said}" + (" For context: " + " ".join(s.cited_text() for s in context) if context else "")
-    return replace(result, answer=answer, statements=context, abstained=True, lead=f"{NO_EVIDENCE} {said}",
-                   confidence="low")
+    opening = absence_opening(NO_EVIDENCE, said, window)
+    answer = opening + (" For context: " + " ".join(s.cited_text() for s in context) if context else "")
+    return replace(result, answer=answer, statements=context, abstained=True, lead=opening, confidence="low")
+
+
+def absence_opening(no_evidence: str, said: str, window: str) -> str:
+    """Absent from the whole record, the absence is the answer and comes first ("No hemoglobin a1c
+    is recorded among the patient's results."), the general no-evidence sentence after it; absent
+    from an asked window, the no-evidence sentence leads and the absence says where was looked."""
+    return f"{said} {no_evidence}" if not window else f"{no_evidence} {said}"
 
 
 def window_words(analysis: Analysis) -> str:

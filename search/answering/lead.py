@@ -33,6 +33,10 @@ SEVERAL_VALUES = re.compile(r"\b(?:trend\w*|changed?|going (?:up|down)|over time
 # The lexicon's entry for the words "allergy", "allergic", "intolerance"...: every other concept of
 # an allergy question (latex, peanuts, a drug class) is the allergen asked about.
 ALLERGY_WORDS = "lex:allergy"
+# "why was the flu vaccine not given?", "did she refuse it?": what was not done is what is asked
+# ("declining kidney function" asks no such thing).
+ASKS_THE_NEGATIVE = re.compile(r"\b(?:refus\w*|declined?|declines|withh[oe]ld\w*|defer(?:red|ral)|"
+                               r"not\s+(?:given|done|administered|performed|received|taken))\b", re.I)
 # "Is she pregnant?", "does he have asthma?", "still on warfarin?": asked of now, not of ever.
 PRESENT_TENSE = re.compile(r"^\s*(?:is|are|does|do)\b(?!.*\bever\b)|\b(?:currently|still|now)\b", re.I)
 FAMILY = {"immunization": ("immunization", "procedure"), "procedure": ("procedure", "immunization")}
@@ -204,6 +208,8 @@ def listing_sentence(analysis: Analysis, facts: list[Fact]) -> Draft:
     """Problems, allergies, procedures, vaccines: current entries first, one clause each; one
     thing done on several dates is one clause, newest first (only the newest when asked for the last)."""
     ordered = [f for f in facts if f.current and not f.negative] + [f for f in facts if not (f.current and not f.negative)]
+    if ASKS_THE_NEGATIVE.search(analysis.question):
+        ordered.sort(key=lambda f: not f.negative)
     by_name: dict[str, list[Fact]] = {}
     for f in _distinct(ordered, lambda f: f.words):
         by_name.setdefault(f.name.lower(), []).append(f)
@@ -212,9 +218,12 @@ def listing_sentence(analysis: Analysis, facts: list[Fact]) -> Draft:
         # Newest first, what was done before what was not (a flu shot given before a newer
         # refusal); the last or first one asked for is one that was done, when one was.
         group.sort(key=lambda f: f.date, reverse=True)
-        group.sort(key=lambda f: f.negative)
+        negative_asked = bool(ASKS_THE_NEGATIVE.search(analysis.question))
+        group.sort(key=lambda f: f.negative, reverse=negative_asked)
         done = [f for f in group if not f.negative]
-        if analysis.wants_latest or analysis.wants_first or len(done) < 2 or f"on {done[0].date}" not in done[0].words:
+        if negative_asked and any(f.negative for f in group):
+            clauses += [(f.words, [f.ev]) for f in group]
+        elif analysis.wants_latest or analysis.wants_first or len(done) < 2 or f"on {done[0].date}" not in done[0].words:
             pool = done or group
             group = pool[:1] if analysis.wants_latest else pool[-1:] if analysis.wants_first else group
             clauses += [(f.words, [f.ev]) for f in group]

@@ -9,6 +9,7 @@ list holding them all however long the list.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from datetime import date
 
@@ -260,6 +261,7 @@ def change(part: PlanPart, items: list[Item], organisation=lambda item: "") -> O
 
 def compare(part: PlanPart, items: list[Item], organisation=lambda item: "") -> Outcome:
     """This period against that one: the latest value of each, and which way it moved."""
+    items = one_measurement(items, part.target.words)
     now = in_window(items, part.window)
     then = in_window(items, part.compare_with) if part.compare_with else []
     words = part.target.words
@@ -276,6 +278,24 @@ def compare(part: PlanPart, items: list[Item], organisation=lambda item: "") -> 
     lead = (f"{words[0].upper() + words[1:]}{window_words(part.window)}: {value_words(a)} on {a.day} [1]; "
             f"{part.compare_with.words}: {value_words(b)} on {b.day} [2]" + (f" ({direction})" if direction else "") + ".")
     return Outcome([Statement(lead, [1, 2], lead=True)], [a, b])
+
+
+def one_measurement(items: list[Item], words: str) -> list[Item]:
+    """Of the codes that assert the asked concept, the one that measures it plainest: a BMI is
+    compared with a BMI, not with a BMI-for-age percentile of the same visit (its name holds the
+    fewest words beyond the asked ones; the most items break a tie)."""
+    groups: dict[str, list[Item]] = {}
+    for item in items:
+        code = next(iter(item.fact.get("codes") or []), {})
+        groups.setdefault(f"{code.get('system', '')}|{code.get('code', '')}", []).append(item)
+    if len(groups) < 2:
+        return items
+    asked = set(re.findall(r"[a-z0-9]+", words.lower()))
+
+    def extra_words(group: list[Item]) -> tuple[int, int]:
+        name = str(group[0].fact.get("name") or group[0].chunk.label)
+        return len(set(re.findall(r"[a-z0-9]+", name.lower())) - asked), -len(group)
+    return min(groups.values(), key=extra_words)
 
 
 def movement(a: Item, b: Item) -> str:
@@ -342,7 +362,13 @@ def stays_for(backend: Backend, tenant: str, patient_id: str, part: PlanPart, it
     if part.target.kind == "visit":
         visits = items
     else:
-        visits = visits_on(backend, tenant, patient_id, event_days(part, items))
+        word = part.target.event_word
+        if word:
+            items = [i for i in items if says_word(i, word)]
+        every = read_items(backend, tenant, patient_id, Target("visit", "visits", semantic_types=("encounter",)))
+        visits = holding(every, event_days(part, items)) if items or not word else []
+        # "Admission to surgical transplant department": the visit may say the event itself.
+        visits += [v for v in every if word and says_word(v, word) and v not in visits]
         visits.sort(key=lambda v: (v.day, stay_days(v.day, (v.fact.get("end") or v.day)[:10])), reverse=True)
     return [v for v in visits if (v.fact.get("end") or "")[:10]]
 
@@ -358,7 +384,21 @@ def event_days(part: PlanPart, items: list[Item]) -> set[str]:
 def visits_on(backend: Backend, tenant: str, patient_id: str, days: set[str]) -> list[Item]:
     """The visits whose period holds any of these days."""
     every = read_items(backend, tenant, patient_id, Target("visit", "visits", semantic_types=("encounter",)))
-    return [v for v in every if any(v.day <= d <= (v.fact.get("end") or v.day)[:10] for d in days)]
+    return holding(every, days)
+
+
+def holding(visits: list[Item], days: set[str]) -> list[Item]:
+    return [v for v in visits if any(v.day <= d <= (v.fact.get("end") or v.day)[:10] for d in days)]
+
+
+def says_word(item: Item, word: str) -> bool:
+    """The item's name names the event ("transplant" in "kidney transplant"); of a visit, its type
+    ("Admission to surgical transplant department"), not its reason: a dialysis visit for
+    "awaiting transplantation" is not the stay of the transplant."""
+    names = [*item.fact.get("types", []), item.fact.get("name", "")]
+    if item.chunk.resource_type != "Encounter":
+        names.append(item.chunk.label)
+    return any(re.search(rf"\b{re.escape(word)}", str(name), re.I) for name in names)
 
 
 def organisations(backend: Backend, tenant: str, patient_id: str):

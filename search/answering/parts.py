@@ -64,7 +64,8 @@ def standalone(pieces: list[str]) -> list[str]:
     out: list[str] = []
     leading = ""        # a time phrase before the first question ("since last month, any rx?") is its window
     for piece in pieces:
-        named = [w for w in content_tokens(piece) if w not in QUESTION_WORDS and w not in TIME_WORDS and not w.isdigit()]
+        named = [w for w in content_tokens(piece) if w not in QUESTION_WORDS and w not in TIME_WORDS
+                 and w not in ATTRIBUTE_WORDS and not w.isdigit()]
         options = len(piece.split()) <= BARE and not ASKS.search(piece)
         if out and (not named or options):
             out[-1] = f"{out[-1]}? {piece}"
@@ -75,6 +76,9 @@ def standalone(pieces: list[str]) -> list[str]:
     return out or [leading.rstrip(", ")]
 
 
+# "how much albuterol and how often?": a piece that asks only an attribute of a dose names nothing
+# of its own; alone it would be searched for the word "often" and answered "no evidence".
+ATTRIBUTE_WORDS = frozenset("often frequently frequency dose doses dosage dosing strength route".split())
 TIME_WORDS = frozenset("day days week weeks wk month months mo year years yr yrs ago since until till last past "
                        "previous prior this".split())
 

@@ -55,6 +55,9 @@ CHANGE = re.compile(r"\b(dose changes?|dosing changes?|changed? (?:the |her |his
                     r"changes? (?:to|in|on) (?:the |her |his |their )?(?:dose|dosing|\w+ dose))\b", re.I)
 COMPARE = re.compile(r"\b(better or worse|worse or better|better|worse|compared? (?:to|with)|vs\.?|versus|"
                      r"than (?:in|last|the)?\s*(?:19|20)\d\d)\b", re.I)
+# "a1c now vs last year": the period compared with is the last calendar year (a window phrase,
+# taken off before the operation is read, so looked for in the question as asked).
+LAST_YEAR = re.compile(r"\b(?:last|previous)\s+(?:year|yr)\b", re.I)
 LATEST = re.compile(r"\b(latest|last|most recent|newest|recent)\b", re.I)
 FIRST = re.compile(r"\b(first|earliest|initial|oldest)\b", re.I)
 EXISTS = re.compile(r"^\s*(?:any|is|was|are|were|does|did|do|has|have|had|ever)\b", re.I)
@@ -101,6 +104,7 @@ class Target:
     semantic_types: tuple[str, ...] = ()       # kinds of record the items may be
     visit_class: str = ""                      # emergency | inpatient | home health | virtual | ambulatory
     visit_codes: tuple[str, ...] = ()          # its Encounter.class codes
+    event_word: str = ""                       # a class named by an event one is admitted for ("the transplant")
 
 
 @dataclass(frozen=True)
@@ -252,18 +256,25 @@ def without_window(question: str) -> str:
     return question
 
 
+def sig_asked(question: str, target: Target) -> bool:
+    """"How often is albuterol given?": of a drug, "how often" asks the order's frequency, which the
+    order's sentence states, not how many records there are ("how many times" still counts)."""
+    counted = {m.group(0).lower() for m in COUNT.finditer(question)}
+    return counted == {"how often"} and target.semantic_types == ("medication",)
+
+
 def operation_of(question: str, target: Target) -> str:
     """What to do with the target's items, from the question's words; the arithmetic first, as
     "how many times since the first one" is a count."""
-    question = without_window(question).strip(" ,;")
-    if DURATION.search(question) and (target.kind == "visit" or target.keys):
+    asked, question = question, without_window(question).strip(" ,;")
+    if DURATION.search(question) and (target.kind == "visit" or target.keys or target.event_word):
         return "duration"      # a stay of a class of visit, or the stay that holds a named event
-    if COUNT.search(question):
+    if COUNT.search(question) and not sig_asked(question, target):
         return "count"
     if CHANGE.search(question) and target.kind == "concept":
         return "change"
-    if COMPARE.search(question) and re.search(r"\b(?:19|20)\d\d\b", question) and target.kind == "concept" \
-            and not re.search(r"\b(prior|previous|earlier|past|before)\b", question, re.I):
+    if COMPARE.search(question) and (re.search(r"\b(?:19|20)\d\d\b", question) or LAST_YEAR.search(asked)) \
+            and target.kind == "concept" and not re.search(r"\b(prior|previous|earlier|past|before)\b", question, re.I):
         return "compare"
     if FIRST.search(question):
         return "first"
@@ -281,6 +292,9 @@ def visit_class_of(question: str) -> tuple[str, tuple[str, ...]]:
     return "", ()
 
 
+# Kinds of record that are also events a stay is for: "how long was she in for the transplant"
+# names no coded procedure, only the kind; the stay is the visit that says it or holds one.
+EVENT_KIND = re.compile(r"\b(transplant|surgery|operation)(?:s|ed)?\b", re.I)
 NOTE_WORDS = re.compile(r"\b(notes?|documented|says?|said|presented with|complaints?|hpi|chief complaint)\b", re.I)
 
 
@@ -318,7 +332,9 @@ def target_of(question: str, concepts: list[dict], kinds: tuple[str, ...]) -> Ta
         return Target("visit", (named if re.search(r"visits?$", named) else f"{named} visits") if named else "visits",
                       keys=tuple(c["key"] for c in visits), semantic_types=("encounter",))
     if kinds:
-        return Target("class", " and ".join(CLASS_ITEMS.get(k, k) for k in kinds), semantic_types=tuple(kinds))
+        event = EVENT_KIND.search(question)
+        return Target("class", " and ".join(CLASS_ITEMS.get(k, k) for k in kinds), semantic_types=tuple(kinds),
+                      event_word=event.group(1).lower() if event else "")
     return None
 
 
@@ -373,8 +389,9 @@ def plan_question(question: str, today: date, concepts: list[dict], kinds: tuple
 
 def compared_windows(question: str, today: date) -> tuple[Window, Window]:
     """"better or worse than 2024?": since the end of the named year against that year; two years
-    named ("2023 vs 2024"): the later against the earlier."""
-    years = sorted({int(y) for y in re.findall(r"\b((?:19|20)\d\d)\b", question)})
+    named ("2023 vs 2024"): the later against the earlier; "now vs last year": this year against
+    the last."""
+    years = sorted({int(y) for y in re.findall(r"\b((?:19|20)\d\d)\b", question)}) or [today.year - 1]
     earlier = years[0]
     before = Window(f"{earlier}-01-01", f"{earlier}-12-31", f"in {earlier}", "absolute")
     if len(years) > 1:

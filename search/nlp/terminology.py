@@ -582,6 +582,20 @@ def panel_codes(word: str) -> frozenset[str]:
     return frozenset(code for r in _rows("lab_groups.tsv") if r["group"] == group for code in _split(r["panels"]))
 
 
+def lab_synonyms(word: str) -> frozenset[str]:
+    """The names that mean the same test as a name holding this word, and that test only:
+    "fingerstick" (in "fingerstick glucose") -> "poc glucose", "capillary glucose", "glucometer"...,
+    never a bare "glucose", which other tests share. Empty when the word is in no test's name."""
+    labs, text = _labs(), norm(word)
+    same: set[str] = set()
+    for r in _rows("labs.tsv"):
+        names = [norm(n) for n in _split(r["names"])]
+        if any(text in n.split() for n in names):
+            own = {r["loinc"]} | labs.siblings.get(r["loinc"], frozenset())
+            same |= {n for n in names if labs.names.get(n, frozenset()) <= own}
+    return frozenset(same)
+
+
 def lab_name(code: str) -> str | None:
     """The short name clinicians use for a LOINC code ("2160-0" -> "creatinine", "4548-4" -> "HbA1c")."""
     labs = _labs()

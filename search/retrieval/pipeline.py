@@ -80,6 +80,7 @@ class Analysis:
     last_n: int = 0                  # "last 3 A1c values": how many of the newest results are asked for
     visit_refs: set[str] = field(default_factory=set)   # encounters of the kind a note question names
     impossible_dates: list[str] = field(default_factory=list)   # "2023-02-30 is not a date: ..." for each
+    unplaced: str = ""               # "this admission" with no stay in the record: said, never answered over all of it
     corrections: list[str] = field(default_factory=list)        # misspelt words read as ("fossamax → fosamax")
     target: int = 0                  # where the asked clause begins (after context such as "K+ was low —")
     abbreviations: dict[str, list[str]] = field(default_factory=dict)   # abbreviation → its long forms
@@ -1006,7 +1007,9 @@ def anchor_in_time(state: RetrievalState, tools: Tools) -> tuple[int, str]:
     analysis = state.analysis
     found = anchor(tools.backend, state.scope, state.question, state.terms,
                    explicit=bool(analysis.date_from or analysis.date_to)) if state.corpus else None
-    if found:
+    if found and found.missing:
+        analysis.unplaced = found.missing
+    elif found:
         analysis.date_from, analysis.date_to = found.date_from, found.date_to
     state.k = max(state.k, analysis.last_n)
     return state.corpus, found.note if found else ""

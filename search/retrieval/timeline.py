@@ -37,6 +37,14 @@ SURGICAL = re.compile(r"ectomy|otomy|ostomy|plasty|bypass|replacement|implantati
 SEVERAL = re.compile(r"\b(few|several|couple|all|each|every|multiple|many|visits|physicals|appointments|surgeries|"
                      r"operations|procedures|admissions|stays)\b", re.I)
 VISIT_WORDS = re.compile(r"\b(visit|appointment|admission|stay|hospitalization|encounter|check-?up|physical)\b", re.I)
+# Words that point at the stay or visit the clinician is in ("this admission", "since admission",
+# "on this encounter"): the window is that encounter's period, not a phrase to look up in the record.
+_STAY = r"(?:hospital\s+)?(?:admission|stay|hospitali[sz]ation|inpatient stay)"
+_VISIT = r"(?:visit|encounter)"
+CURRENT_STAY = re.compile(
+    rf"\b(?:(?:on|in|during|for|at)\s+)?(?:this|the current|current|present|the present)\s+({_STAY}|{_VISIT})\b|"
+    rf"\bsince\s+(admission|(?:she|he|they|the patient|pt)\s+(?:was|were|got)\s+admitted)\b", re.I)
+INPATIENT_CLASSES = {"IMP", "ACUTE", "NONAC"}
 
 
 @dataclass
@@ -44,6 +52,7 @@ class Anchor:
     date_from: str
     date_to: str
     note: str
+    missing: str = ""      # the question points at a stay the record does not hold: said, not searched
 
 
 def number(word: str) -> int:
@@ -81,6 +90,44 @@ def newest_day(backend: Backend, scope: Scope) -> date | None:
     hits = backend.latest(scope, 1)
     chunks = backend.get_chunks(scope.tenant, [h.chunk_id for h in hits])
     return _day(chunks[0].date) if chunks else None
+
+
+def current_stay_window(backend: Backend, scope: Scope, question: str) -> Anchor | None:
+    """"This admission", "since admission", "on this visit": the encounter in progress, else the
+    latest inpatient stay (any visit, for "this visit / encounter"). None when the question points
+    at no such stay; an Anchor with `missing` set when it does and the record holds none."""
+    m = CURRENT_STAY.search(question)
+    if not m:
+        return None
+    words = m.group(0).strip()
+    any_visit = bool(m.group(1)) and re.fullmatch(_VISIT, m.group(1), re.I) is not None
+    stay = current_stay(backend, scope, any_visit)
+    if stay is None:
+        kind = "visit" if any_visit else "hospital admission"
+        return Anchor("", "", words, missing=f"No {kind} in progress or recorded for '{words}' to refer to")
+    start, end, status = stay
+    still = status == "in-progress" or not end
+    note = f"{words}: the {'current' if still else 'latest'} {'visit' if any_visit else 'stay'} " \
+           f"({start} to {'now' if still else end})"
+    return Anchor(start, "" if still else end, note)
+
+
+def current_stay(backend: Backend, scope: Scope, any_visit: bool) -> tuple[str, str, str] | None:
+    """(start, end, status) of the encounter in progress, else the newest one of the kinds asked
+    (inpatient stays, or any visit); a planned or cancelled encounter is not a stay."""
+    hits = backend.latest(replace(scope, semantic_types=("encounter",)), 500)
+    stays = []
+    for chunk in backend.get_chunks(scope.tenant, [h.chunk_id for h in hits]):
+        fact, start = chunk.fact or {}, (chunk.date or "")[:10]
+        status = str(fact.get("status") or chunk.status or "")
+        if chunk.resource_type != "Encounter" or not start or status in ("planned", "cancelled", "entered-in-error"):
+            continue
+        if any_visit or fact.get("encounter_class", "") in INPATIENT_CLASSES:
+            stays.append((status == "in-progress", start, str(fact.get("end") or "")[:10], status))
+    if not stays:
+        return None
+    _, start, end, status = max(stays)
+    return start, end, status
 
 
 def event_window(backend: Backend, scope: Scope, question: str, terms: list[RecordTerm]) -> Anchor | None:
@@ -151,4 +198,5 @@ def anchor(backend: Backend, scope: Scope, question: str, terms: list[RecordTerm
     """The question's window from the patient's own timeline, unless it names dates itself."""
     if explicit:
         return None
-    return relative_window(backend, scope, question) or event_window(backend, scope, question, terms)
+    return (current_stay_window(backend, scope, question) or relative_window(backend, scope, question)
+            or event_window(backend, scope, question, terms))
