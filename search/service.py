@@ -32,7 +32,8 @@ from search.models.embedders import DEFAULT_INT8, load_embedder
 from search.models.onnx_embed import variant_of
 from search.models.llm import ChatClient, LlmError, LlmSettings, general_answer, is_general_question
 from search.nlp.lexicon import clean_text
-from search.retrieval.pipeline import patient_terms, retrieve
+from search.retrieval.analysis import patient_terms
+from search.retrieval.pipeline import retrieve
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import pytest
 
 from search.answering.answer import NO_EVIDENCE
 from search.evaluate import class_present_no_evidence, uncited_clauses
-from search.retrieval.pipeline import analyse, target_offset
+from search.retrieval.analysis import analyse, target_offset
 from search.service import SearchService
 
 from .conftest import indexed_record, question_set_report
@@ -269,7 +269,7 @@ def test_class_present_no_evidence_is_measured():
     ("hdl went way up in 2024? values since 2023", ("2023-01-01", "")),              # "since" stays open
 ])
 def test_a_comparison_of_years_spans_them(question, window):
-    from search.retrieval.pipeline import time_window
+    from search.retrieval.analysis import time_window
 
     assert time_window(question) == window
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from search.nlp.vocabulary import clinical_not_lay
-from search.retrieval.pipeline import analyse, asked_head
+from search.retrieval.analysis import analyse, asked_head
 
 
 def test_a_clinical_head_word_no_concept_covers_is_the_thing_asked():

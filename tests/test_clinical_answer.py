@@ -12,7 +12,7 @@ from search.answering.answer import numbered
 from search.answering.clinical import dosage_words, drug_name, observation_name, unit, value_words
 from search.answering.lead import first_sentence
 from search.evaluate import answer_words, first_sentence_facts, sentences, uncited_clauses
-from search.retrieval.pipeline import Analysis, Evidence
+from search.retrieval.types import Analysis, Evidence
 
 LOINC = "http://loinc.org"
 OLD = f"{date.today().year - 20}-04-03"
@@ -174,7 +174,7 @@ def test_the_reading_metrics_count_words_first_sentence_facts_and_uncited_clause
 
 def test_a_resource_the_sentence_writer_cannot_read_falls_back_to_the_records_words(caplog):
     from search.answering.answer import clinical_statements
-    from search.retrieval.pipeline import Retrieval
+    from search.retrieval.types import Retrieval
 
     odd = order("m1", "Clopidogrel 75 MG Oral Tablet", "active", RECENT)
     ev = evidence(odd, "medication", ["lex:clopidogrel"])

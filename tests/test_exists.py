@@ -9,7 +9,7 @@ from search.answering.answer import NO_EVIDENCE
 from search.answering.exists import asked_target
 from search.answering.invariants import citations_outside_evidence
 from search.evaluate import wrong_yes
-from search.retrieval.pipeline import analyse
+from search.retrieval.analysis import analyse
 
 from .conftest import indexed_record
 

@@ -16,7 +16,7 @@ from fhir_ingest.record.load import load_resources
 from search.answering.facts import fact_of as answer_fact_of
 from search.answering.lead import first_sentence
 from search.answering.answer import numbered
-from search.retrieval.pipeline import Analysis, Evidence
+from search.retrieval.types import Analysis, Evidence
 
 from .conftest import SHARED, require_shared
 

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 from fhir_ingest.record.contract import Chunk
-from search.retrieval.pipeline import Evidence, analyse, select, spans_notes
+from search.retrieval.types import Evidence
+from search.retrieval.analysis import analyse, spans_notes
+from search.retrieval.ranking import select
 
 
 def note_chunk(note: str, part: int) -> Evidence:
@@ -41,7 +43,7 @@ def test_a_list_or_a_single_question_keeps_its_note_whole():
 
 
 def test_a_year_on_one_side_of_a_comparison_does_not_window_the_whole_question():
-    from search.retrieval.pipeline import time_window
+    from search.retrieval.analysis import time_window
     assert time_window("bp meds when she left after the pacemaker vs what she was taking in 2009") == ("", "")
     assert time_window("what was her a1c in 2009") == ("2009-01-01", "2009-12-31")
     assert time_window("a1c in 2009 vs 2010") == ("2009-01-01", "2010-12-31")

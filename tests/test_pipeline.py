@@ -7,7 +7,7 @@ import pytest
 
 from search.nlp.annotate import default_annotator
 from search.answering.answer import NO_EVIDENCE
-from search.retrieval.pipeline import analyse, time_window
+from search.retrieval.analysis import analyse, time_window
 
 from .conftest import indexed_record
 

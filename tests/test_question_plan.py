@@ -11,7 +11,7 @@ import pytest
 from fhir_ingest.record.contract import Chunk
 from search.answering import operations as ops
 from search.answering.plan import ALL_TIME, PlanPart, Target, Window, plan_question, window_from_today
-from search.retrieval.pipeline import Evidence
+from search.retrieval.types import Evidence
 
 from .conftest import indexed_record
 

@@ -9,7 +9,8 @@ from datetime import date, timedelta
 import pytest
 
 from fhir_ingest.record.contract import Chunk
-from search.retrieval.pipeline import Evidence, same_test, with_series_ends
+from search.retrieval.types import Evidence
+from search.retrieval.ranking import same_test, with_series_ends
 
 from .conftest import indexed_record
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from search.backends.base import Scope
-from search.retrieval.pipeline import (ABLATABLE, RERANK_WEIGHTS, RetrievalState, Stage, pipeline_stages, run_stages,
-                             select_top_k)
+from search.retrieval.types import RetrievalState, Stage
+from search.retrieval.ranking import RERANK_WEIGHTS
+from search.retrieval.pipeline import ABLATABLE, pipeline_stages, run_stages, select_top_k
 
 
 def names(pipeline: str, ablate: tuple[str, ...] = ()) -> list[str]:
@@ -50,7 +51,7 @@ def test_the_runner_counts_what_each_stage_passes_on():
 
 def test_the_runner_keeps_the_ranking_after_each_stage_for_per_stage_recall():
     from fhir_ingest.record.contract import Chunk
-    from search.retrieval.pipeline import Evidence
+    from search.retrieval.types import Evidence
 
     def rank(state, tools):
         state.evidence = [Evidence(Chunk("t", "p", "Condition", cid, "0", cid, cid), 1.0) for cid in ("b", "a")]
@@ -63,7 +64,7 @@ def test_the_runner_keeps_the_ranking_after_each_stage_for_per_stage_recall():
 
 def test_select_top_k_keeps_order_and_drops_identical_text():
     from fhir_ingest.record.contract import Chunk
-    from search.retrieval.pipeline import Evidence
+    from search.retrieval.types import Evidence
 
     def chunk(cid: str, text: str) -> Chunk:
         return Chunk("t", "p", "Condition", cid, "0", text, text, "2024-01-01", "problem")
@@ -131,7 +132,9 @@ def fresh_state(k: int = 5) -> RetrievalState:
 
 
 def test_scope_recall_and_fusion_stages():
-    from search.retrieval.pipeline import RRF_K, Tools, count_scope, fuse_dense, fuse_rrf, recall_dense
+    from search.retrieval.types import Tools
+    from search.retrieval.ranking import RRF_K
+    from search.retrieval.pipeline import count_scope, fuse_dense, fuse_rrf, recall_dense
 
     record = Record()
     tools, state = Tools(record, Embedder()), fresh_state()
@@ -147,7 +150,8 @@ def test_scope_recall_and_fusion_stages():
 
 
 def test_recovery_adds_concept_chunks_neither_recall_found_at_the_floor():
-    from search.retrieval.pipeline import Tools, fuse_rrf, recover_concepts
+    from search.retrieval.types import Tools
+    from search.retrieval.pipeline import fuse_rrf, recover_concepts
 
     record = Record()
     tools, state = Tools(record, Embedder()), fresh_state()

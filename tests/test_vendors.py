@@ -12,7 +12,8 @@ import pytest
 from fhir_ingest.record.chunk import PatientChunker, TextBudget
 from fhir_ingest.record.contract import Chunk
 from fhir_ingest.record.load import load_resources
-from search.retrieval.pipeline import Analysis, Evidence, rerank
+from search.retrieval.types import Analysis, Evidence
+from search.retrieval.ranking import rerank
 
 VENDORS = Path(__file__).parent / "data" / "vendors"
 ORACLE = VENDORS / "oracle-millennium.json"

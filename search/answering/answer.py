@@ -19,7 +19,9 @@ from search.nlp.annotate import RecordTerm, asserted_keys, default_annotator
 from search.nlp import terminology
 from search.nlp.lexicon import content_tokens, tokens
 from search.nlp.vocabulary import clinical_words
-from search.retrieval.pipeline import Analysis, Evidence, Retrieval, concept_overlap, holds_asked_section, in_window, spans_notes
+from search.retrieval.types import Analysis, Evidence, Retrieval
+from search.retrieval.analysis import spans_notes
+from search.retrieval.ranking import concept_overlap, holds_asked_section, in_window
 
 log = logging.getLogger(__name__)
 NO_EVIDENCE = "I don't have evidence for that in this patient's record."

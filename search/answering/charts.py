@@ -7,7 +7,7 @@ from fhir_ingest.record.contract import Chunk
 from search.answering.facts import series_facts
 from search.answering.lead import Series, in_one_unit
 from search.nlp.units import Measured, factor
-from search.retrieval.pipeline import Evidence
+from search.retrieval.types import Evidence
 
 
 def series_chart(series) -> dict | None:

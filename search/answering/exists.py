@@ -27,7 +27,8 @@ from search.answering.lead import ALLERGY_WORDS, PRESENT_TENSE, affirms
 from search.answering.types import Answer, Citation, EvidenceItem, Statement
 from search.backends.base import Scope
 from search.nlp.annotate import asserted_keys
-from search.retrieval.pipeline import Analysis, Evidence, fact_key
+from search.retrieval.types import Analysis, Evidence
+from search.retrieval.ranking import fact_key
 
 # The kinds of thing a question asks about, each with the kinds of record whose entries say the
 # patient has it: diabetes is held by a diagnosis (or a finding such as "Pregnancy status =

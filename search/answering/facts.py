@@ -18,7 +18,7 @@ from fhir_ingest.record.words import day
 
 from search.answering.clinical import condition_name, dosage_words, drug_name, observation_name, unit, value_words
 from search.nlp.terminology import ingredients_of
-from search.retrieval.pipeline import Evidence
+from search.retrieval.types import Evidence
 
 NUMBER = re.compile(r"^\d[\d.,]*$")
 

@@ -12,7 +12,7 @@ from search.answering.types import Answer, Citation, Statement
 from search.answering.verify import verify_statement
 from search.models.llm import UNAVAILABLE, ChatClient, LlmError, generate
 from search.nlp.annotate import RecordTerm
-from search.retrieval.pipeline import Retrieval
+from search.retrieval.types import Retrieval
 
 log = logging.getLogger(__name__)
 GENERAL_BANNER = "General clinical guidance, not from this patient's record"

@@ -16,7 +16,7 @@ from search.answering.facts import Fact, fact_of, series_facts
 from search.nlp.annotate import asserted_keys, default_annotator
 from search.nlp.terminology import analyte_of
 from search.nlp.units import Measured, celsius_change, factor
-from search.retrieval.pipeline import Analysis, Evidence
+from search.retrieval.types import Analysis, Evidence
 
 ASKS_IF_RECORDED = re.compile(
     r"^\s*(?:(?:is|are|was|were)\s+(?:he|she|they|the patient|pt)\s+(?:ever\s+|currently\s+|still\s+|now\s+)?"

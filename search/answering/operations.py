@@ -17,7 +17,7 @@ from search.answering.plan import PlanPart, Target, Window, plan_question
 from search.answering.types import Answer, Citation, EvidenceItem, Statement
 from search.backends.base import Backend, Scope
 from search.nlp.annotate import asserted_keys
-from search.retrieval.pipeline import Evidence
+from search.retrieval.types import Evidence
 
 READ_ALL = 500           # items of one target read (decades of monthly visits or refills)
 LISTED = 8               # items a sentence names; the evidence list holds the rest, counted

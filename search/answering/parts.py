@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from search.answering.answer import NO_EVIDENCE
 from search.nlp.lexicon import content_tokens
-from search.retrieval.pipeline import QUESTION_WORDS
+from search.retrieval.types import QUESTION_WORDS
 from search.answering.types import MARK, Answer, EvidenceItem, Statement
 
 # Where one question ends and the next begins: a question mark with more after it, a semicolon,

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import date, timedelta
 
 from search.nlp import terminology
-from search.retrieval.pipeline import TREND
+from search.retrieval.analysis import TREND
 from search.retrieval.timeline import NUMBERS, back_from, number
 
 OPERATIONS = ("list", "latest", "first", "count", "exists", "duration", "change", "compare")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from search.nlp import terminology
 from search.nlp.annotate import asserted_keys
 from search.nlp.lexicon import lexicon_key
-from search.retrieval.pipeline import Analysis, Evidence
+from search.retrieval.types import Analysis, Evidence
 
 
 @dataclass

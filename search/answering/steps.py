@@ -37,7 +37,8 @@ from search.answering.charts import trend_chart as chart_of_trend
 from search.answering.exists import yes_names_the_target
 from search.answering.types import Answer, Citation, EvidenceItem, Statement
 from search.backends.base import Backend, Scope
-from search.retrieval.pipeline import Evidence, Retrieval, fact_key
+from search.retrieval.types import Evidence, Retrieval
+from search.retrieval.ranking import fact_key
 
 
 @dataclass

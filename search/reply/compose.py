@@ -22,7 +22,8 @@ from search.answering.verify import verify_statement
 from search.models.llm import LlmError, generate, is_general_question
 from search.nlp.lexicon import STOP_WORDS
 from search.nlp.vocabulary import names_a_clinical_thing, presence_prefix
-from search.retrieval.pipeline import patient_terms, retrieve
+from search.retrieval.analysis import patient_terms
+from search.retrieval.pipeline import retrieve
 
 from .answer_types import WHY, answer_type_bonus, has_asked_content, required, wanted
 from .asked import missing_thing
