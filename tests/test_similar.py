@@ -409,19 +409,51 @@ def test_a_removal_rebuilds_the_profile_and_a_record_removed_whole_takes_it_alon
     assert problems_of(svc, tenant) == []
 
 
-def test_check_reports_missing_orphaned_and_other_model_profiles(one_patient):
+def test_check_warns_of_missing_profiles_fails_on_stale_ones_and_repair_mends_them(one_patient):
     svc, tenant, pid = one_patient
-    assert problems_of(svc, tenant) == [] and svc.catalog.check(tenant).counts["profiles"] == 1
+    check = svc.catalog.check(tenant)
+    assert check.problems == [] == check.warnings and check.counts["profiles"] == 1
     held = svc.catalog.get_profiles(tenant, [pid])[pid]
     svc.backend.delete_profile(tenant, pid)                   # as if indexed before profiles existed
+    check = svc.catalog.check(tenant)
+    assert check.problems == [] and len(check.warnings) == 1
+    assert check.warnings[0].startswith("1 patients have no similarity profile yet") and "--repair" in check.warnings[0]
     svc.backend.put_profile(tenant, "gone-patient", {"patient_id": "gone-patient"}, [],
                             np.ones(svc.embedder.dimension, dtype=np.float32))
-    said = " | ".join(problems_of(svc, tenant))
-    assert "1 patients have no similarity profile" in said and "1 similarity profiles belong to patients" in said
-    svc.backend.delete_profile(tenant, "gone-patient")
+    assert "1 similarity profiles belong to patients" in " | ".join(problems_of(svc, tenant))
+    assert svc.repair_profiles(tenant) == {"built": 1, "removed": 1}
+    check = svc.catalog.check(tenant)
+    assert check.problems == [] == check.warnings
+    assert svc.catalog.get_profiles(tenant, [pid])[pid]["problems"] == held["problems"]
     svc.backend.put_profile(tenant, pid, held, [], np.ones(4, dtype=np.float32))    # another model's vector
     assert problems_of(svc, tenant) == ["1 similarity profiles were embedded by another model than the index's: "
-                                        "`chartcite reindex` rebuilds them"]
+                                        "`chartcite check --repair` (or `chartcite reindex`) rebuilds them"]
+    assert svc.repair_profiles(tenant) == {"built": 1, "removed": 0} and problems_of(svc, tenant) == []
+    assert svc.catalog.profile_dimensions(tenant) == {pid: [svc.embedder.dimension]}
+
+
+def test_the_check_command_warns_then_repairs_with_exit_0(tmp_path, small_bundle):
+    """What the on-call operator sees after upgrading an index built before profiles existed."""
+    import subprocess
+    import sys
+
+    from search.backends.embedded import EmbeddedBackend
+
+    env = clean_env(data_dir=tmp_path)
+    cli = lambda *args: subprocess.run([sys.executable, "-m", "smart_app.cli", *args], env=env, capture_output=True,
+                                       text=True, timeout=600)
+    assert cli("index", str(small_bundle)).returncode == 0
+    pid = small_bundle.name.split(".")[0]
+    store = EmbeddedBackend(tmp_path / "index.sqlite", None)
+    store.delete_profile("default", pid)
+    store.close()
+    warned = cli("check")
+    assert warned.returncode == 0, warned.stdout + warned.stderr
+    assert "consistent" in warned.stdout and "warning: 1 patients have no similarity profile yet" in warned.stdout
+    repaired = cli("check", "--repair", "--json")
+    assert repaired.returncode == 0, repaired.stdout + repaired.stderr
+    said = json.loads(repaired.stdout)
+    assert said["repaired"] == {"built": 1, "removed": 0} and said["warnings"] == [] and said["counts"]["profiles"] == 1
 
 
 def test_reindex_rebuilds_the_profiles_and_drops_stale_ones(tmp_path, embedder, small_bundle):

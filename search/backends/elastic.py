@@ -24,7 +24,8 @@ from fhir_ingest.record.contract import Chunk
 
 from search.nlp.annotate import asserted_keys
 from search.backends.base import (PENDING_PROBLEM, VECTOR_PENDING, Backend, BackendError, BackendUnavailable, Hit,
-                                  IndexCheck, ModelMismatch, Scope, Search, profile_problems, summary_after_removal)
+                                  IndexCheck, ModelMismatch, ProfileGaps, Scope, Search, profile_gaps, profile_problems,
+                                  summary_after_removal)
 from search.backends.embedded import text_hash
 from search.nlp.lexicon import tokens
 
@@ -764,9 +765,11 @@ class ElasticsearchBackend(Backend):
             problems.append(f"{orphaned} chunks of a patient with no summary")
         for pid, summary in summaries.items():
             problems += summary_disagreement(pid, summary, actual.get(pid, 0))
-        profile_counts, profile_said = profile_problems(self._holding_records(tenant), self.profile_dimensions(tenant),
-                                                       self.dimension)
-        return IndexCheck({**counts, **profile_counts}, problems + profile_said)
+        profile_counts, profile_said, profile_warnings = profile_problems(self.profile_gaps(tenant))
+        return IndexCheck({**counts, **profile_counts}, problems + profile_said, profile_warnings)
+
+    def profile_gaps(self, tenant: str) -> ProfileGaps:
+        return profile_gaps(self._holding_records(tenant), self.profile_dimensions(tenant), self.dimension)
 
     # --- reindex with an atomic alias swap -------------------------------------------------
     def scan_chunks(self, tenant: str):

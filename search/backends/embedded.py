@@ -21,7 +21,7 @@ from fhir_ingest.record.contract import Chunk
 from search.nlp.annotate import asserted_keys
 from search.backends.base import (PENDING_PROBLEM, VECTOR_PENDING, Backend, BackendError, Hit, IndexCheck,
                                   ModelMismatch, Scope,
-                                  profile_problems, summary_after_removal)
+                                  ProfileGaps, profile_gaps, profile_problems, summary_after_removal)
 from search.nlp.lexicon import tokens
 
 # The index's layout, kept in meta as `schema_version`. 1: every index written before versions were
@@ -549,10 +549,14 @@ class EmbeddedBackend(Backend):
                      db.execute("SELECT patient_id, data FROM patients WHERE tenant=?", (tenant,))}
         for patient_id, summary in summaries.items():
             problems += summary_disagreement(patient_id, summary, actual.get(patient_id, 0))
-        profile_counts, profile_said = profile_problems(
-            {pid for (pid,) in db.execute("SELECT DISTINCT patient_id FROM resources WHERE tenant=?", (tenant,))},
-            self.profile_dimensions(tenant), vector_bytes // 4)
-        return IndexCheck({**counts, **profile_counts}, problems + profile_said)
+        profile_counts, profile_said, profile_warnings = profile_problems(self.profile_gaps(tenant))
+        return IndexCheck({**counts, **profile_counts}, problems + profile_said, profile_warnings)
+
+    def profile_gaps(self, tenant: str) -> ProfileGaps:
+        db = self._db()
+        row = db.execute("SELECT value FROM meta WHERE key='dimension'").fetchone()
+        holding = {pid for (pid,) in db.execute("SELECT DISTINCT patient_id FROM resources WHERE tenant=?", (tenant,))}
+        return profile_gaps(holding, self.profile_dimensions(tenant), int(row[0]) if row else 0)
 
     @staticmethod
     def _check_counts(db, tenant: str, vector_bytes: int) -> tuple[dict, list[str]]:

@@ -18,7 +18,7 @@ from search.similar.profile import lab_key, latest_trend
 NO_PEERS = "No comparable patients found in this workspace. Manual review recommended."
 # A record indexed before profiles existed has none until it is indexed again: not "no peers".
 NO_PROFILE = ("This patient's record has not been compared yet: its profile is built when the record is next "
-              "indexed (a sync, or `chartcite index`). Manual review recommended.")
+              "indexed (a sync, or `chartcite index`) or by `chartcite check --repair`. Manual review recommended.")
 SOURCE_NOTE = ("Other patients of this workspace's own records, de-identified: no names, identifiers or dates; "
                "ages in 5-year bands.")
 FLOOR = 0.3          # below this similarity a patient is not called comparable
