@@ -346,27 +346,35 @@ def backend(request, tmp_path):
 def test_the_profile_store_keeps_tenants_apart_on_both_backends(backend):
     run = uuid.uuid4().hex[:8]
     mine, theirs = f"a{run}", f"b{run}"
+    series = {"systolic BP": [["2024-01-01", 150.0], ["2024-06-01", 132.0]], "LDL": [["2024-01-01", 130.0]]}
 
     def put(tenant, pid, vector, keys):
-        backend.put_profile(tenant, pid, {"patient_id": pid}, keys, np.asarray(vector, dtype=np.float32))
+        profile = {"patient_id": pid, "medications": [{"ingredient": keys[0].split(":")[1]}], "measures": series}
+        backend.put_profile(tenant, pid, profile, keys, np.asarray(vector, dtype=np.float32))
 
-    put(mine, "p1", [1, 0, 0, 0], ["drug:losartan"])
-    put(mine, "p2", [0.8, 0.6, 0, 0], ["drug:lisinopril"])
-    put(mine, "p3", [0, 0, 1, 0], ["drug:losartan"])
-    put(theirs, "p9", [1, 0, 0, 0], ["drug:losartan"])          # identical to p1, in another tenant
+    cohort = lambda tenant, drugs: backend.cohort_profiles(tenant, drugs, ["concept:htn"], "systolic BP")
+    put(mine, "p1", [1, 0, 0, 0], ["drug:losartan", "concept:htn"])
+    put(mine, "p2", [0.8, 0.6, 0, 0], ["drug:lisinopril", "concept:htn"])
+    put(mine, "p3", [0, 0, 1, 0], ["drug:losartan", "concept:htn"])
+    put(mine, "p4", [0, 1, 0, 0], ["drug:losartan"])                       # the drug, not the condition
+    put(theirs, "p9", [1, 0, 0, 0], ["drug:losartan", "concept:htn"])      # identical to p1, in another tenant
     nearest = backend.nearest_profiles(mine, "p1", 5)
-    assert [pid for pid, _ in nearest] == ["p2", "p3"] and nearest[0][1] == pytest.approx(0.8, abs=1e-3)
-    assert [p["patient_id"] for p in backend.profiles_with(mine, ["drug:losartan"])] == ["p1", "p3"]
-    assert [p["patient_id"] for p in backend.profiles_with(mine, ["drug:losartan", "drug:lisinopril"],
-                                                            ["drug:lisinopril"])] == ["p2"]
+    assert nearest[0][0] == "p2" and nearest[0][1] == pytest.approx(0.8, abs=1e-3)
+    assert sorted(pid for pid, _ in nearest) == ["p2", "p3", "p4"]
+    # A cohort reads only the medications and the outcome's series, of its tenant's patients with both keys.
+    assert cohort(mine, ["drug:losartan"]) == [
+        {"patient_id": pid, "medications": [{"ingredient": "losartan"}], "measures": {"systolic BP": series["systolic BP"]}}
+        for pid in ("p1", "p3")]
+    assert [p["patient_id"] for p in cohort(mine, ["drug:losartan", "drug:lisinopril"])] == ["p1", "p2", "p3"]
+    assert backend.cohort_profiles(mine, ["drug:losartan"], ["concept:htn"], "HbA1c")[0]["measures"] == {}
     assert set(backend.get_profiles(mine, ["p1", "p9"])) == {"p1"}
     assert backend.nearest_profiles(mine, "p9", 5) == []
     # How rare a key is, counted in the tenant only (p9 holds losartan in the other).
     assert backend.key_frequencies(mine, ["drug:losartan", "drug:lisinopril", "drug:none"]) == \
-        (3, {"drug:losartan": 2, "drug:lisinopril": 1})
-    put(mine, "p1", [0, 0, 1, 0], ["drug:lisinopril"])         # rebuilt: replaced, keys and all
+        (4, {"drug:losartan": 3, "drug:lisinopril": 1})
+    put(mine, "p1", [0, 0, 1, 0], ["drug:lisinopril", "concept:htn"])     # rebuilt: replaced, keys and all
     assert [pid for pid, _ in backend.nearest_profiles(mine, "p1", 1)] == ["p3"]
-    assert [p["patient_id"] for p in backend.profiles_with(mine, ["drug:losartan"])] == ["p3"]
+    assert [p["patient_id"] for p in cohort(mine, ["drug:losartan"])] == ["p3"]
 
 
 def test_a_record_indexed_before_profiles_is_said_not_compared_rather_than_alone(tmp_path):

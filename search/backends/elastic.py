@@ -685,16 +685,20 @@ class ElasticsearchBackend(Backend):
         hits = self._profile_search(tenant, {"ids": {"values": ids}}, min(len(ids) * 2, MAX_RESULT), ["patient_id", "data"])
         return {h["_source"]["patient_id"]: h["_source"]["data"] for h in hits}
 
-    def profiles_with(self, tenant: str, keys: list[str], required: list[str] = ()) -> list[dict]:
-        if not keys:
+    def cohort_profiles(self, tenant: str, exposures: list[str], conditions: list[str], measure: str) -> list[dict]:
+        if not exposures or not conditions:
             return []
         from elasticsearch.helpers import scan
 
-        query = {"bool": {"filter": [{"term": {"tenant": tenant}}, {"terms": {"keys": keys}}]
-                          + ([{"terms": {"keys": list(required)}}] if required else [])}}
-        hits = self._call(lambda: list(scan(self.es, index=f"{PROFILES}-d*", query={"query": query}, source=["data"],
+        query = {"bool": {"filter": [{"term": {"tenant": tenant}}, {"terms": {"keys": exposures}},
+                                     {"terms": {"keys": conditions}}]}}
+        # Source filtering: only the medications and the one series leave the cluster.
+        wanted = ["patient_id", "data.medications", f"data.measures.{measure}"]
+        hits = self._call(lambda: list(scan(self.es, index=f"{PROFILES}-d*", query={"query": query}, source=wanted,
                                             ignore_unavailable=True, allow_no_indices=True)))
-        return sorted((hit["_source"]["data"] for hit in hits), key=lambda p: p["patient_id"])
+        read = [{"patient_id": h["_source"]["patient_id"], "medications": h["_source"].get("data", {}).get("medications", []),
+                 "measures": h["_source"].get("data", {}).get("measures", {})} for h in hits]
+        return sorted(read, key=lambda p: p["patient_id"])
 
     def key_frequencies(self, tenant: str, keys: list[str]) -> tuple[int, dict[str, int]]:
         keys = list(dict.fromkeys(keys))
