@@ -442,23 +442,18 @@ def test_check_warns_of_missing_profiles_fails_on_stale_ones_and_repair_mends_th
 
 def test_the_check_command_warns_then_repairs_with_exit_0(tmp_path, small_bundle):
     """What the on-call operator sees after upgrading an index built before profiles existed."""
-    import subprocess
-    import sys
-
     from search.backends.embedded import EmbeddedBackend
 
     env = clean_env(data_dir=tmp_path)
-    cli = lambda *args: subprocess.run([sys.executable, "-m", "smart_app.cli", *args], env=env, capture_output=True,
-                                       text=True, timeout=600)
-    assert cli("index", str(small_bundle)).returncode == 0
+    assert cli(["index", str(small_bundle)], env).returncode == 0
     pid = small_bundle.name.split(".")[0]
     store = EmbeddedBackend(tmp_path / "index.sqlite", None)
     store.delete_profile("default", pid)
     store.close()
-    warned = cli("check")
+    warned = cli(["check"], env)
     assert warned.returncode == 0, warned.stdout + warned.stderr
     assert "consistent" in warned.stdout and "warning: 1 patients have no similarity profile yet" in warned.stdout
-    repaired = cli("check", "--repair", "--json")
+    repaired = cli(["check", "--repair", "--json"], env)
     assert repaired.returncode == 0, repaired.stdout + repaired.stderr
     said = json.loads(repaired.stdout)
     assert said["repaired"] == {"built": 1, "removed": 0} and said["warnings"] == [] and said["counts"]["profiles"] == 1
