@@ -26,6 +26,10 @@ CANDIDATES = 50      # nearest profile vectors re-scored on their features
 # Outcomes a clinician follows after a medication starts.
 FOLLOWED_MEASURES = ("HbA1c", "systolic BP", "LDL", "eGFR", "BMI", "creatinine")
 MAX_LISTED = 6
+# A problem recorded as a finding or situation (SNOMED CT's "(finding)", "(situation)": obesity by
+# BMI, an education level, prediabetes) weighs half a disorder: shared findings made patients alike
+# who share no disease (measured: hypertension 0.94 -> 0.95 top-5 sharing, diabetes unchanged).
+FINDING_WEIGHT = 0.5
 
 
 def similar_patients(backend: Backend, tenant: str, patient_id: str, k: int = 5) -> dict:
@@ -100,7 +104,8 @@ def problem_units(profile: dict, weights: dict[str, float]) -> list[tuple[set[st
     units = []
     for problem in (p for p in profile["problems"] if p["active"]):
         keys = {f"problem:{key}" for key in problem["concepts"] or [problem["key"]]}
-        units.append((keys, min(weights.get(key, 1.0) for key in keys)))
+        kind = FINDING_WEIGHT if problem.get("tag", "") not in ("", "disorder") else 1.0
+        units.append((keys, kind * min(weights.get(key, 1.0) for key in keys)))
     return units
 
 
@@ -132,7 +137,7 @@ def similarity(own: dict, other: dict, cosine: float, weights: dict[str, float])
     a, b = band_low(own["age_band"]), band_low(other["age_band"])
     age = max(0.0, 1 - abs(a - b) / 20) if a is not None and b is not None else 0.0
     demographic = 0.5 * (own["sex"] == other["sex"]) + 0.5 * age
-    score = 0.1 * max(cosine, 0.0) + 0.55 * problems + 0.2 * drugs + 0.1 * labs + 0.05 * demographic
+    score = 0.1 * max(cosine, 0.0) + 0.55 * problems + 0.15 * drugs + 0.15 * labs + 0.05 * demographic
     return round(min(max(score, 0.0), 1.0), 3)
 
 

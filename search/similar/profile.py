@@ -18,8 +18,9 @@ from fhir_ingest.record.words import _strip_tag
 from search.answering.clinical import short_names
 from search.nlp.terminology import classes_of, ingredients_in
 
-PROFILE_VERSION = 2      # 2: lab_states
+PROFILE_VERSION = 3      # 2: lab_states; 3: each problem's SNOMED semantic tag
 INACTIVE = {"resolved", "inactive", "remission"}
+SEMANTIC_TAG = re.compile(r"\((disorder|finding|situation|person|event|morphologic abnormality)\)\s*$")
 # Encounter classes that are an admission (inpatient) or an emergency visit.
 ADMISSION = {"IMP", "ACUTE", "NONAC", "EMER", "inpatient", "emergency"}
 # Blood pressure comes as a panel whose components carry the values.
@@ -92,7 +93,7 @@ def problems(facts, concepts: dict[str, list[str]]) -> list[dict]:
         key = code or _strip_tag(f.name).lower()
         onset = day(f.onset_date or f.date)
         held = found.setdefault(key, {"key": key, "code": code, "name": _strip_tag(f.name), "onset": onset,
-                                      "active": False, "ended": "", "concepts": []})
+                                      "active": False, "ended": "", "concepts": [], "tag": semantic_tag(f.name)})
         held["concepts"] = sorted(set(held["concepts"]) | set(concepts.get(ref, ())))
         held["onset"] = min(filter(None, (held["onset"], onset)), default="")
         if f.status in INACTIVE:
@@ -100,6 +101,13 @@ def problems(facts, concepts: dict[str, list[str]]) -> list[dict]:
         else:
             held["active"] = True
     return sorted(found.values(), key=lambda p: p["key"])
+
+
+def semantic_tag(name: str) -> str:
+    """'Prediabetes (finding)' -> 'finding': the SNOMED CT semantic tag a display ends with, '' when
+    it has none (another terminology, free text)."""
+    match = SEMANTIC_TAG.search(name or "")
+    return match.group(1) if match else ""
 
 
 def treated(found: list[dict], facts) -> list[dict]:
