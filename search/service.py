@@ -349,6 +349,15 @@ class SearchService:
 
         return rebuild_profiles(self.backend, self.embedder, tenant, held())
 
+    def repair_profiles(self, tenant: str) -> dict[str, int]:
+        """What `check --repair` mends of the similarity profiles, from what the index holds (no EHR
+        is asked): the missing and another model's built, those of patients gone removed."""
+        gaps = self.backend.profile_gaps(tenant)
+        built = self.rebuild_profiles(tenant, [*gaps.missing, *gaps.other_model])
+        for orphan in gaps.orphaned:
+            self.backend.delete_profile(tenant, orphan)
+        return {"built": built, "removed": len(gaps.orphaned)}
+
     def holders(self, tenant: str, refs: list[str]) -> dict[str, set[str]]:
         """The patients whose held record holds each of these resources ("Type/id")."""
         return self.backend.holders(tenant, refs)

@@ -212,18 +212,27 @@ def removal_lines(report) -> list[str]:
     return lines
 
 
-@command("check", "verify the index is consistent (chunks, lexical rows, vectors, patient summaries, similarity profiles)", TENANT, JSON)
+@command("check", "verify the index is consistent (chunks, lexical rows, vectors, patient summaries, similarity profiles)", TENANT,
+         arg("--repair", action="store_true",
+             help="first mend the similarity profiles from the indexed records (build the missing and another "
+                  "model's, remove those of patients no longer held); nothing else is changed"), JSON)
 def cmd_check(args, settings: Settings) -> int:
     tenant = args.tenant or settings.tenant
     svc = service(settings)
+    repaired = svc.repair_profiles(tenant) if args.repair else None
     result, held_back = svc.catalog.check(tenant), svc.held_back.listed(tenant)
     if args.json:
         print(json.dumps({"tenant": tenant, "counts": result.counts, "problems": result.problems,
-                          "held_back": held_back}, indent=2))
+                          "warnings": result.warnings, "held_back": held_back,
+                          **({"repaired": repaired} if repaired is not None else {})}, indent=2))
     else:
+        if repaired is not None:
+            print(f"repaired: {repaired['built']} similarity profiles built, {repaired['removed']} removed")
         print(f"tenant {tenant}: " + ", ".join(f"{name} {n}" for name, n in result.counts.items()))
         print("consistent" if not result.problems else "INCONSISTENT:")
         print("\n".join(f"  {shown(p)}" for p in result.problems))
+        for warning in result.warnings:
+            print(f"warning: {shown(warning)}")
         if held_back:
             print(f"removals held back (over the removal budget; run the input again with --allow-removals to "
                   f"carry one out): {len(held_back)}")

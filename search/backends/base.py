@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -40,25 +40,42 @@ def summary_after_removal(summary: dict, chunk_types: list[str], pending: int, r
     return updated
 
 
-def profile_problems(expected: set[str], dimensions: dict[str, list[int]], dimension: int) -> tuple[dict, list[str]]:
-    """What `check` says of the similarity profiles, on either backend: every patient of whom
-    the index holds source records (`expected`) has one profile, of the index's model; no
-    profile is left of a patient it holds nothing of."""
-    missing = sorted(expected - set(dimensions))
-    orphaned = sorted(set(dimensions) - expected)
-    other_model = sorted(pid for pid, sizes in dimensions.items()
-                         if pid in expected and dimension and sizes != [dimension])
-    problems = []
-    if missing:
-        problems.append(f"{len(missing)} patients have no similarity profile (indexed before profiles existed, or "
-                        f"interrupted): indexing the record again builds it, or `chartcite reindex` on Elasticsearch")
-    if orphaned:
-        problems.append(f"{len(orphaned)} similarity profiles belong to patients whose record the index no longer "
-                        f"holds: indexing the tenant again, or `chartcite reindex` on Elasticsearch, removes them")
-    if other_model:
-        problems.append(f"{len(other_model)} similarity profiles were embedded by another model than the index's: "
-                        f"`chartcite reindex` rebuilds them")
-    return {"profiles": sum(len(sizes) for sizes in dimensions.values())}, problems
+@dataclass
+class ProfileGaps:
+    """How the similarity profiles of a tenant disagree with its records (patient ids)."""
+    missing: list[str]          # holding records, no profile: indexed before profiles existed, or interrupted
+    orphaned: list[str]         # a profile, no records left: the patient's features must go with the record
+    other_model: list[str]      # embedded by another model than the index's
+    held: int                   # profiles held
+
+
+def profile_gaps(expected: set[str], dimensions: dict[str, list[int]], dimension: int) -> ProfileGaps:
+    """Every patient of whom the index holds source records (`expected`) has one profile, of the
+    index's model; no profile is left of a patient it holds nothing of."""
+    return ProfileGaps(sorted(expected - set(dimensions)), sorted(set(dimensions) - expected),
+                       sorted(pid for pid, sizes in dimensions.items()
+                              if pid in expected and dimension and sizes != [dimension]),
+                       sum(len(sizes) for sizes in dimensions.values()))
+
+
+def profile_problems(gaps: ProfileGaps) -> tuple[dict, list[str], list[str]]:
+    """What `check` says of the similarity profiles, on either backend: (counts, problems,
+    warnings). A missing profile is a warning: answers are unaffected, the profile is built from
+    the record the index already holds, and an index from before profiles existed must not fail
+    its health check for it. A profile of a patient gone, or of another model, compares what
+    should not be compared: a problem. `chartcite check --repair` mends all three."""
+    problems, warnings = [], []
+    if gaps.missing:
+        warnings.append(f"{len(gaps.missing)} patients have no similarity profile yet (indexed before profiles "
+                        f"existed, or interrupted), so similar patients and cohorts leave them out: "
+                        f"`chartcite check --repair` builds them from the indexed records")
+    if gaps.orphaned:
+        problems.append(f"{len(gaps.orphaned)} similarity profiles belong to patients whose record the index no "
+                        f"longer holds: `chartcite check --repair` removes them")
+    if gaps.other_model:
+        problems.append(f"{len(gaps.other_model)} similarity profiles were embedded by another model than the "
+                        f"index's: `chartcite check --repair` (or `chartcite reindex`) rebuilds them")
+    return {"profiles": gaps.held}, problems, warnings
 
 
 class BackendError(RuntimeError):
@@ -94,6 +111,7 @@ class IndexCheck:
     """What `chartcite check` reports: counts of each part of the index, and anything that disagrees."""
     counts: dict
     problems: list[str]
+    warnings: list[str] = field(default_factory=list)    # worth a line, not a failed check
 
 
 @dataclass
@@ -242,9 +260,11 @@ class Backend(ABC):
         """The profiles of these patients of the tenant; those it does not hold are left out."""
 
     @abstractmethod
-    def profiles_with(self, tenant: str, keys: list[str], required: list[str] = ()) -> list[dict]:
-        """Every profile of the tenant holding any of these keys (and, with `required`, any of
-        those too: a cohort's drugs among the patients with its condition)."""
+    def cohort_profiles(self, tenant: str, exposures: list[str], conditions: list[str], measure: str) -> list[dict]:
+        """What a cohort reads of each profile of the tenant holding one of the `exposures` keys
+        and one of the `conditions` keys, by patient id: {"patient_id", "medications", "measures":
+        {measure: its dated series}}. Never the whole profile: every lab's dated series of a third
+        of a 10,000-patient workspace took seconds to read."""
 
     @abstractmethod
     def key_frequencies(self, tenant: str, keys: list[str]) -> tuple[int, dict[str, int]]:
@@ -260,6 +280,10 @@ class Backend(ABC):
     @abstractmethod
     def profile_dimensions(self, tenant: str) -> dict[str, list[int]]:
         """Patient id -> the vector size of each profile the tenant holds for them (`check`)."""
+
+    @abstractmethod
+    def profile_gaps(self, tenant: str) -> ProfileGaps:
+        """Profiles missing, orphaned or of another model (`check`, `check --repair`)."""
 
     @abstractmethod
     def check(self, tenant: str) -> IndexCheck:

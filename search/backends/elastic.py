@@ -23,7 +23,8 @@ from fhir_ingest.record.contract import Chunk
 
 from search.nlp.annotate import asserted_keys
 from search.backends.base import (PENDING_PROBLEM, VECTOR_PENDING, Backend, BackendError, BackendUnavailable, Hit,
-                                  IndexCheck, ModelMismatch, Scope, Search, profile_problems, summary_after_removal)
+                                  IndexCheck, ModelMismatch, ProfileGaps, Scope, Search, profile_gaps, profile_problems,
+                                  summary_after_removal)
 from search.backends.elastic_options import ElasticOptions  # noqa: F401  (where callers have always found it)
 from search.backends.embedded import text_hash
 from search.nlp.lexicon import tokens
@@ -665,16 +666,20 @@ class ElasticsearchBackend(Backend):
         hits = self._profile_search(tenant, {"ids": {"values": ids}}, min(len(ids) * 2, MAX_RESULT), ["patient_id", "data"])
         return {h["_source"]["patient_id"]: h["_source"]["data"] for h in hits}
 
-    def profiles_with(self, tenant: str, keys: list[str], required: list[str] = ()) -> list[dict]:
-        if not keys:
+    def cohort_profiles(self, tenant: str, exposures: list[str], conditions: list[str], measure: str) -> list[dict]:
+        if not exposures or not conditions:
             return []
         from elasticsearch.helpers import scan
 
-        query = {"bool": {"filter": [{"term": {"tenant": tenant}}, {"terms": {"keys": keys}}]
-                          + ([{"terms": {"keys": list(required)}}] if required else [])}}
-        hits = self._call(lambda: list(scan(self.es, index=f"{PROFILES}-d*", query={"query": query}, source=["data"],
+        query = {"bool": {"filter": [{"term": {"tenant": tenant}}, {"terms": {"keys": exposures}},
+                                     {"terms": {"keys": conditions}}]}}
+        # Source filtering: only the medications and the one series leave the cluster.
+        wanted = ["patient_id", "data.medications", f"data.measures.{measure}"]
+        hits = self._call(lambda: list(scan(self.es, index=f"{PROFILES}-d*", query={"query": query}, source=wanted,
                                             ignore_unavailable=True, allow_no_indices=True)))
-        return sorted((hit["_source"]["data"] for hit in hits), key=lambda p: p["patient_id"])
+        read = [{"patient_id": h["_source"]["patient_id"], "medications": h["_source"].get("data", {}).get("medications", []),
+                 "measures": h["_source"].get("data", {}).get("measures", {})} for h in hits]
+        return sorted(read, key=lambda p: p["patient_id"])
 
     def key_frequencies(self, tenant: str, keys: list[str]) -> tuple[int, dict[str, int]]:
         keys = list(dict.fromkeys(keys))
@@ -745,9 +750,11 @@ class ElasticsearchBackend(Backend):
             problems.append(f"{orphaned} chunks of a patient with no summary")
         for pid, summary in summaries.items():
             problems += summary_disagreement(pid, summary, actual.get(pid, 0))
-        profile_counts, profile_said = profile_problems(self._holding_records(tenant), self.profile_dimensions(tenant),
-                                                       self.dimension)
-        return IndexCheck({**counts, **profile_counts}, problems + profile_said)
+        profile_counts, profile_said, profile_warnings = profile_problems(self.profile_gaps(tenant))
+        return IndexCheck({**counts, **profile_counts}, problems + profile_said, profile_warnings)
+
+    def profile_gaps(self, tenant: str) -> ProfileGaps:
+        return profile_gaps(self._holding_records(tenant), self.profile_dimensions(tenant), self.dimension)
 
     # --- reindex with an atomic alias swap -------------------------------------------------
     def scan_chunks(self, tenant: str):

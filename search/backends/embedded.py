@@ -21,7 +21,7 @@ from fhir_ingest.record.contract import Chunk
 from search.nlp.annotate import asserted_keys
 from search.backends.base import (PENDING_PROBLEM, VECTOR_PENDING, Backend, BackendError, Hit, IndexCheck,
                                   ModelMismatch, Scope,
-                                  profile_problems, summary_after_removal)
+                                  ProfileGaps, profile_gaps, profile_problems, summary_after_removal)
 from search.nlp.lexicon import tokens
 
 # The index's layout, kept in meta as `schema_version`. 1: every index written before versions were
@@ -496,16 +496,20 @@ class EmbeddedBackend(Backend):
                                   [tenant, *patient_ids]).fetchall()
         return {pid: json.loads(data) for pid, data in rows}
 
-    def profiles_with(self, tenant: str, keys: list[str], required: list[str] = ()) -> list[dict]:
-        if not keys:
+    def cohort_profiles(self, tenant: str, exposures: list[str], conditions: list[str], measure: str) -> list[dict]:
+        if not exposures or not conditions:
             return []
+        # Selected by the keys' index, and only the medications and the one series read out of
+        # the stored JSON (by SQLite, in C): json.loads of whole profiles was most of the time.
         holding = lambda some: (f"p.patient_id IN (SELECT patient_id FROM profile_keys WHERE tenant=? AND key IN "
                                 f"({','.join('?' * len(some))}))")
-        where = [holding(keys)] + ([holding(required)] if required else [])
-        args = [tenant, tenant, *keys] + ([tenant, *required] if required else [])
-        rows = self._db().execute(f"SELECT p.data FROM profiles p WHERE p.tenant=? AND {' AND '.join(where)} "
-                                  f"ORDER BY p.patient_id", args).fetchall()
-        return [json.loads(r[0]) for r in rows]
+        series = '$.measures."' + measure.replace('"', "") + '"'
+        rows = self._db().execute(
+            f"SELECT p.patient_id, json_extract(p.data, '$.medications'), json_extract(p.data, ?) FROM profiles p "
+            f"WHERE p.tenant=? AND {holding(exposures)} AND {holding(conditions)} ORDER BY p.patient_id",
+            [series, tenant, tenant, *exposures, tenant, *conditions]).fetchall()
+        return [{"patient_id": pid, "medications": json.loads(medications or "[]"),
+                 "measures": {measure: json.loads(points)} if points else {}} for pid, medications, points in rows]
 
     def key_frequencies(self, tenant: str, keys: list[str]) -> tuple[int, dict[str, int]]:
         db = self._db()
@@ -549,10 +553,14 @@ class EmbeddedBackend(Backend):
                      db.execute("SELECT patient_id, data FROM patients WHERE tenant=?", (tenant,))}
         for patient_id, summary in summaries.items():
             problems += summary_disagreement(patient_id, summary, actual.get(patient_id, 0))
-        profile_counts, profile_said = profile_problems(
-            {pid for (pid,) in db.execute("SELECT DISTINCT patient_id FROM resources WHERE tenant=?", (tenant,))},
-            self.profile_dimensions(tenant), vector_bytes // 4)
-        return IndexCheck({**counts, **profile_counts}, problems + profile_said)
+        profile_counts, profile_said, profile_warnings = profile_problems(self.profile_gaps(tenant))
+        return IndexCheck({**counts, **profile_counts}, problems + profile_said, profile_warnings)
+
+    def profile_gaps(self, tenant: str) -> ProfileGaps:
+        db = self._db()
+        row = db.execute("SELECT value FROM meta WHERE key='dimension'").fetchone()
+        holding = {pid for (pid,) in db.execute("SELECT DISTINCT patient_id FROM resources WHERE tenant=?", (tenant,))}
+        return profile_gaps(holding, self.profile_dimensions(tenant), int(row[0]) if row else 0)
 
     @staticmethod
     def _check_counts(db, tenant: str, vector_bytes: int) -> tuple[dict, list[str]]:

@@ -37,9 +37,9 @@ def compare(backend: Backend, tenant: str, asked: Comparison) -> dict:
     condition_keys = condition_concepts(asked.condition)
     exposure_keys = [exposure_key(word) for word in asked.exposures]
     measure = measure_name(asked.outcome)
-    # The store selects by drug and condition both: only those profiles are read whole.
-    patients = [p for p in backend.profiles_with(tenant, exposure_keys, sorted(condition_keys))
-                if has_condition(p, condition_keys)]
+    # The store selects by drug and condition both (its keys hold every problem's concepts), and
+    # reads of each profile only the medications and the outcome's series.
+    patients = backend.cohort_profiles(tenant, exposure_keys, sorted(condition_keys), measure)
     members = {key: [p for p in patients if holds(p, key)] for key in exposure_keys}
     in_several = {p["patient_id"] for key in exposure_keys for p in members[key]
                   if sum(holds(p, other) for other in exposure_keys) > 1}
@@ -85,10 +85,6 @@ def measure_name(word: str) -> str:
         return found[0]
     raise CohortError(f"{word!r} names no single lab or vital sign chartcite follows (try HbA1c, systolic BP, "
                       "LDL, eGFR, BMI)")
-
-
-def has_condition(profile: dict, keys: set[str]) -> bool:
-    return any(f"concept:{c}" in keys for p in profile["problems"] for c in p["concepts"])
 
 
 def holds(profile: dict, key: str) -> bool:

@@ -6,7 +6,10 @@ followed a shared medication is measured from them; nothing that leaves `search.
 """
 from __future__ import annotations
 
+import re
 from datetime import date
+from functools import lru_cache
+from pathlib import Path
 
 from fhir_ingest.record.context import NOT_A_PROBLEM, _withdrawn
 from fhir_ingest.record.kinds import fact_of
@@ -15,12 +18,17 @@ from fhir_ingest.record.words import _strip_tag
 from search.answering.clinical import short_names
 from search.nlp.terminology import classes_of, ingredients_in
 
-PROFILE_VERSION = 1
+PROFILE_VERSION = 3      # 2: lab_states; 3: each problem's SNOMED semantic tag
 INACTIVE = {"resolved", "inactive", "remission"}
+SEMANTIC_TAG = re.compile(r"\((disorder|finding|situation|person|event|morphologic abnormality)\)\s*$")
 # Encounter classes that are an admission (inpatient) or an emergency visit.
 ADMISSION = {"IMP", "ACUTE", "NONAC", "EMER", "inpatient", "emergency"}
 # Blood pressure comes as a panel whose components carry the values.
 PRESSURE_PARTS = {"8480-6": "systolic BP", "8462-4": "diastolic BP"}
+REFERENCE_INTERVALS = Path(__file__).parent / "data" / "reference_intervals.tsv"
+ADULT = 18               # the table's intervals are adults'; a child's reading is flagged only by its own range
+HIGH_WORDS = {"high", "above", "h", "hh", "hu", "elevated"}
+LOW_WORDS = {"low", "below", "l", "ll", "lu", "decreased"}
 
 
 def day(text: str) -> str:
@@ -60,7 +68,8 @@ def build_profile(patient_id: str, resources: list[dict], chunks=()) -> dict:
         "birth": day(patient.get("birthDate", "")), "last_date": newest,
         "problems": treated(problems(facts, problem_concepts(chunks)), facts), "medications": medications(facts),
         "allergies": sorted({_strip_tag(f.name) for _, rt, f in facts if rt == "AllergyIntolerance" and f.name}),
-        "measures": measures(facts), "utilisation": utilisation(facts),
+        "measures": measures(facts), "lab_states": lab_states(facts, day(patient.get("birthDate", ""))),
+        "utilisation": utilisation(facts),
     }
 
 
@@ -84,7 +93,7 @@ def problems(facts, concepts: dict[str, list[str]]) -> list[dict]:
         key = code or _strip_tag(f.name).lower()
         onset = day(f.onset_date or f.date)
         held = found.setdefault(key, {"key": key, "code": code, "name": _strip_tag(f.name), "onset": onset,
-                                      "active": False, "ended": "", "concepts": []})
+                                      "active": False, "ended": "", "concepts": [], "tag": semantic_tag(f.name)})
         held["concepts"] = sorted(set(held["concepts"]) | set(concepts.get(ref, ())))
         held["onset"] = min(filter(None, (held["onset"], onset)), default="")
         if f.status in INACTIVE:
@@ -92,6 +101,13 @@ def problems(facts, concepts: dict[str, list[str]]) -> list[dict]:
         else:
             held["active"] = True
     return sorted(found.values(), key=lambda p: p["key"])
+
+
+def semantic_tag(name: str) -> str:
+    """'Prediabetes (finding)' -> 'finding': the SNOMED CT semantic tag a display ends with, '' when
+    it has none (another terminology, free text)."""
+    match = SEMANTIC_TAG.search(name or "")
+    return match.group(1) if match else ""
 
 
 def treated(found: list[dict], facts) -> list[dict]:
@@ -123,26 +139,93 @@ def measures(facts) -> dict[str, list[list]]:
     for _, rt, f in facts:
         if rt != "Observation" or f.category not in ("laboratory", "vital-signs"):
             continue
-        for name, number in measured_numbers(f, names):
-            series.setdefault(name, []).append([day(f.date), number])
+        for name, quantity, _ in readings(f, names):
+            series.setdefault(name, []).append([day(f.date), float(quantity.value)])
     return {name: sorted(points) for name, points in sorted(series.items())}
 
 
-def measured_numbers(fact, names: dict[str, str]) -> list[tuple[str, float]]:
+def readings(fact, names: dict[str, str]) -> list[tuple[str, object, bool]]:
+    """(short name, quantity, whether it is the observation's own value) of each common lab or
+    vital sign a reading carries: its value, or its components (a blood pressure panel's)."""
     found = []
+    quantity = fact.value.quantity if fact.value else None
     for coding in fact.codes:
-        quantity = fact.value.quantity if fact.value else None
         if coding.code in names and quantity is not None and quantity.value is not None:
-            found.append((names[coding.code], float(quantity.value)))
+            found.append((names[coding.code], quantity, True))
             break
     for component in fact.components:
         for coding in component.codes:
             name = PRESSURE_PARTS.get(coding.code) or names.get(coding.code)
-            quantity = component.value.quantity if component.value else None
-            if name and quantity is not None and quantity.value is not None:
-                found.append((name, float(quantity.value)))
+            part = component.value.quantity if component.value else None
+            if name and part is not None and part.value is not None:
+                found.append((name, part, False))
                 break
     return found
+
+
+def lab_states(facts, birth: str) -> dict[str, str]:
+    """Each common lab and vital sign whose newest reading is out of range: 'high' or 'low'. Two
+    patients with the same disease share its labs' state (a raised creatinine, a low eGFR) when
+    their problem lists word it differently or not at all."""
+    names, newest = short_names(), {}
+    for _, rt, f in facts:
+        if rt == "Observation" and f.category in ("laboratory", "vital-signs"):
+            for name, quantity, own in readings(f, names):
+                if name not in newest or day(f.date) >= newest[name][0]:
+                    newest[name] = (day(f.date), quantity, f, own)
+    states = {}
+    for name, (when, quantity, fact, own) in newest.items():
+        age = years_between(birth, when)
+        state = reading_state(name, quantity, fact if own else None, age is not None and age >= ADULT)
+        if state:
+            states[name] = state
+    return dict(sorted(states.items()))
+
+
+def reading_state(name: str, quantity, fact, adult: bool) -> str:
+    """'high', 'low' or '' (normal, or not known). The record's own word first (the reading's
+    interpretation, then its reference range: laboratories differ), else the adult reference
+    interval of reference_intervals.tsv when the unit is the one it lists."""
+    if fact is not None:
+        said = interpretation_state(fact.interpretation)
+        if said is not None:
+            return said
+        for bounds in fact.ranges:
+            low, high = (b.value if b is not None else None for b in (bounds.low, bounds.high))
+            if low is not None or high is not None:
+                return beyond(float(quantity.value), low, high)
+    units, low, high = reference_intervals().get(name, ((), None, None))
+    if adult and (quantity.code in units or quantity.unit in units):
+        return beyond(float(quantity.value), low, high)
+    return ""
+
+
+def interpretation_state(text: str) -> str | None:
+    """'High', 'H', 'Critical high', 'Above high normal' -> 'high'; 'Normal' -> ''; None when the
+    reading has no interpretation or one without a direction ('Abnormal')."""
+    words = set(re.findall(r"[a-z]+", (text or "").lower()))
+    if words & HIGH_WORDS:
+        return "high"
+    if words & LOW_WORDS:
+        return "low"
+    return "" if words & {"normal", "n"} else None
+
+
+def beyond(value: float, low: float | None, high: float | None) -> str:
+    if high is not None and value > high:
+        return "high"
+    if low is not None and value < low:
+        return "low"
+    return ""
+
+
+@lru_cache(maxsize=1)
+def reference_intervals() -> dict[str, tuple[set[str], float | None, float | None]]:
+    """Short name -> (units, low, high) of reference_intervals.tsv."""
+    rows = [(line.split("\t") + ["", ""])[:4] for line in REFERENCE_INTERVALS.read_text(encoding="utf-8").splitlines()
+            if line.strip() and not line.startswith("#")]
+    number = lambda text: float(text) if text.strip() else None
+    return {name: (set(units.split("|")), number(low), number(high)) for name, units, low, high in rows[1:]}
 
 
 def utilisation(facts) -> dict:
@@ -180,9 +263,15 @@ def profile_text(profile: dict) -> str:
 
 
 def profile_keys(profile: dict) -> list[str]:
-    """What a cohort selects patients by: each problem (by code, else name), ingredient and class."""
+    """What a cohort selects patients by, and what likeness counts the rarity of: each problem (by
+    code, else name), ingredient and class, and each lab out of range."""
     keys = {f"problem:{p['key']}" for p in profile["problems"]}
     keys |= {f"concept:{c}" for p in profile["problems"] for c in p["concepts"]}
     keys |= {f"drug:{m['ingredient']}" for m in profile["medications"]}
     keys |= {f"class:{c}" for m in profile["medications"] for c in m["classes"]}
+    keys |= {lab_key(name, state) for name, state in profile.get("lab_states", {}).items()}
     return sorted(keys)
+
+
+def lab_key(name: str, state: str) -> str:
+    return f"lab:{name} {state}"
