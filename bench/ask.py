@@ -37,7 +37,7 @@ def main() -> None:
     parser.add_argument("--patients", type=int, default=0, help="only the questions of the first N patients")
     parser.add_argument("--es-url", default="", help="ask through this Elasticsearch node instead of the embedded backend")
     args = parser.parse_args()
-    questions = [json.loads(line) for line in open(args.questions) if line.strip()]
+    questions = [json.loads(line) for line in open(args.questions, encoding="utf-8") if line.strip()]
     ids = sorted({q["patient_id"] for q in questions})
     if args.patients:
         ids = ids[: args.patients]

@@ -65,7 +65,7 @@ REDIS_DB = 7            # the bench's own Redis database, flushed before each ru
 # --- the population -------------------------------------------------------------------------------------
 
 def one_run(synthea: Path) -> list[str]:
-    with open(synthea / "MANIFEST.tsv") as fh:
+    with open(synthea / "MANIFEST.tsv", encoding="utf-8") as fh:
         return [row["patient_id"] for row in csv.DictReader(fh, delimiter="\t") if row["source_path"].startswith(RUN)]
 
 
@@ -144,7 +144,7 @@ def model_rate(data: Path, env: dict) -> float:
             "print(len(texts) / (time.perf_counter() - t))")
     texts = sample_texts(data, env)
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, input=json.dumps(texts), capture_output=True,
-                         text=True, timeout=1200)
+                         text=True, timeout=1200, encoding="utf-8")
     return float(out.stdout.strip().splitlines()[-1])
 
 
@@ -155,7 +155,7 @@ def timed_check(data: Path, env: dict) -> float:
             "s = Settings.load(); svc = SearchService(**s.search_options()); t = time.perf_counter();"
             "result = svc.catalog.check(s.tenant); print(time.perf_counter() - t, result.counts.get('chunks'),"
             " len(result.problems))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=1200, encoding="utf-8")
     seconds, _, problems = out.stdout.split()
     if int(problems):
         raise RuntimeError(f"check found {problems} problems in the index this round built")
@@ -190,18 +190,18 @@ def run_mode(mode: str, folder: Path, ehr_root: str) -> dict:
         settings |= dict(redis_url=own, tasks_eager="false")
     env = clean_env(**settings)
     cli = lambda *args: subprocess.run([sys.executable, "-m", "smart_app.cli", *args], cwd=REPO, env=env,  # noqa: E731
-                                       capture_output=True, text=True, timeout=600)
+                                       capture_output=True, text=True, timeout=600, encoding="utf-8")
     assert cli("keys", "generate").returncode == 0
     publish_keys(env, folder / "jwks.json")
     assert cli("ehr", "add", "--name", tenant, "--iss", f"{ehr_root}/fhir", "--client-id", CLIENT_ID,
                "--group-id", GROUP, "--backend-only").returncode == 0
     processes = {f"worker {n + 1}": subprocess.Popen(
-        [sys.executable, "-m", "smart_app.cli", "worker"], cwd=REPO, env=env, stdout=(folder / f"{tenant}-w{n}.log").open("w"),
+        [sys.executable, "-m", "smart_app.cli", "worker"], cwd=REPO, env=env, stdout=(folder / f"{tenant}-w{n}.log").open("w", encoding="utf-8"),
         stderr=subprocess.STDOUT, start_new_session=True) for n in range(workers)}
     started, cpu_before = time.time(), children_cpu()
     sync = subprocess.Popen([sys.executable, "-m", "smart_app.cli", "sync", "--tenant", tenant,
                              *(["--workers"] if workers else [])], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, encoding="utf-8")
     try:
         with PeakMemory({"sync": sync, **processes}) as memory:
             out, err = sync.communicate()
@@ -232,8 +232,8 @@ def children_cpu() -> float:
 
 def publish_keys(env: dict, path: Path) -> None:
     """This mode's keys added to the JWKS file the test server fetches (each mode has its own data dir)."""
-    existing = json.loads(path.read_text())["keys"] if path.exists() else []
-    path.write_text(json.dumps({"keys": existing + published_keys(env)}))
+    existing = json.loads(path.read_text(encoding="utf-8"))["keys"] if path.exists() else []
+    path.write_text(json.dumps({"keys": existing + published_keys(env)}), encoding="utf-8")
 
 
 def drop_index(env: dict, tenant: str) -> None:

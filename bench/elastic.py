@@ -146,7 +146,7 @@ def main() -> None:
     parser.add_argument("--patients", type=int, default=0, help="only the first N dev patients (default: all 14)")
     args = parser.parse_args()
     print(header(), flush=True)
-    questions = [json.loads(line) for line in open(SHARED / "questions" / "dev.jsonl") if line.strip()]
+    questions = [json.loads(line) for line in open(SHARED / "questions" / "dev.jsonl", encoding="utf-8") if line.strip()]
     ids = sorted({q["patient_id"] for q in questions})[: args.patients or None]
     questions = [q for q in questions if q["patient_id"] in ids]
     files = [SHARED / "synthea" / f"{pid}.json.gz" for pid in ids]

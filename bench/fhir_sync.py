@@ -35,7 +35,7 @@ from tests.fhir_servers import load_synthea, start_sekmet, stop  # noqa: E402
 
 
 def one_run_patients(synthea: Path, n: int) -> list[str]:
-    with open(synthea / "MANIFEST.tsv") as fh:
+    with open(synthea / "MANIFEST.tsv", encoding="utf-8") as fh:
         rows = list(csv.DictReader(fh, delimiter="\t"))
     state = "california"
     return [r["patient_id"] for r in rows if state in r["source_path"]][:n]

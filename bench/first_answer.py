@@ -37,7 +37,7 @@ QUESTIONS = ("What are the active problems?", "What was the most recent blood pr
 
 
 def median_and_largest(synthea: Path) -> list[tuple[str, str, int]]:
-    with open(synthea / "MANIFEST.tsv") as fh:
+    with open(synthea / "MANIFEST.tsv", encoding="utf-8") as fh:
         rows = sorted(((int(r["n_resources"]), r["patient_id"]) for r in csv.DictReader(fh, delimiter="\t")))
     (mid_n, mid), (big_n, big) = rows[len(rows) // 2], rows[-1]
     return [("median", mid, mid_n), ("largest", big, big_n)]
@@ -47,7 +47,7 @@ def wait(url: str, process: subprocess.Popen, log: Path, seconds: float = 300) -
     deadline = time.time() + seconds
     while time.time() < deadline:
         if process.poll() is not None:
-            sys.exit(f"chartcite serve exited with {process.returncode}:\n{log.read_text()[-2000:]}")
+            sys.exit(f"chartcite serve exited with {process.returncode}:\n{log.read_text(encoding='utf-8')[-2000:]}")
         try:
             if requests.get(url, timeout=5).status_code == 200:
                 return
@@ -70,7 +70,7 @@ def one_run(synthea: Path, patient: str, warm: bool) -> tuple[dict[str, tuple[fl
         port = 5900 + os.getpid() % 90
         base = f"http://127.0.0.1:{port}"
         server = subprocess.Popen([sys.executable, "-m", "smart_app.cli", "serve", "--port", str(port)], cwd=REPO,
-                                  env=env, stdout=(Path(tmp) / "serve.log").open("w"), stderr=subprocess.STDOUT)
+                                  env=env, stdout=(Path(tmp) / "serve.log").open("w", encoding="utf-8"), stderr=subprocess.STDOUT)
         try:
             wait(f"{base}/{'readyz' if warm else 'healthz'}", server, Path(tmp) / "serve.log")
             started = time.perf_counter()

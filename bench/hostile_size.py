@@ -49,12 +49,12 @@ def big_note(megabytes: int) -> dict:
 def run_case(name: str, resources: list[dict], folder: Path) -> tuple[str, float, float]:
     bundle = folder / f"{name}.json"
     bundle.write_text(json.dumps({"resourceType": "Bundle", "type": "collection",
-                                  "entry": [{"resource": r} for r in [PATIENT, *resources]]}))
+                                  "entry": [{"resource": r} for r in [PATIENT, *resources]]}), encoding="utf-8")
     env = dict(os.environ, CHARTCITE_DATA_DIR=str(folder / f"data-{name}"), HF_HUB_OFFLINE="1")
     env.pop("CHARTCITE_BACKEND", None)
     started = time.perf_counter()
     out = subprocess.run([sys.executable, "-m", "smart_app.cli", "index", str(bundle)], cwd=REPO, env=env,
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, encoding="utf-8")
     seconds = time.perf_counter() - started
     rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     chunks = next((line for line in out.stdout.splitlines() if line.startswith("patients:")), out.stderr[-300:])

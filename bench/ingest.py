@@ -40,7 +40,7 @@ from search.service import SearchService  # noqa: E402
 def peak_rss_mb() -> float:
     """This process's peak RSS since the last reset_peak_rss()."""
     try:
-        for line in Path("/proc/self/status").read_text().splitlines():
+        for line in Path("/proc/self/status").read_text(encoding="utf-8").splitlines():
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) / 1024
     except OSError:
@@ -52,7 +52,7 @@ def reset_peak_rss() -> None:
     """Start the peak over (Linux: writing 5 to clear_refs resets VmHWM), so the indexing run's
     peak does not include the encode of every text at once measured before it."""
     try:
-        Path("/proc/self/clear_refs").write_text("5")
+        Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")
     except OSError:
         pass
 
@@ -106,8 +106,8 @@ def raw_fp32_seconds(texts: list[str]) -> float:
     process: the indexing process's allocator settings (OpenVINO's) must not slow it down."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "texts.json"
-        path.write_text(json.dumps(texts))
-        done = subprocess.run([sys.executable, __file__, "--raw-fp32", str(path)], capture_output=True, text=True)
+        path.write_text(json.dumps(texts), encoding="utf-8")
+        done = subprocess.run([sys.executable, __file__, "--raw-fp32", str(path)], capture_output=True, text=True, encoding="utf-8")
     if done.returncode:
         sys.exit(f"the raw fp32 encode failed:\n{done.stderr[-3000:]}")
     return float(done.stdout.strip().splitlines()[-1])
@@ -115,7 +115,7 @@ def raw_fp32_seconds(texts: list[str]) -> float:
 
 def encode_raw_fp32(path: str) -> None:
     """In the child: load PyTorch fp32, warm it up, print the seconds the texts take."""
-    texts = json.loads(Path(path).read_text())
+    texts = json.loads(Path(path).read_text(encoding="utf-8"))
     fp32 = load_embedder(None, "fp32")
     fp32.encode(texts[:64])
     print(measured(lambda: fp32.encode(texts))[0])

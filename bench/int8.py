@@ -123,7 +123,7 @@ def main() -> None:
             out = Path(tmp) / f"{variant}.npy"
             done = subprocess.run([sys.executable, __file__, args.synthea, "--patients", str(args.patients),
                                    "--repeat", str(args.repeat), "--cache", args.cache, "--variant", variant,
-                                   "--out", str(out)], capture_output=True, text=True, env=child_env)
+                                   "--out", str(out)], capture_output=True, text=True, env=child_env, encoding="utf-8")
             if done.returncode:
                 sys.exit(f"{variant} failed:\n{done.stderr[-3000:]}")
             results[variant] = json.loads(done.stdout.strip().splitlines()[-1])

@@ -64,7 +64,7 @@ def copies(synthea: Path):
 def write_bundle(path: Path, synthea: Path, megabytes: int) -> tuple[int, int]:
     """A collection Bundle of about `megabytes` MB: (patients, resources)."""
     patients = resources = 0
-    with path.open("w") as out:
+    with path.open("w", encoding="utf-8") as out:
         out.write('{"resourceType": "Bundle", "type": "collection", "entry": [')
         first = True
         for _, entries in copies(synthea):
@@ -96,7 +96,7 @@ def write_ndjson(folder: Path, synthea: Path, megabytes: int) -> tuple[int, int]
             for entry in entries:
                 rtype = entry["resource"]["resourceType"]
                 if rtype not in files:
-                    files[rtype] = (folder / f"{rtype}.ndjson").open("w")
+                    files[rtype] = (folder / f"{rtype}.ndjson").open("w", encoding="utf-8")
                 line = export_line(entry, refs) + "\n"
                 files[rtype].write(line)
                 written += len(line)
@@ -115,7 +115,7 @@ def write_one_patient(path: Path, synthea: Path, megabytes: int) -> tuple[int, i
     largest = max(sources(synthea), key=lambda p: p.stat().st_size)
     patient = next(e for e in copied_entries(largest, 0) if e["resource"]["resourceType"] == "Patient")
     resources = 1
-    with path.open("w") as out:
+    with path.open("w", encoding="utf-8") as out:
         out.write('{"resourceType": "Bundle", "type": "collection", "entry": [' + json.dumps(patient))
         copy = 0
         while out.tell() < megabytes * 2**20:
@@ -140,7 +140,7 @@ def read_process(path: Path, folder: Path) -> tuple[str, float, float]:
             f"a = assembled(read_path({str(path)!r}), report, {str(folder)!r}); m = a.__enter__(); "
             "n = sum(len(m.record(p).resources) for p in m.patient_ids()); a.__exit__(None, None, None); "
             "print(n, time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True, encoding="utf-8")
     resources, seconds, rss = out.stdout.split()
     return f"read and assembled: {resources} resources in {float(seconds):.1f} s, peak RSS {float(rss):.0f} MB", \
         float(seconds), float(rss)

@@ -39,7 +39,7 @@ QUESTION = "What are the active problems?"
 
 def chosen(synthea: Path, patient: str) -> tuple[str, int, str]:
     """The patient (default: the largest record), its resources by the set's manifest, and which it is."""
-    with open(synthea / "MANIFEST.tsv") as fh:
+    with open(synthea / "MANIFEST.tsv", encoding="utf-8") as fh:
         rows = sorted((int(r["n_resources"]), r["patient_id"]) for r in csv.DictReader(fh, delimiter="\t"))
     if not patient:
         return rows[-1][1], rows[-1][0], "the largest record"
@@ -49,7 +49,7 @@ def chosen(synthea: Path, patient: str) -> tuple[str, int, str]:
 
 def cli(env: dict, *args: str) -> None:
     done = subprocess.run([sys.executable, "-m", "smart_app.cli", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=600)
+                          text=True, timeout=600, encoding="utf-8")
     if done.returncode:
         sys.exit(f"chartcite {' '.join(args)} failed: {done.stderr[-2000:]}")
 
@@ -137,7 +137,7 @@ def main() -> None:
                     "--frame-origin", ehr)
                 log = folder / f"serve-{run}.log"
                 server = subprocess.Popen([sys.executable, "-m", "smart_app.cli", "serve", "--port", str(port)],
-                                          cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+                                          cwd=REPO, env=env, stdout=log.open("w", encoding="utf-8"), stderr=subprocess.STDOUT)
                 try:
                     wait_for(f"{app}/readyz", server, log, seconds=300)
                     while requests.get(f"{app}/readyz", timeout=10).status_code != 200:

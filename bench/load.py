@@ -63,9 +63,9 @@ def tree_rss(pid: int) -> int:
     while pending:
         current = pending.pop()
         try:
-            status = Path(f"/proc/{current}/status").read_text()
+            status = Path(f"/proc/{current}/status").read_text(encoding="utf-8")
             total += int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) * 1024
-            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
+            children = Path(f"/proc/{current}/task/{current}/children").read_text(encoding="utf-8").split()
         except (OSError, AttributeError):
             continue
         pending += [int(c) for c in children]
@@ -73,7 +73,7 @@ def tree_rss(pid: int) -> int:
 
 
 def tail(path: Path, lines: int) -> str:
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    return "\n".join(path.read_text(errors="replace", encoding="utf-8").splitlines()[-lines:])
 
 
 def wait_ready(base: str, process: subprocess.Popen, seconds: float = 300) -> None:
@@ -135,7 +135,7 @@ def main() -> None:
         base = f"http://127.0.0.1:{port}"
         log = Path(args.log) if args.log else Path(tmp) / "serve.log"
         server = subprocess.Popen([sys.executable, "-m", "smart_app.cli", "serve", "--port", str(port)], cwd=REPO,
-                                  env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+                                  env=env, stdout=log.open("w", encoding="utf-8"), stderr=subprocess.STDOUT)
         try:
             wait_ready(base, server)
             samples: list[tuple[float, int, int]] = []

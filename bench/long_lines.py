@@ -49,7 +49,7 @@ def index_process(path: Path, folder: Path, name: str) -> tuple[str, float, floa
     env.pop("CHARTCITE_BACKEND", None)
     started = time.perf_counter()
     out = subprocess.run(["/usr/bin/time", "-f", "%M", sys.executable, "-m", "smart_app.cli", "index", str(path)],
-                         cwd=REPO, env=env, capture_output=True, text=True)
+                         cwd=REPO, env=env, capture_output=True, text=True, encoding="utf-8")
     seconds = time.perf_counter() - started
     rss = int(out.stderr.strip().splitlines()[-1]) / 1024
     summary = next((line for line in out.stdout.splitlines() if line.startswith("patients:")), out.stderr[-300:])
@@ -82,7 +82,7 @@ def ordinary_file(path: Path, megabytes: int) -> None:
 def scanned_bundle(path: Path, megabytes: int) -> None:
     """A bundle of `megabytes` MB: the patient, a few results and blank scans of 16 MB each."""
     scan = base64.b64encode(b"%PDF-1.4\n" + bytes(12 * 2**20)).decode()
-    with path.open("w") as out:
+    with path.open("w", encoding="utf-8") as out:
         out.write('{"resourceType": "Bundle", "type": "collection", "entry": [')
         out.write(json.dumps({"resource": PATIENT}))
         for i in range(5):

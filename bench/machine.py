@@ -13,7 +13,7 @@ def processor() -> str:
     named = instruction_sets()
     memory = ""
     if Path("/proc/meminfo").exists():
-        total_kb = int(Path("/proc/meminfo").read_text().split()[1])
+        total_kb = int(Path("/proc/meminfo").read_text(encoding="utf-8").split()[1])
         memory = f"; {total_kb / 2**20:.0f} GB memory"
     return (f"{processor_name()}, {core_count()} cores, instruction sets: "
             f"{' '.join(named) or 'none of ' + ', '.join(NAMED_FLAGS)}{memory}")

@@ -172,7 +172,7 @@ def medication_questions(out: Questions, pid: str, rs: list[dict], turn: int) ->
 
 
 def main(shared: Path) -> None:
-    listed = (shared / "questions" / "patients-for-new-questions.txt").read_text().splitlines()
+    listed = (shared / "questions" / "patients-for-new-questions.txt").read_text(encoding="utf-8").splitlines()
     patients = [line.strip() for line in listed if line.strip() and not line.startswith("#")]
     out = Questions()
     for turn, pid in enumerate(patients):

@@ -58,7 +58,7 @@ MESSAGES = [
 
 
 def main(notes_dev: str) -> None:
-    questions = {q["id"]: q for q in map(json.loads, Path(notes_dev, "questions.jsonl").read_text().splitlines())}
+    questions = {q["id"]: q for q in map(json.loads, Path(notes_dev, "questions.jsonl").read_text(encoding="utf-8").splitlines())}
     out = Path(__file__).resolve().parents[1] / "search" / "reply" / "data" / "messages-dev.jsonl"
     rows = []
     for i, (qid, message, urgent) in enumerate(MESSAGES, 1):

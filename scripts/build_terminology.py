@@ -190,7 +190,7 @@ class Reader:
     def git_list(self, key: str, folder: str) -> list[str]:
         src = SOURCES[key]
         out = subprocess.run(["git", f"--git-dir={self.git_dir(key)}", "ls-tree", "-z", "--name-only",
-                              f"{src.commit}:{folder}"], capture_output=True, text=True)
+                              f"{src.commit}:{folder}"], capture_output=True, text=True, encoding="utf-8")
         if out.returncode:
             raise SourceError(f"{key}: cannot list {folder} at {src.commit}: {out.stderr.strip()}")
         return sorted(f"{folder}/{n}" for n in out.stdout.split("\0") if n)

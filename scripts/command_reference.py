@@ -193,7 +193,7 @@ def render() -> str:
 
 def main() -> int:
     text = render()
-    TARGET.write_text(text)
+    TARGET.write_text(text, encoding="utf-8")
     print(f"wrote {TARGET.relative_to(REPO)} ({len(text.splitlines())} lines)")
     return 0
 

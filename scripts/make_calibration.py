@@ -55,7 +55,7 @@ def main() -> None:
     texts = chunk_texts(files)
     chosen = random.Random(SEED).sample(texts, min(args.lines, len(texts)))
     TARGET.parent.mkdir(parents=True, exist_ok=True)
-    TARGET.write_text("\n".join(chosen) + "\n")
+    TARGET.write_text("\n".join(chosen) + "\n", encoding="utf-8")
     print(f"{len(chosen)} of {len(texts)} distinct chunk texts from {len(files)} patients -> {TARGET.relative_to(REPO)}")
 
 

@@ -69,7 +69,7 @@ def every_worker() -> str:
     folder = os.environ.get(READY_DIR_VARIABLE)
     if not folder:
         return "ok"          # one process: its own model check says it all
-    expected = int((Path(folder) / "expected").read_text())
+    expected = int((Path(folder) / "expected").read_text(encoding="utf-8"))
     ready = sum(1 for marker in Path(folder).iterdir() if marker.name.isdigit() and alive(int(marker.name)))
     return "ok" if ready >= expected else f"loading: {ready} of {expected} workers ready"
 

@@ -52,7 +52,7 @@ class ChartciteServer(BaseApplication):
         # Workers build the app one at a time: each opens stores that create their tables on
         # first use, and two doing it at the same moment raced ("table audit already exists",
         # and gunicorn stops when a worker fails to boot). Model loading runs after, in parallel.
-        with open(self.settings.data_dir / ".boot.lock", "a") as lock:
+        with open(self.settings.data_dir / ".boot.lock", "a", encoding="utf-8") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 return create_app(self.settings)
@@ -113,7 +113,7 @@ def share_readiness_between_workers(settings: Settings, options: dict) -> None:
     if options["workers"] == 1:
         return
     folder = folder_for_workers(settings, "workers-ready", READY_DIR_VARIABLE)
-    (folder / "expected").write_text(str(options["workers"]))
+    (folder / "expected").write_text(str(options["workers"]), encoding="utf-8")
     on_child_exit(options, lambda worker: (folder / str(worker.pid)).unlink(missing_ok=True))
 
 

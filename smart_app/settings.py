@@ -198,7 +198,7 @@ class Settings:
     def token_key_beside_data(self) -> bool:
         """The key that encrypts tokens is a file in the directory that holds them."""
         key_file = self.data_dir / "token.key"
-        return key_file.exists() and self.token_key in ("", key_file.read_text().strip())
+        return key_file.exists() and self.token_key in ("", key_file.read_text(encoding="utf-8").strip())
 
     @property
     def audit_db(self) -> str:
@@ -400,7 +400,7 @@ def key_file_once(path: Path, new_key: bytes) -> str:
                 pass
         finally:
             os.unlink(temporary)
-    key = path.read_text().strip()
+    key = path.read_text(encoding="utf-8").strip()
     if not key:
         raise SettingsError(f"{path} is empty; remove it (a new key is made) or restore it from a backup")
     return key
@@ -418,7 +418,7 @@ def secrets_from_files(values: dict[str, str]) -> dict[str, str]:
         if values.get(name):
             raise SettingsError(f"CHARTCITE_{name.upper()} and CHARTCITE_{file_key.upper()} are both set; keep one")
         try:
-            out[name] = Path(str(path)).expanduser().read_text().strip()
+            out[name] = Path(str(path)).expanduser().read_text(encoding="utf-8").strip()
         except OSError as exc:
             raise SettingsError(f"CHARTCITE_{file_key.upper()}={path} cannot be read: {exc.strerror or exc}") from None
     return out

@@ -22,6 +22,16 @@ def _escape(char: str) -> str:
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
+def write_utf8(*streams) -> None:
+    """Each stream writes UTF-8 whatever the locale says. A server started with a C or ASCII
+    locale (a bare container, `PYTHONUTF8=0`) would otherwise fail on the first em dash, "≥" or
+    patient name with an accent that an answer, a log line or a report holds."""
+    for stream in streams:
+        encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "")
+        if encoding != "utf8" and hasattr(stream, "reconfigure"):
+            stream.reconfigure(encoding="utf-8", errors="backslashreplace")
+
+
 def shown(value) -> str:
     """`value` as text with every control, format and separator character escaped, newlines too:
     one field from outside stays on its line."""

@@ -40,7 +40,7 @@ def dev_questions() -> list[dict]:
     require_shared()
     if not DEV_QUESTIONS.exists():
         return []
-    return [json.loads(line) for line in DEV_QUESTIONS.read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in DEV_QUESTIONS.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 @pytest.fixture(scope="session")
@@ -135,7 +135,7 @@ def indexed_record(folder: Path, resources: list[dict], tenant: str = "t"):
     from search.service import SearchService
 
     path = folder / "record.ndjson"
-    path.write_text("\n".join(json.dumps(r) for r in resources) + "\n")
+    path.write_text("\n".join(json.dumps(r) for r in resources) + "\n", encoding="utf-8")
     service = SearchService("embedded", folder / "index.sqlite")
     assert not service.index_paths(tenant, [path]).load.skipped
     return service

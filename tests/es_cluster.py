@@ -30,7 +30,7 @@ class Node:
 
     @property
     def pid(self) -> int:
-        return int((self.folder / "data" / "es.pid").read_text())
+        return int((self.folder / "data" / "es.pid").read_text(encoding="utf-8"))
 
 
 def es_home() -> Path:
@@ -63,7 +63,7 @@ cluster.routing.allocation.disk.watermark.flood_stage: 512mb
 def start_node(home: Path, node: Node, config: str) -> None:
     conf = node.folder / "config"
     shutil.copytree(home / "config", conf)
-    (conf / "elasticsearch.yml").write_text(config)
+    (conf / "elasticsearch.yml").write_text(config, encoding="utf-8")
     for sub in ("data", "logs"):
         (node.folder / sub).mkdir(parents=True, exist_ok=True)
     command = [str(home / "bin" / "elasticsearch"), "-d", "-p", str(node.folder / "data" / "es.pid")]
@@ -74,7 +74,7 @@ def start_node(home: Path, node: Node, config: str) -> None:
         subprocess.run(["chown", "-R", ES_USER, str(node.folder)], check=True)
         command = ["runuser", "-u", ES_USER, "--", "env", *[f"{k}={env[k]}" for k in ("ES_PATH_CONF", "ES_JAVA_OPTS",
                                                                                       "ES_JAVA_HOME")], *command]
-    out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
+    out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180, encoding="utf-8")
     if out.returncode != 0:
         raise RuntimeError(f"{node.name} did not start: {out.stdout[-2000:]} {out.stderr[-2000:]}")
 

@@ -28,14 +28,14 @@ def wait_for(url: str, process: subprocess.Popen, log: Path, seconds: float = 60
     deadline = time.time() + seconds
     while time.time() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"{process.args[0]} exited with {process.returncode}:\n{log.read_text()[-3000:]}")
+            raise RuntimeError(f"{process.args[0]} exited with {process.returncode}:\n{log.read_text(encoding='utf-8')[-3000:]}")
         try:
             if requests.get(url, timeout=2).status_code < 500:
                 return
         except requests.RequestException:
             pass
         time.sleep(0.3)
-    raise RuntimeError(f"{url} did not come up in {seconds}s:\n{log.read_text()[-3000:]}")
+    raise RuntimeError(f"{url} did not come up in {seconds}s:\n{log.read_text(encoding='utf-8')[-3000:]}")
 
 
 def stop(process: subprocess.Popen) -> None:
@@ -59,9 +59,9 @@ def start_sekmet(folder: Path, port: int | None = None) -> tuple[subprocess.Pope
     config = folder / "sekmet.yaml"
     config.write_text(json.dumps({
         "base_url": base, "host": "127.0.0.1", "port": port, "data_dir": str(folder / "sekmet-data"),
-        "validation": {"inbound": "off"}, "simulator": {"enabled": False}, "log_inbound": False}))
+        "validation": {"inbound": "off"}, "simulator": {"enabled": False}, "log_inbound": False}), encoding="utf-8")
     log = folder / "sekmet.log"
-    process = subprocess.Popen([executable, "serve"], cwd=folder, stdout=log.open("a"), stderr=subprocess.STDOUT,
+    process = subprocess.Popen([executable, "serve"], cwd=folder, stdout=log.open("a", encoding="utf-8"), stderr=subprocess.STDOUT,
                                env=os.environ | {"SEKMET_CONFIG": str(config)})
     wait_for(f"{base}/metadata", process, log)
     return process, base
@@ -92,7 +92,7 @@ def support_bundles(synthea: Path, patient_ids: list[str]) -> list[Path]:
     import csv
     from datetime import datetime, timezone
 
-    with open(synthea / "MANIFEST.tsv") as fh:
+    with open(synthea / "MANIFEST.tsv", encoding="utf-8") as fh:
         states = {row["patient_id"]: row["source_path"].split("/")[0].replace("synthea_data_", "")
                   for row in csv.DictReader(fh, delimiter="\t")}
     wanted = {states[pid] for pid in patient_ids}
@@ -109,7 +109,7 @@ def load_uscore(base: str, uscore: Path) -> None:
     """HL7's US Core example resources, each at its own id (one transaction of PUTs)."""
     entries = []
     for path in sorted(uscore.glob("*.json")):
-        resource = json.loads(path.read_text())
+        resource = json.loads(path.read_text(encoding="utf-8"))
         if resource.get("resourceType") != "Bundle":
             entries.append({"resource": resource, "request": {"method": "PUT",
                                                               "url": f"{resource['resourceType']}/{resource['id']}"}})
@@ -140,7 +140,7 @@ def start_ehr_server(folder: Path, upstream: str, client_id: str, chartcite_url:
         [sys.executable, "-m", "tests.ehr_server", "--port", str(port), "--upstream", upstream,
          "--client-id", client_id, "--redirect-prefix", chartcite_url, "--client-jwks-url", jwks_url,
          "--standalone-patient", standalone_patient],
-        cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT)
+        cwd=REPO, stdout=log.open("w", encoding="utf-8"), stderr=subprocess.STDOUT)
     root = f"http://127.0.0.1:{port}"
     wait_for(f"{root}/fhir/.well-known/smart-configuration", process, log)
     return process, root
@@ -166,5 +166,5 @@ def published_keys(env: dict) -> list[dict]:
     """chartcite's published signing keys (its JWKS), read from the registry the environment names."""
     code = ("from smart_app.settings import Settings; from workers.sync import open_registry; import json; "
             "print(json.dumps(open_registry(Settings.load()).published_keys()))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120, encoding="utf-8")
     return json.loads(out.stdout)

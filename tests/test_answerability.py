@@ -296,7 +296,7 @@ NEW_QUESTIONS = __import__("pathlib").Path(__file__).parent / "data" / "new-ques
 
 @pytest.fixture(scope="module")
 def new_set_service(tmp_path_factory, embedder, synthea_dir):
-    patients = {json.loads(line)["patient_id"] for line in NEW_QUESTIONS.read_text().splitlines() if line.strip()}
+    patients = {json.loads(line)["patient_id"] for line in NEW_QUESTIONS.read_text(encoding="utf-8").splitlines() if line.strip()}
     service = SearchService("embedded", tmp_path_factory.mktemp("new-set") / "index.sqlite")
     summary = service.index_paths("default", [synthea_dir / f"{pid}.json.gz" for pid in sorted(patients)])
     assert not summary.load.skipped
@@ -326,7 +326,7 @@ def test_the_ops_question_set_meets_the_targets(new_set_service):
     assert report["counts_asked"] >= 50 and report["counts_right"] >= 0.90
     assert report["visit_questions"] >= 20 and report["visit_facts"] >= 0.85
     assert report["uncited_clauses"] == 0 and report["wrong_yes"] == 0
-    compared = {q["id"] for q in map(json.loads, OPS_QUESTIONS.read_text().splitlines()) if q["kind"] == "compare"}
+    compared = {q["id"] for q in map(json.loads, OPS_QUESTIONS.read_text(encoding="utf-8").splitlines()) if q["kind"] == "compare"}
     assert len(compared) >= 10 and not compared & set(report["facts_missed"]), report["facts_missed"]
 
 
@@ -377,7 +377,7 @@ def two_patients(folder, other_conditions: list[str]):
     service = SearchService("embedded", folder / "index.sqlite")
     for name, resources in (("a", record_a), ("b", record_b)):
         path = folder / f"{name}.ndjson"
-        path.write_text("\n".join(json.dumps(r) for r in resources) + "\n")
+        path.write_text("\n".join(json.dumps(r) for r in resources) + "\n", encoding="utf-8")
         assert not service.index_paths("t", [path]).load.skipped
     return service
 

@@ -123,11 +123,11 @@ def test_context_on_the_command_line(app_and_data, handle):
     _, data, source = app_and_data
     env = clean_env(data_dir=data, demo_source=source, demo_launch="true")
     out = subprocess.run([sys.executable, "-m", "smart_app.cli", "context", "--patient", PID, "--json"], env=env,
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120, encoding="utf-8")
     assert out.returncode == 0, out.stderr
     assert set(json.loads(out.stdout)) == {"problems", "medications", "allergies", "labs", "vitals", "encounters"}
     text = subprocess.run([sys.executable, "-m", "smart_app.cli", "context", "--patient", PID], env=env,
-                          capture_output=True, text=True, timeout=120).stdout
+                          capture_output=True, text=True, timeout=120, encoding="utf-8").stdout
     assert "MEDICATIONS" in text and "[MedicationRequest/" in text
 
 
@@ -199,7 +199,7 @@ def test_the_audit_trail_keeps_questions_apart_from_the_log(client, handle, app_
 
     _, data, source = app_and_data
     out = subprocess.run([sys.executable, "-m", "smart_app.cli", "audit", "--jsonl", "--kind", "ask"],
-                         env=clean_env(data_dir=data), capture_output=True, text=True, timeout=60)
+                         env=clean_env(data_dir=data), capture_output=True, text=True, timeout=60, encoding="utf-8")
     rows = [json.loads(line) for line in out.stdout.splitlines()]
     assert rows and rows[-1]["question"] == question
     admin = client.get("/admin/audit")

@@ -53,14 +53,14 @@ def served_in_an_ehr_page(tmp_path_factory, prefix: str, env: dict, app_port: in
                           height: int):
     """`chartcite serve` on app_port, framed by a static demo EHR page on ehr_port."""
     log_path = tmp_path_factory.mktemp(f"{prefix}logs") / "serve.log"
-    log = open(log_path, "w")
+    log = open(log_path, "w", encoding="utf-8")
     app = subprocess.Popen([sys.executable, "-m", "smart_app.cli", "serve", "--port", str(app_port)],
                            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     ehr_root = tmp_path_factory.mktemp(f"{prefix}ehr")
     (ehr_root / "index.html").write_text(
         f"<!doctype html><meta charset='utf-8'><title>Demo EHR</title>{heading}"
         f"<iframe id='app' src='http://127.0.0.1:{app_port}/' width='1180' height='{height}' "
-        "style='border:1px solid #999'></iframe>")
+        "style='border:1px solid #999'></iframe>", encoding="utf-8")
     ehr = ThreadingHTTPServer(("127.0.0.1", ehr_port), partial(SimpleHTTPRequestHandler, directory=str(ehr_root)))
     threading.Thread(target=ehr.serve_forever, daemon=True).start()
     try:
@@ -81,7 +81,7 @@ def servers(tmp_path_factory, synthea_dir):
     source = tmp_path_factory.mktemp("source")
     for pid in (PID, CARDIAC):
         shutil.copy(synthea_dir / f"{pid}.json.gz", source)
-    (source / f"{RANGED}.json").write_text(json.dumps(ranged_bundle()))
+    (source / f"{RANGED}.json").write_text(json.dumps(ranged_bundle()), encoding="utf-8")
     env = clean_env(data_dir=tmp_path_factory.mktemp("data"), demo_source=source, demo_launch="true",
                     frame_ancestors=f"http://localhost:{ehr_port}")
     with served_in_an_ehr_page(tmp_path_factory, "", env, app_port, ehr_port,
@@ -281,11 +281,11 @@ def similar_servers(tmp_path_factory):
     app_port, ehr_port = free_port(), free_port()
     source = tmp_path_factory.mktemp("similar-source")
     for n in range(4):
-        (source / f"htn-{n}.json").write_text(json.dumps(hypertensive_bundle(n)))
+        (source / f"htn-{n}.json").write_text(json.dumps(hypertensive_bundle(n)), encoding="utf-8")
     env = clean_env(data_dir=tmp_path_factory.mktemp("similar-data"), demo_source=source, demo_launch="true",
                     frame_ancestors=f"http://localhost:{ehr_port}", similar_patients="on")
     indexed = subprocess.run([sys.executable, "-m", "smart_app.cli", "index", str(source)], cwd=REPO, env=env,
-                             capture_output=True, text=True, timeout=600)
+                             capture_output=True, text=True, timeout=600, encoding="utf-8")
     assert indexed.returncode == 0, indexed.stdout + indexed.stderr
     with served_in_an_ehr_page(tmp_path_factory, "similar-", env, app_port, ehr_port, "", 700) as ports:
         yield ports

@@ -232,7 +232,7 @@ def test_two_syncs_of_a_group_never_run_at_once_and_a_killed_one_is_taken_up(sta
     stack.test_api("clear-log")
     first = subprocess.Popen([sys.executable, "-m", "smart_app.cli", "sync", "--tenant", TENANT, "--full"], cwd=REPO,
                              env=stack.env | lease, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             start_new_session=True)
+                             start_new_session=True, encoding="utf-8")
     try:
         wait_until(lambda: kickoffs(stack), 120)
         second = stack.cli("sync", "--tenant", TENANT, env=lease)

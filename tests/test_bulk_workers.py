@@ -31,7 +31,7 @@ REDIS_DB = 5            # a database of its own: no other test's tasks reach the
 
 def smallest_patients(count: int, run: str = "synthea_data_california") -> list[str]:
     """The smallest patients of one Synthea run (two runs reuse practitioner identifiers)."""
-    with open(SYNTHEA / "MANIFEST.tsv") as fh:
+    with open(SYNTHEA / "MANIFEST.tsv", encoding="utf-8") as fh:
         rows = [line.split("\t") for line in fh.read().splitlines()[1:]]
     return [pid for _, pid in sorted((int(r[2]), r[1]) for r in rows if r[-1].startswith(run))[:count]]
 
@@ -57,10 +57,10 @@ def workers_stack(tmp_path_factory, synthea_dir):
         ehr, ehr_root = start_ehr_server(folder, fhir_base, CLIENT_ID, app_url, "")
         processes.append(ehr)
         cli = lambda *args: subprocess.run([sys.executable, "-m", "smart_app.cli", *args], cwd=REPO, env=env,  # noqa: E731
-                                           capture_output=True, text=True, timeout=600)
+                                           capture_output=True, text=True, timeout=600, encoding="utf-8")
         assert cli("keys", "generate").returncode == 0
         # The test server fetches chartcite's JWKS: without `chartcite serve` here, from a plain web server.
-        (folder / "jwks.json").write_text(json.dumps({"keys": published_keys(env)}))
+        (folder / "jwks.json").write_text(json.dumps({"keys": published_keys(env)}), encoding="utf-8")
         jwks_server = serve_folder(folder)
         requests.post(f"{ehr_root}/_test/client", timeout=30, json={
             "auth": "private_key_jwt", "jwks_url": f"http://127.0.0.1:{jwks_server.server_port}/jwks.json"}
@@ -92,14 +92,14 @@ def parts(folder: Path) -> list[dict]:
 
 def start_worker(env: dict, log: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "smart_app.cli", "worker"], cwd=REPO, env=env,
-                            stdout=log.open("a"), stderr=subprocess.STDOUT, start_new_session=True)
+                            stdout=log.open("a", encoding="utf-8"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def test_a_round_on_two_workers_indexes_each_patient_once_and_survives_a_killed_worker(workers_stack):
     env, folder = workers_stack["env"], workers_stack["folder"]
     workers = [start_worker(env, folder / f"worker-{n}.log") for n in range(2)]
     sync = subprocess.Popen([sys.executable, "-m", "smart_app.cli", "sync", "--tenant", workers_stack["tenant"],
-                             "--workers"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--workers"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, encoding="utf-8")
     killed = None
     try:
         deadline = time.time() + 600

@@ -1,6 +1,7 @@
 """The `chartcite` command line as other tools use it: real processes, real model, JSON out."""
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -19,7 +20,7 @@ PID = "8ef99ca1-5615-7aa6-d383-47fe931a1f14"
 
 def run(args, env, timeout=300):
     return subprocess.run([sys.executable, "-m", "smart_app.cli", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, encoding="utf-8")
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +31,7 @@ def env(tmp_path_factory):
 @pytest.fixture(scope="module")
 def indexed(env, synthea_dir, tmp_path_factory):
     bad = tmp_path_factory.mktemp("bad") / "broken.ndjson"
-    bad.write_text('{"resourceType": "Observation", "id": "x"\n')
+    bad.write_text('{"resourceType": "Observation", "id": "x"\n', encoding="utf-8")
     out = run(["index", str(synthea_dir / f"{PID}.json.gz"), str(bad)], env)
     assert out.returncode == 3, out.stderr      # indexed, but something was skipped
     return out
@@ -70,7 +71,7 @@ def test_ask_json_schema_and_explain(indexed, env):
 def test_ask_batch_loads_the_model_once_and_passes_ids(indexed, env, tmp_path):
     batch = tmp_path / "q.jsonl"
     batch.write_text("\n".join(json.dumps({"id": f"q{i}", "patient_id": PID, "question": q}) for i, q in
-                               enumerate(["ok to give him aspirin?", "Is he on a statin?", "BP at the Oct 2022 physical?"])))
+                               enumerate(["ok to give him aspirin?", "Is he on a statin?", "BP at the Oct 2022 physical?"])), encoding="utf-8")
     out = run(["ask", "--batch", str(batch), "--k", "3"], env)
     rows = [json.loads(line) for line in out.stdout.splitlines()]
     assert [r["id"] for r in rows] == ["q0", "q1", "q2"]
@@ -165,7 +166,7 @@ def test_a_real_celery_worker_indexes_a_patient(env, synthea_dir, tmp_path):
     worker_env = dict(env, CHARTCITE_DATA_DIR=str(tmp_path / "data"), CHARTCITE_DEMO_SOURCE=str(source),
                       CHARTCITE_TASKS_EAGER="false")
     worker = subprocess.Popen([sys.executable, "-m", "smart_app.cli", "worker"], cwd=REPO, env=worker_env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, encoding="utf-8")
     try:
         # As deployed: the worker is up (its SQLite broker tables created) before anything is queued;
         # enqueuing during its start-up raced table creation and kombu's retry met a closed channel.
@@ -174,7 +175,7 @@ def test_a_real_celery_worker_indexes_a_patient(env, synthea_dir, tmp_path):
                 "r = TaskRunner(Settings.load()); print(r.enqueue_sync('default', "
                 "'936988e9-d587-ef42-ebdf-541238540ff3'))")
         queued = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=worker_env, capture_output=True, text=True,
-                                timeout=120)
+                                timeout=120, encoding="utf-8")
         assert queued.stdout.strip() == "True", queued.stderr
         from workers.progress import JobStore
 
@@ -232,7 +233,7 @@ def test_serve_over_tls_for_a_local_https_test(env, tmp_path):
     port = free_port()
     log = tmp_path / "serve.log"
     process = subprocess.Popen([sys.executable, "-m", "smart_app.cli", "serve", "--port", str(port), "--cert", str(cert),
-                                "--key", str(key)], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                                "--key", str(key)], env=env, stdout=log.open("w", encoding="utf-8"), stderr=subprocess.STDOUT,
                                cwd=Path(__file__).resolve().parent.parent)
     try:
         url = f"https://localhost:{port}/.well-known/jwks.json"
@@ -242,14 +243,14 @@ def test_serve_over_tls_for_a_local_https_test(env, tmp_path):
                 response = requests.get(url, verify=str(cert), timeout=5)
                 break
             except requests.ConnectionError:
-                assert process.poll() is None and time.time() < deadline, log.read_text()
+                assert process.poll() is None and time.time() < deadline, log.read_text(encoding="utf-8")
                 time.sleep(0.3)
         assert response.status_code == 200 and "keys" in response.json()
         assert "frame-ancestors" in response.headers["Content-Security-Policy"]
     finally:
         stop(process)
     half = subprocess.run([sys.executable, "-m", "smart_app.cli", "serve", "--cert", str(cert)], env=env,
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, encoding="utf-8")
     assert half.returncode == 2 and "--cert and --key go together" in half.stderr
 
 
@@ -257,7 +258,7 @@ def test_every_command_is_documented_in_the_readme():
     """The README is the truth: each `chartcite` command (and each subcommand) appears there."""
     from smart_app.cli import COMMANDS, build_parser
 
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert not [name for name in COMMANDS if f"chartcite {name}" not in readme]
     parser = build_parser()
     groups = next(a for a in parser._actions if a.dest == "command").choices
@@ -289,3 +290,37 @@ def test_every_entry_point_collects_garbage_less_often(tmp_path, monkeypatch):
             assert gc.get_threshold() == (YOUNG_OBJECTS_PER_COLLECTION, 10, 10)
     finally:
         gc.set_threshold(*before)
+
+
+def ascii_locale_env(data_dir) -> dict:
+    """A server's bare environment: the C locale with Python's UTF-8 mode off, so the locale's
+    encoding is ASCII (what a minimal container or a cron job gives)."""
+    env = {k: v for k, v in clean_env(data_dir=data_dir).items() if not k.startswith("LC_")}
+    env.update(LANG="C", LC_ALL="C", PYTHONUTF8="0", PYTHONCOERCECLOCALE="0")
+    return env
+
+
+def test_an_ascii_locale_reads_and_writes_accented_records(tmp_path):
+    note = "Assessment: Ménière’s disease, right ear. Temperature 38.2 °C. Plan: betahistine 16 mg."
+    bundle = {"resourceType": "Bundle", "type": "collection", "entry": [
+        {"resource": {"resourceType": "Patient", "id": "p-accent", "name": [{"family": "Peña", "given": ["José"]}],
+                      "gender": "male", "birthDate": "1961-04-02"}},
+        {"resource": {"resourceType": "Condition", "id": "c-accent", "subject": {"reference": "Patient/p-accent"},
+                      "code": {"text": "Ménière’s disease"}, "recordedDate": "2025-03-01"}},
+        {"resource": {"resourceType": "DocumentReference", "id": "d-accent", "status": "current",
+                      "subject": {"reference": "Patient/p-accent"}, "date": "2025-03-01T10:00:00Z",
+                      "type": {"text": "Progress note"},
+                      "content": [{"attachment": {"contentType": "text/plain; charset=utf-8",
+                                                  "data": base64.b64encode(note.encode("utf-8")).decode()}}]}}]}
+    path = tmp_path / "accented.json"
+    path.write_text(json.dumps(bundle, ensure_ascii=False), encoding="utf-8")
+    env = ascii_locale_env(tmp_path / "data")
+    indexed = run(["index", str(path)], env)
+    assert indexed.returncode == 0, indexed.stderr
+    named = run(["patients", "--show-names"], env)
+    assert "José Peña" in named.stdout, named.stderr
+    answer = run(["ask", "--patient", "p-accent", "--json", "what is the plan for the meniere's disease?"], env)
+    assert answer.returncode == 0, answer.stderr
+    assert "Ménière" in json.loads(answer.stdout)["answer"]
+    plain = run(["ask", "--patient", "p-accent", "temperature?"], env)
+    assert plain.returncode == 0 and "38.2" in plain.stdout and "°C" in plain.stdout, plain.stderr

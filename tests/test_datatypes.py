@@ -188,7 +188,7 @@ def test_a_transaction_bundles_urn_uuid_binary_is_resolved(tmp_path):
                       "content": [{"attachment": {"contentType": "text/plain",
                                                   "url": "urn:uuid:22222222-2222-4222-8222-222222222222"}}]}}]}
     path = tmp_path / "transaction.json"
-    path.write_text(json.dumps(bundle))
+    path.write_text(json.dumps(bundle), encoding="utf-8")
     records, report = load_resources([path])
     assert not report.skipped and len(report.warnings) == 3          # each id taken from its fullUrl, said
     chunks = PatientChunker("t", records[0].patient_id, records[0].resources, BUDGET).chunks()
@@ -252,7 +252,7 @@ def test_a_narrative_without_a_div_costs_only_the_narrative(tmp_path):
 
     path = tmp_path / "r.json"
     path.write_text(json.dumps({"resourceType": "Bundle", "type": "collection", "entry": [
-        {"resource": PATIENT}, {"resource": report(text={"status": "generated"}, conclusion="Clear lungs.")}]}))
+        {"resource": PATIENT}, {"resource": report(text={"status": "generated"}, conclusion="Clear lungs.")}]}), encoding="utf-8")
     records, report_ = load_resources([path])
     assert not report_.skipped and "narrative" in report_.warnings[0].reason
     assert any(r["resourceType"] == "DiagnosticReport" for r in records[0].resources)

@@ -18,7 +18,7 @@ def commands_of_parser() -> set[str]:
 
 
 def test_compose_file_parses_and_wires_the_services():
-    compose = yaml.safe_load((DOCKER / "docker-compose.yml").read_text())
+    compose = yaml.safe_load((DOCKER / "docker-compose.yml").read_text(encoding="utf-8"))
     services = compose["services"]
     assert {"app", "worker", "beat", "redis", "elasticsearch"} <= set(services)
     for name in ("app", "worker", "beat"):
@@ -33,12 +33,12 @@ def test_compose_file_parses_and_wires_the_services():
 
 def test_container_commands_are_real_cli_commands():
     commands = commands_of_parser()
-    compose = yaml.safe_load((DOCKER / "docker-compose.yml").read_text())
+    compose = yaml.safe_load((DOCKER / "docker-compose.yml").read_text(encoding="utf-8"))
     for service in compose["services"].values():
         command = service.get("command")
         if command and command[0] == "chartcite":
             assert command[1] in commands
-    dockerfile = (DOCKER / "Dockerfile").read_text()
+    dockerfile = (DOCKER / "Dockerfile").read_text(encoding="utf-8")
     cmd = re.search(r'^CMD \["chartcite", "(\w+)"', dockerfile, re.M)
     assert cmd and cmd.group(1) in commands
     assert "--dev" not in dockerfile                                 # the image serves with gunicorn

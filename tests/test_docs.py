@@ -30,7 +30,7 @@ def command_reference():
 
 def test_the_command_reference_is_what_the_command_line_declares():
     expected = command_reference().render()
-    written = (DOCS / "commands.md").read_text()
+    written = (DOCS / "commands.md").read_text(encoding="utf-8")
     assert written == expected, ("docs/commands.md differs from the command line's declarations: "
                                  "run python scripts/command_reference.py and commit the result")
 
@@ -39,7 +39,7 @@ def test_the_settings_reference_names_every_setting_and_nothing_else():
     from smart_app.settings import Settings
 
     settings = {f"CHARTCITE_{f.name.upper()}" for f in fields(Settings)}
-    documented = set(SETTING.findall((DOCS / "settings.md").read_text()))
+    documented = set(SETTING.findall((DOCS / "settings.md").read_text(encoding="utf-8")))
     missing = sorted(settings - documented)
     unknown = sorted(documented - settings - {"CHARTCITE_CONFIG"})
     assert not missing, f"docs/settings.md does not document {', '.join(missing)}"
@@ -48,7 +48,7 @@ def test_the_settings_reference_names_every_setting_and_nothing_else():
 
 def relative_links(page: Path) -> list[str]:
     targets = []
-    for target in LINK.findall(page.read_text()):
+    for target in LINK.findall(page.read_text(encoding="utf-8")):
         if "://" in target or target.startswith(("#", "mailto:")):
             continue
         targets.append(target.split("#", 1)[0])
@@ -67,5 +67,5 @@ def test_the_readme_links_every_docs_page_and_stays_short():
     unlinked = [p.name for p in sorted(DOCS.glob("*.md")) if p.resolve() not in linked]
     assert not unlinked, f"README.md does not link docs/{', docs/'.join(unlinked)}"
     assert (REPO / "CHANGELOG.md").resolve() in linked, "README.md does not link CHANGELOG.md"
-    lines = len(readme.read_text().splitlines())
+    lines = len(readme.read_text(encoding="utf-8").splitlines())
     assert lines <= README_MOST_LINES, f"README.md has {lines} lines: move reference material to docs/"

@@ -46,7 +46,7 @@ def misspelt_questions() -> list[tuple[str, str, str]]:
     require_shared()
     found = []
     for path in QUESTION_SETS:
-        for line in path.read_text().splitlines():
+        for line in path.read_text(encoding="utf-8").splitlines():
             question = json.loads(line)["question"]
             for word in clinical_words(question):
                 for typo in misspellings(word):
@@ -411,14 +411,14 @@ def test_the_audit_and_index_commands_escape_what_they_print(tmp_path):
     AuditTrail(f"sqlite:///{data / 'audit.sqlite'}").record("refused", "t", "dr", "p\x1b]0;x\x07", FORGED,
                                                              reason=FORGED)
     out = subprocess.run([sys.executable, "-m", "smart_app.cli", "audit"], env=clean_env(data_dir=data),
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120, encoding="utf-8")
     assert out.returncode == 0, out.stderr
     assert "\x1b" not in out.stdout and "\u202e" not in out.stdout and "\x07" not in out.stdout
     assert len(out.stdout.strip().splitlines()) == 1
     bad = tmp_path / f"in\x1b[31mput\u202e.json"
-    bad.write_text("{not json")
+    bad.write_text("{not json", encoding="utf-8")
     out = subprocess.run([sys.executable, "-m", "smart_app.cli", "index", str(bad)], env=clean_env(data_dir=data),
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=300, encoding="utf-8")
     printed = out.stdout + out.stderr
     assert "\x1b" not in printed and "\u202e" not in printed and "\\x1b[31mput\\u202e" in printed
 
@@ -494,25 +494,25 @@ def test_planted_symlinks_in_the_cache_are_never_written_through(tmp_path, monke
     cache = tmp_path / "cache"
     cache.mkdir()
     victim = tmp_path / "private.txt"
-    victim.write_text("keep me")
+    victim.write_text("keep me", encoding="utf-8")
     victim.chmod(0o600)
     choice = onnx_embed.choice_file(MODEL, cache)
     for name in (choice.with_suffix(".tmp"), cache / ".choice.lock.tmp"):
         name.symlink_to(victim)
     monkeypatch.setattr(onnx_embed, "calibrate", lambda *args: {"variant": "dynamic"})
     assert onnx_embed.chosen_variant(MODEL, cache) == "dynamic"
-    assert victim.read_text() == "keep me"
+    assert victim.read_text(encoding="utf-8") == "keep me"
     (cache / ".choice.lock").unlink()
     (cache / ".choice.lock").symlink_to(victim)
     choice.unlink()
     with pytest.raises(OSError, match="symlink"):
         onnx_embed.chosen_variant(MODEL, cache)
-    assert victim.read_text() == "keep me"
+    assert victim.read_text(encoding="utf-8") == "keep me"
     choice.symlink_to(victim)                     # a planted choice file is replaced, not written through
     (cache / ".choice.lock").unlink()
     monkeypatch.setattr(onnx_embed, "processor_key", lambda: "Another CPU")
     assert onnx_embed.chosen_variant(MODEL, cache) == "dynamic"
-    assert victim.read_text() == "keep me" and not choice.is_symlink()
+    assert victim.read_text(encoding="utf-8") == "keep me" and not choice.is_symlink()
 
 
 def test_a_cache_folder_every_user_may_write_is_refused_by_name(tmp_path, monkeypatch):
@@ -536,8 +536,8 @@ def test_a_choice_file_of_any_other_shape_is_measured_again(tmp_path, monkeypatc
 
     monkeypatch.setattr(onnx_embed, "processor_key", lambda: "This CPU")
     choice = onnx_embed.choice_file(MODEL, tmp_path)
-    choice.write_text(content.replace("%s", "This CPU"))
+    choice.write_text(content.replace("%s", "This CPU"), encoding="utf-8")
     measured = []
     monkeypatch.setattr(onnx_embed, "calibrate", lambda *args: measured.append(1) or {"variant": "static"})
     assert onnx_embed.chosen_variant(MODEL, tmp_path) == "static" and measured == [1]
-    assert json.loads(choice.read_text()) == {"This CPU": {"variant": "static"}}
+    assert json.loads(choice.read_text(encoding="utf-8")) == {"This CPU": {"variant": "static"}}

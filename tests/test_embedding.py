@@ -110,7 +110,7 @@ with torch_hidden():
 print("ok")
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                          cwd=Path(__file__).resolve().parent.parent)
+                          cwd=Path(__file__).resolve().parent.parent, encoding="utf-8")
     assert done.stdout.strip() == "ok", done.stderr[-2000:]
 
 

@@ -106,7 +106,7 @@ def test_losing_a_node_mid_sync_loses_nothing_and_questions_carry_on(cluster, tm
                     tenant=tenant, web_threads=4, rate_limit_clinician="100000/minute")
     redis.Redis.from_url(redis_url()).flushdb()          # no tasks left over from another run
     indexed = subprocess.run([sys.executable, "-m", "smart_app.cli", "index", str(source / f"{ASKED}.json.gz")],
-                             cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+                             cwd=REPO, env=env, capture_output=True, text=True, timeout=600, encoding="utf-8")
     assert indexed.returncode == 0, indexed.stderr
     health = requests.get(f"{cluster[0].url}/_cluster/health", params={"wait_for_status": "green", "timeout": "60s"},
                           timeout=90).json()
@@ -119,7 +119,7 @@ def test_losing_a_node_mid_sync_loses_nothing_and_questions_carry_on(cluster, tm
         processes += [start_worker(env, log), start_worker(env, log)]
         serve_log = tmp_path / "serve.log"
         app = subprocess.Popen([sys.executable, "-m", "smart_app.cli", "serve", "--port", str(port)], cwd=REPO,
-                               env=env, stdout=serve_log.open("w"), stderr=subprocess.STDOUT)
+                               env=env, stdout=serve_log.open("w", encoding="utf-8"), stderr=subprocess.STDOUT)
         processes.append(app)
         base = f"http://127.0.0.1:{port}"
         wait_for(f"{base}/healthz", app, serve_log, seconds=120)
@@ -149,7 +149,7 @@ def test_losing_a_node_mid_sync_loses_nothing_and_questions_carry_on(cluster, tm
         statuses = [status for _, status, _ in stream.results]
         print(f"questions: {len(statuses)}, 503s: {statuses.count(503)}, synced chunks: "
               f"{sum(len(svc.backend.indexed_texts(tenant, p)) for p in SYNCED)}; worker retries: "
-              f"{log.read_text().count('Retry in')}")
+              f"{log.read_text(encoding='utf-8').count('Retry in')}")
         assert set(statuses) <= {200, 503}, [r for r in stream.results if r[1] not in (200, 503)][:3]
         late = [when - killed_at for when, status, _ in stream.results if status == 503]
         assert all(0 <= t <= FAILOVER_WINDOW for t in late), late

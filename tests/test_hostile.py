@@ -24,7 +24,7 @@ EXIT_SKIPPED = 3
 
 def run(args, env, umask: int | None = None):
     return subprocess.run([sys.executable, "-m", "smart_app.cli", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=600, preexec_fn=(lambda: os.umask(umask)) if umask is not None else None)
+                          text=True, timeout=600, preexec_fn=(lambda: os.umask(umask)) if umask is not None else None, encoding="utf-8")
 
 
 def potassium(oid: str, patient: str, day: str, value: float, version: str = "", text: str = "Potassium") -> dict:
@@ -60,7 +60,7 @@ def catalog(env):
 
 def ask_all(env, questions: list[tuple[str, str]], tmp: Path) -> list[dict]:
     batch = tmp / "questions.jsonl"
-    batch.write_text("".join(json.dumps({"patient_id": pid, "question": q}) + "\n" for pid, q in questions))
+    batch.write_text("".join(json.dumps({"patient_id": pid, "question": q}) + "\n" for pid, q in questions), encoding="utf-8")
     out = run(["ask", "--batch", str(batch)], env)
     assert out.returncode == 0, out.stderr
     return [json.loads(line) for line in out.stdout.splitlines()]
@@ -81,7 +81,7 @@ def test_a_stray_resource_adds_to_the_patient_it_names_and_removes_nothing(env, 
     bundle["entry"].append({"fullUrl": "urn:uuid:0d1f8a36-6d6e-4f6a-9a57-3f7e7d0c0b01",
                             "resource": potassium("stray-k", B, "2024-03-12", 5.9)})
     path = tmp_path / "a-plus-stray.json"
-    path.write_text(json.dumps(bundle))
+    path.write_text(json.dumps(bundle), encoding="utf-8")
     out = run(["index", str(path)], env)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "removed: 0" in out.stdout
@@ -116,7 +116,7 @@ def test_a_patient_only_ndjson_export_removes_nothing(env, synthea_dir, tmp_path
     """Patient.ndjson as a Bulk export writes it: each line is its own document, never a record."""
     before = chunk_counts(env)
     path = tmp_path / "Patient.ndjson"
-    path.write_text("".join(json.dumps(patient_of_record(synthea_dir, pid)) + "\n" for pid in (A, B)))
+    path.write_text("".join(json.dumps(patient_of_record(synthea_dir, pid)) + "\n" for pid in (A, B)), encoding="utf-8")
     out = run(["index", str(path)], env)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "removed: 0" in out.stdout
@@ -133,7 +133,7 @@ def test_a_document_holding_only_the_patient_removes_nothing(env, synthea_dir, t
     before, held = chunk_counts(env), held_refs(env, B)
     patient = patient_of_record(synthea_dir, B)
     path = tmp_path / "only-the-patient.json"
-    path.write_text(json.dumps(bundle_of(patient) if shape == "bundle" else patient))
+    path.write_text(json.dumps(bundle_of(patient) if shape == "bundle" else patient), encoding="utf-8")
     out = run(["index", str(path)], env)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "removed: 0" in out.stdout and B in out.stdout.split("added to the records held")[1]
@@ -144,7 +144,7 @@ def test_a_document_holding_only_the_patient_removes_nothing(env, synthea_dir, t
 def test_the_patient_with_one_new_result_is_merged_and_the_report_says_why(env, synthea_dir, tmp_path):
     before, held = chunk_counts(env), held_refs(env, B)
     path = tmp_path / "patient-and-a-result.json"
-    path.write_text(json.dumps(bundle_of(patient_of_record(synthea_dir, B), potassium("new-k", B, "2024-06-02", 3.2))))
+    path.write_text(json.dumps(bundle_of(patient_of_record(synthea_dir, B), potassium("new-k", B, "2024-06-02", 3.2))), encoding="utf-8")
     out = run(["index", str(path)], env)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "removed: 0" in out.stdout
@@ -164,21 +164,21 @@ def test_a_bundle_replaces_the_record_only_when_it_confirms_what_it_removes(env,
     resources = synthea_resources(synthea_dir, C)
     results = [r for r in resources if r["resourceType"] == "Observation"]
     less_one = tmp_path / "less-one.json"
-    less_one.write_text(json.dumps(bundle_of(*[r for r in resources if r is not results[0]])))
+    less_one.write_text(json.dumps(bundle_of(*[r for r in resources if r is not results[0]])), encoding="utf-8")
     out = run(["index", str(less_one)], env)
     assert out.returncode == 0 and "removed: 0" not in out.stdout, out.stdout + out.stderr
     held = held_refs(env, C)
     assert f"Observation/{results[0]['id']}" not in held and len(held) > 20
 
     few = [r for r in resources if r["resourceType"] == "Patient"] + results[1:4]
-    (tmp_path / "few.json").write_text(json.dumps(bundle_of(*few)))
+    (tmp_path / "few.json").write_text(json.dumps(bundle_of(*few)), encoding="utf-8")
     out = run(["index", str(tmp_path / "few.json")], env)
     assert "removed: 0" in out.stdout and "merged into the record held" in out.stdout, out.stdout
     assert held_refs(env, C) == held
 
     everything = bundle_of(*few, type="searchset",
                            link=[{"relation": "self", "url": f"https://ehr.example/fhir/Patient/{C}/$everything"}])
-    (tmp_path / "everything.json").write_text(json.dumps(everything))
+    (tmp_path / "everything.json").write_text(json.dumps(everything), encoding="utf-8")
     out = run(["index", str(tmp_path / "everything.json")], env)
     assert out.returncode == 4 and "more than the removal budget of 50%" in out.stdout, out.stdout
     assert held_refs(env, C) == held
@@ -192,7 +192,7 @@ def a_bundle_with_a_stray(synthea_dir: Path, stray: dict, path: Path) -> str:
     """A's bundle with one resource of B's appended; returns the stray's position."""
     bundle = json.loads(gzip.open(synthea_dir / f"{A}.json.gz").read())
     bundle["entry"].append({"fullUrl": f"urn:uuid:{stray['id']}", "resource": stray})
-    path.write_text(json.dumps(bundle))
+    path.write_text(json.dumps(bundle), encoding="utf-8")
     return f"{path.name}#entry[{len(bundle['entry']) - 1}]"
 
 
@@ -218,7 +218,7 @@ def test_a_stale_stray_never_rewrites_the_record_held(env, synthea_dir, tmp_path
     allergies = b_allergies(synthea_dir)
     allergy = dict(allergies[0] if "versionId" in held_meta else allergies[1], meta=held_meta)
     ref = f"AllergyIntolerance/{allergy['id']}"
-    (tmp_path / "held.ndjson").write_text(json.dumps(allergy) + "\n")
+    (tmp_path / "held.ndjson").write_text(json.dumps(allergy) + "\n", encoding="utf-8")
     assert run(["index", str(tmp_path / "held.ndjson")], env).returncode == 0
     position = a_bundle_with_a_stray(synthea_dir, refuted(dict(allergy, meta=stray_meta)), tmp_path / "a-stale.json")
     out = run(["index", str(tmp_path / "a-stale.json")], env)
@@ -244,7 +244,7 @@ def test_a_newer_stray_that_changes_a_record_held_is_indexed_and_reported(env, s
             f"patient {B} (") in out.stdout and "→ version 7): indexed as the newer version" in out.stdout
     assert catalog(env).get_resource("default", B, ref)["verificationStatus"]["coding"][0]["code"] == "refuted"
     # A later version puts it back as it was for the tests after this one.
-    (tmp_path / "restore.ndjson").write_text(json.dumps(dict(held, meta={"versionId": "8"})) + "\n")
+    (tmp_path / "restore.ndjson").write_text(json.dumps(dict(held, meta={"versionId": "8"})) + "\n", encoding="utf-8")
     assert run(["index", str(tmp_path / "restore.ndjson")], env).returncode == 0
     assert catalog(env).get_resource("default", B, ref)["verificationStatus"] == held["verificationStatus"]
 
@@ -252,7 +252,7 @@ def test_a_newer_stray_that_changes_a_record_held_is_indexed_and_reported(env, s
 def test_duplicate_ids_keep_the_newest_version_and_say_so(env, tmp_path):
     path = tmp_path / "dupes.ndjson"
     newer, older = potassium("dup-k", A, "2024-04-01", 4.8, "2"), potassium("dup-k", A, "2024-04-01", 3.1, "1")
-    path.write_text(json.dumps(newer) + "\n" + json.dumps(older) + "\n" + json.dumps(newer) + "\n")
+    path.write_text(json.dumps(newer) + "\n" + json.dumps(older) + "\n" + json.dumps(newer) + "\n", encoding="utf-8")
     out = run(["index", str(path)], env)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "dupes.ndjson:2: Observation/dup-k appears again" in out.stdout
@@ -265,7 +265,7 @@ def test_duplicate_ids_keep_the_newest_version_and_say_so(env, tmp_path):
 def test_the_same_id_under_two_patients_is_two_records(env, tmp_path):
     path = tmp_path / "shared-id.ndjson"
     path.write_text(json.dumps(potassium("same-id", A, "2024-05-01", 4.1)) + "\n"
-                    + json.dumps(potassium("same-id", B, "2024-05-01", 5.2)) + "\n")
+                    + json.dumps(potassium("same-id", B, "2024-05-01", 5.2)) + "\n", encoding="utf-8")
     assert run(["index", str(path)], env).returncode == 0
     index = catalog(env)
     assert index.get_resource("default", A, "Observation/same-id")["valueQuantity"]["value"] == 4.1
@@ -280,20 +280,20 @@ def hostile_folder(folder: Path) -> dict[str, str]:
     obs = {oid: potassium(oid, A, day, value) for oid, (day, value) in good.items()}
     line = lambda resource: json.dumps(resource) + "\n"
     (folder / "deep.json").write_text('{"resourceType": "Observation", "id": "deep", "note": ' + "[" * 10_000
-                                      + "]" * 10_000 + "}")
+                                      + "]" * 10_000 + "}", encoding="utf-8")
     inner = json.dumps(obs["good-0"])
     (folder / "nested600.json").write_text('{"resourceType": "Bundle", "type": "collection", "entry": [{"resource": ' * 600
-                                           + inner + "}]}" * 600)
+                                           + inner + "}]}" * 600, encoding="utf-8")
     (folder / "nested20.json").write_text('{"resourceType": "Bundle", "type": "collection", "entry": [{"resource": ' * 20
-                                          + inner + "}]}" * 20)
+                                          + inner + "}]}" * 20, encoding="utf-8")
     (folder / "entries.json").write_text(json.dumps({"resourceType": "Bundle", "type": "collection", "entry": [
         {"resource": obs["good-1"]}, "a string", {"fullUrl": "urn:uuid:nothing-here"},
         {"resource": {"resourceType": ["Observation"], "id": "listed"}}, {"request": "DELETE"},
-        {"resource": obs["good-2"]}]}))
+        {"resource": obs["good-2"]}]}), encoding="utf-8")
     (folder / "types.ndjson").write_text(
         line(obs["good-3"]) + '{"resourceType": ["Observation"], "id": "t1"}\n'
         + line(dict(obs["good-4"], resourceType="Obsrvation")) + line(dict(obs["good-4"], resourceType=123))
-        + line(dict(obs["good-4"], id=5)) + line(dict(obs["good-4"], subject="Patient/" + A)) + line(obs["good-4"]))
+        + line(dict(obs["good-4"], id=5)) + line(dict(obs["good-4"], subject="Patient/" + A)) + line(obs["good-4"]), encoding="utf-8")
     whole = gzip.compress(json.dumps(collection(obs["good-5"])).encode())
     (folder / "corrupt.json.gz").write_bytes(whole[:20] + bytes(b ^ 0x5A for b in whole[20:60]) + whole[60:])
     lines = "".join(line(potassium(f"run-{i}", A, "2022-06-01", 4.5)) for i in range(400)).encode()
@@ -302,7 +302,7 @@ def hostile_folder(folder: Path) -> dict[str, str]:
     (folder / "latin1.json").write_bytes(latin)
     bad_line = line(obs["good-9"]).encode().replace(b'"text": "Potassium"', b'"text": "K\xe9"')
     (folder / "badbyte.ndjson").write_bytes(line(obs["good-8"]).encode() + bad_line + line(obs["good-10"]).encode())
-    (folder / "future.ndjson").write_text(line(dict(obs["good-11"], effectiveDateTime="2099-01-01T00:00:00Z")))
+    (folder / "future.ndjson").write_text(line(dict(obs["good-11"], effectiveDateTime="2099-01-01T00:00:00Z")), encoding="utf-8")
     return {oid: str(value) for oid, (_, value) in good.items()}
 
 
@@ -362,7 +362,7 @@ def test_hostile_ids_from_references_or_resources_are_reported_and_skipped(env, 
     coverage = {"resourceType": "Coverage", "id": "hostile-beneficiary", "status": "active",
                 "beneficiary": {"reference": "Patient/x' OR '1'='1"}, "payor": [{"display": "Payer"}]}
     path = tmp_path / "ids.ndjson"
-    path.write_text("".join(json.dumps(r) + "\n" for r in [*lines, allergy, coverage]))
+    path.write_text("".join(json.dumps(r) + "\n" for r in [*lines, allergy, coverage]), encoding="utf-8")
     before = set(chunk_counts(env))
     out = run(["index", str(path)], env)
     assert out.returncode == EXIT_SKIPPED, out.stdout + out.stderr
@@ -402,7 +402,7 @@ def test_a_decompression_bomb_is_reported_with_its_position_and_skipped(env, tmp
               + json.dumps(inside).encode() + b'}], "padding": "', 40, b'"}')
     gzip_bomb(folder / "bomb.ndjson.gz", json.dumps(first_line).encode() + b'\n{"resourceType": "Observation", '
               b'"id": "x", "note": "', 40, b'"}\n')
-    (folder / "good.ndjson").write_text(json.dumps(potassium("beside-the-bombs", A, "2021-01-07", 4.7)) + "\n")
+    (folder / "good.ndjson").write_text(json.dumps(potassium("beside-the-bombs", A, "2021-01-07", 4.7)) + "\n", encoding="utf-8")
     out = run(["index", str(folder)], env | {"CHARTCITE_MAX_EXPANSION_RATIO": "200"})
     assert out.returncode == EXIT_SKIPPED, out.stdout + out.stderr
     size = (folder / "bomb.json.gz").stat().st_size
@@ -449,7 +449,7 @@ def test_ask_batch_answers_every_line_and_reports_the_ones_it_cannot(env, tmp_pa
         json.dumps({"patient_id": A, "question": "since 0000-01-01 any visits? \ud800"}),
         json.dumps({"patient_id": A}),
         json.dumps({"patient_id": A, "question": "on 2024-13-45 what meds?"}),
-    ]) + "\n")
+    ]) + "\n", encoding="utf-8")
     out = run(["ask", "--batch", str(batch)], env)
     assert out.returncode == EXIT_SKIPPED, out.stderr
     results = [json.loads(line) for line in out.stdout.splitlines()]

@@ -17,7 +17,7 @@ def test_every_shared_bundle_ingests_with_nothing_skipped(patient_files, embedde
     records, report = load_resources(patient_files)
     assert len(records) == len(patient_files) == 60
     assert report.skipped == []
-    manifest = (patient_files[0].parent / "MANIFEST.tsv").read_text().splitlines()
+    manifest = (patient_files[0].parent / "MANIFEST.tsv").read_text(encoding="utf-8").splitlines()
     column = manifest[0].split("\t").index("n_resources")
     assert report.resources_read == sum(int(line.split("\t")[column]) for line in manifest[1:])
     problems, chunks = [], 0
@@ -115,7 +115,7 @@ def test_malformed_resources_are_reported_and_the_rest_is_indexed(tmp_path):
     bad_system = obs("o3", 4.1, system="not a uri")
     lines = [json.dumps(PATIENT), json.dumps(good), "{not json", json.dumps(missing_status), json.dumps(bad_system)]
     path = tmp_path / "export.ndjson"
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     records, report = load_resources([path])
     reasons = {s.origin: s.reason for s in report.skipped}
     assert set(reasons) == {"export.ndjson:3", "export.ndjson:4"}
@@ -154,7 +154,7 @@ def test_a_resource_invalid_when_its_record_is_assembled_is_skipped_and_counted_
     ghost = obs("g1", 1.0, subject="Patient/ghost")
     del ghost["status"]
     path = tmp_path / "export.ndjson"
-    path.write_text("".join(json.dumps(r) + "\n" for r in (PATIENT, older, newer, ghost)))
+    path.write_text("".join(json.dumps(r) + "\n" for r in (PATIENT, older, newer, ghost)), encoding="utf-8")
     svc = make_service("embedded", tmp_path)
     try:
         summary = svc.index_paths("t", [path])
@@ -171,7 +171,7 @@ def test_a_resource_invalid_when_its_record_is_assembled_is_skipped_and_counted_
 def test_a_resource_that_names_no_patient_is_reported_not_dropped(tmp_path):
     orphan = obs("o9", 5.0, subject="urn:uuid:nowhere")
     path = tmp_path / "orphan.ndjson"
-    path.write_text(json.dumps(PATIENT) + "\n" + json.dumps(orphan) + "\n")
+    path.write_text(json.dumps(PATIENT) + "\n" + json.dumps(orphan) + "\n", encoding="utf-8")
     _, report = load_resources([path])
     assert [s.origin for s in report.skipped] == ["orphan.ndjson:2"]
     assert "names no patient" in report.skipped[0].reason
@@ -279,7 +279,7 @@ def test_only_a_bundle_file_with_the_patient_and_its_clinical_record_may_be_whol
     line (even one holding a Bundle), a Patient alone, a bundle of two patients never may; a
     `$everything` page that links to a next one is not the whole answer."""
     path = tmp_path / name
-    path.write_text(json.dumps(document) + "\n")
+    path.write_text(json.dumps(document) + "\n", encoding="utf-8")
     records, report = load_resources([path])
     assert not report.skipped
     record = next(r for r in records if r.patient_id == "p1")

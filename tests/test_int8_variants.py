@@ -157,7 +157,7 @@ def read_choice(folder) -> dict:
 
     from search.models.embed import default_model_path
 
-    return json.loads(choice_file(Path(default_model_path()), folder).read_text())
+    return json.loads(choice_file(Path(default_model_path()), folder).read_text(encoding="utf-8"))
 
 
 def test_auto_embeds_at_fp32_on_a_processor_where_no_int8_variant_stays_close(tmp_path, monkeypatch, quick_calibration):

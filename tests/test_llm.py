@@ -48,7 +48,7 @@ def start_model_server(folder: Path) -> tuple[subprocess.Popen, str, Path]:
     process = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", gguf_path(), "--host", "127.0.0.1",
                                 "--port", str(port), "--n_ctx", "8192", "--n_threads", "1", "--model_alias", "gemma3-270m",
                                 "--chat_format", "gemma"],
-                               stdout=log.open("w"), stderr=subprocess.STDOUT)
+                               stdout=log.open("w", encoding="utf-8"), stderr=subprocess.STDOUT)
     try:
         wait_for(f"http://127.0.0.1:{port}/v1/models", process, log, seconds=180)
     except BaseException:
@@ -187,7 +187,7 @@ def killed_after_its_first_chat_request(process: subprocess.Popen, log: Path) ->
     the rest of the answer's requests meet a dead server: one already sent, or refused."""
     def watch():
         while process.poll() is None:
-            if "POST /v1/chat/completions" in log.read_text(errors="replace"):
+            if "POST /v1/chat/completions" in log.read_text(errors="replace", encoding="utf-8"):
                 process.kill()
                 return
             time.sleep(0.02)

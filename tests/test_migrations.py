@@ -34,7 +34,7 @@ def test_the_previous_releases_databases_are_upgraded_without_losing_a_row(tmp_p
     registry_url, audit_url = f"sqlite:///{tmp_path / 'registry.sqlite'}", f"sqlite:///{tmp_path / 'audit.sqlite'}"
     assert current_revision(registry_url, "alembic_version_registry") == ""
 
-    registry = Registry(registry_url, (PREVIOUS / "token").read_text().strip())
+    registry = Registry(registry_url, (PREVIOUS / "token").read_text(encoding="utf-8").strip())
     rounds = Rounds(shared_engine(registry_url))
     audit = AuditTrail(audit_url)
 
@@ -95,7 +95,7 @@ def test_a_later_revision_reaches_an_existing_installation(tmp_path):
     shutil.copy(PREVIOUS / "audit.sqlite", tmp_path / "audit.sqlite")
     later = tmp_path / "migrations"
     shutil.copytree(REPO / "smart_app" / "migrations" / "audit", later)
-    (later / "versions" / "9999_later.py").write_text(textwrap.dedent(LATER).replace("HEAD", head(later)))
+    (later / "versions" / "9999_later.py").write_text(textwrap.dedent(LATER).replace("HEAD", head(later)), encoding="utf-8")
     assert migrate(url, later, "alembic_version_audit") == "9999"
     with sqlite3.connect(tmp_path / "audit.sqlite") as db:
         columns = {r[1]: r[3] for r in db.execute("PRAGMA table_info(audit)")}
@@ -120,7 +120,7 @@ def test_processes_starting_together_migrate_once(tmp_path):
 
     url, key, start = f"sqlite:///{tmp_path / 'registry.sqlite'}", Fernet.generate_key().decode(), time.time() + 3
     procs = [subprocess.Popen([sys.executable, "-c", RACE, url, str(start), key], cwd=REPO, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, encoding="utf-8")
              for _ in range(4)]
     results = [p.communicate(timeout=120) for p in procs]
     assert [out.strip() for out, _ in results] == ["ok"] * 4, [err[-500:] for _, err in results]

@@ -66,11 +66,11 @@ def outage_stack(request, tmp_path_factory, synthea_dir):
                           "--frame-origin", ehr_root)
         assert added.returncode == 0, added.stderr
         app = subprocess.Popen([sys.executable, "-m", "smart_app.cli", "serve", "--port", str(app_port)], cwd=REPO,
-                               env=env, stdout=stack.app_log.open("w"), stderr=subprocess.STDOUT)
+                               env=env, stdout=stack.app_log.open("w", encoding="utf-8"), stderr=subprocess.STDOUT)
         processes.append(app)
         if mode == "worker":
             worker = subprocess.Popen([sys.executable, "-m", "smart_app.cli", "worker"], cwd=REPO, env=env,
-                                      stdout=(folder / "worker.log").open("w"), stderr=subprocess.STDOUT)
+                                      stdout=(folder / "worker.log").open("w", encoding="utf-8"), stderr=subprocess.STDOUT)
             processes.append(worker)
         wait_for(f"{app_url}/.well-known/jwks.json", app, stack.app_log, seconds=120)
         yield stack

@@ -62,7 +62,7 @@ def test_a_filtered_or_partial_everything_removes_nothing(env, synthea_dir, tmp_
     last page, cut B to 7. Now B keeps every resource it held, and the report says why."""
     before = held(env)
     path = tmp_path / "everything-page.json"
-    path.write_text(json.dumps(everything(seven_of_b(synthea_dir), query, links=links)))
+    path.write_text(json.dumps(everything(seven_of_b(synthea_dir), query, links=links)), encoding="utf-8")
     out = run(["index", str(path)], env)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "removed: 0" in out.stdout
@@ -73,7 +73,7 @@ def test_a_filtered_or_partial_everything_removes_nothing(env, synthea_dir, tmp_
 def test_an_everything_holding_fewer_entries_than_its_total_removes_nothing(env, synthea_dir, tmp_path):
     before = held(env)
     path = tmp_path / "short.json"
-    path.write_text(json.dumps(everything(seven_of_b(synthea_dir), total=64)))
+    path.write_text(json.dumps(everything(seven_of_b(synthea_dir), total=64)), encoding="utf-8")
     out = run(["index", str(path)], env)
     assert out.returncode == 0 and "holding 7 of the 64 entries its total counts" in out.stdout, out.stdout
     assert held(env).keys() == before.keys()
@@ -87,7 +87,7 @@ def test_a_whole_bundle_with_an_entry_it_could_not_read_removes_nothing(env, syn
     damaged = [dict(r, resourceType=[r["resourceType"]]) if r["resourceType"] == "AllergyIntolerance" else r
                for r in synthea_resources(synthea_dir, B)]
     path = tmp_path / "damaged.json"
-    path.write_text(json.dumps(bundle_of(*damaged)))
+    path.write_text(json.dumps(bundle_of(*damaged)), encoding="utf-8")
     out = run(["index", str(path)], env)
     assert out.returncode == 3, out.stdout + out.stderr
     assert f"damaged.json: patient {B}: a Bundle with an entry that could not be read: merged, nothing removed" \
@@ -106,13 +106,13 @@ def test_an_older_snapshot_of_the_whole_record_keeps_the_newer_results(env, synt
     newer = [dated(potassium(f"newer-k-{n}", B, "2026-05-30", 4.0 + n / 10), "2026-06-01T00:00:00Z")
              for n in range(10)]
     extra = tmp_path / "newer.ndjson"
-    extra.write_text("".join(json.dumps(r) + "\n" for r in newer))
+    extra.write_text("".join(json.dumps(r) + "\n" for r in newer), encoding="utf-8")
     assert run(["index", str(extra)], env).returncode == 0
     before = held(env)
     assert all(f"Observation/{r['id']}" in before for r in newer)
     snapshot = tmp_path / "snapshot-2020.json"
     snapshot.write_text(json.dumps(bundle_of(*[dated(r, "2020-01-01T00:00:00Z")
-                                               for r in synthea_resources(synthea_dir, B)])))
+                                               for r in synthea_resources(synthea_dir, B)])), encoding="utf-8")
     out = run(["index", str(snapshot)], env)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "removed: 0" in out.stdout
@@ -130,7 +130,7 @@ def test_an_everything_that_would_remove_most_of_the_record_is_held_back_unless_
     two = [r for r in resources if r["resourceType"] == "Patient"] + \
         [next(r for r in resources if r["resourceType"] == "Observation")]
     path = tmp_path / "b-everything.json"
-    path.write_text(json.dumps(everything(two)))
+    path.write_text(json.dumps(everything(two)), encoding="utf-8")
     out = run(["index", str(path)], env)
     assert out.returncode == EXIT_HELD_BACK, out.stdout + out.stderr
     assert (f"b-everything.json: would remove {len(before) - 2} of the {len(before)} resources held for patient {B}, "

@@ -31,7 +31,7 @@ def serving(folder, **settings):
     env = clean_env(data_dir=folder / "data", demo_source=source, demo_launch="true", web_workers=2, web_threads=4,
                     **settings)
     process = subprocess.Popen([sys.executable, "-m", "smart_app.cli", "serve", "--port", str(port)], cwd=REPO,
-                               env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+                               env=env, stdout=log.open("w", encoding="utf-8"), stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
         wait_for(f"{base}/healthz", process, log, seconds=120)
@@ -96,9 +96,9 @@ def test_gunicorn_serves_and_the_access_log_holds_no_query_strings(server):
     assert response.status_code == 200 and response.headers["Server"].startswith("gunicorn")
     requests.get(f"{server['url']}/callback", params={"code": "one-time-code-xyz", "state": "s"}, timeout=10)
     deadline = time.time() + 10
-    while '"GET /callback"' not in server["log"].read_text() and time.time() < deadline:
+    while '"GET /callback"' not in server["log"].read_text(encoding="utf-8") and time.time() < deadline:
         time.sleep(0.2)
-    text = server["log"].read_text()
+    text = server["log"].read_text(encoding="utf-8")
     assert '"GET /callback" 400' in text and "one-time-code-xyz" not in text
     assert "Booting worker" in text
 
@@ -120,9 +120,9 @@ def test_no_request_parameter_can_start_a_log_line(server):
     requests.get(f"{server['url']}/callback", params={"error": "x", "error_description": f"\u202e{marker}"},
                  timeout=10)
     deadline = time.time() + 10
-    while server["log"].read_text().count(marker) < 2 * len(LINE_BREAKERS) + 1 and time.time() < deadline:
+    while server["log"].read_text(encoding="utf-8").count(marker) < 2 * len(LINE_BREAKERS) + 1 and time.time() < deadline:
         time.sleep(0.2)
-    text = server["log"].read_text()
+    text = server["log"].read_text(encoding="utf-8")
     assert text.count(marker) >= 2 * len(LINE_BREAKERS) + 1, text[-3000:]
     forged_lines = [line for line in text.splitlines() if marker in line
                     and "the EHR refused authorization: x" not in line and '"GET /nowhere' not in line]
@@ -143,7 +143,7 @@ def test_metrics_sum_every_worker(server):
                                                                                     outcome=o)
                     for o in ("answered", "refused", "failed"))
         assert total == asked
-    assert "Booting worker" in server["log"].read_text()
+    assert "Booting worker" in server["log"].read_text(encoding="utf-8")
 
 
 def test_a_question_in_flight_finishes_when_the_server_is_stopped(server):
@@ -162,7 +162,7 @@ def test_a_question_in_flight_finishes_when_the_server_is_stopped(server):
     asking.join(60)
     assert result["response"].status_code == 200 and result["response"].json()["citations"]
     assert server["process"].wait(60) == 0
-    assert "Shutting down: Master" in server["log"].read_text()
+    assert "Shutting down: Master" in server["log"].read_text(encoding="utf-8")
 
 
 def test_a_clinicians_question_limit_holds_across_workers(tmp_path_factory, synthea_dir):

@@ -24,7 +24,7 @@ def test_a_command_says_the_typo_at_start(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "CHARTCITE_DATA_DIR": str(tmp_path),
            "CHARTCITE_RATE_LIMIT_CLINICAN": "5/minute", "PYTHONPATH": str(REPO)}
     out = subprocess.run([sys.executable, "-m", "smart_app.cli", "config"], env=env, capture_output=True,
-                         text=True, timeout=120)
+                         text=True, timeout=120, encoding="utf-8")
     assert out.returncode == 0, out.stderr
     assert "CHARTCITE_RATE_LIMIT_CLINICAN is not a chartcite setting" in out.stderr
     assert "did you mean CHARTCITE_RATE_LIMIT_CLINICIAN?" in out.stderr
@@ -36,8 +36,8 @@ def test_variables_of_the_scripts_and_tests_are_not_warned_about(tmp_path):
 
 
 def test_secrets_are_read_from_mounted_files(tmp_path):
-    (tmp_path / "token").write_text("Zm9vYmFyYmF6cXV4Zm9vYmFyYmF6cXV4Zm9vYmFyMTI=\n")
-    (tmp_path / "admins").write_text("ops:s3cret\n")
+    (tmp_path / "token").write_text("Zm9vYmFyYmF6cXV4Zm9vYmFyYmF6cXV4Zm9vYmFyMTI=\n", encoding="utf-8")
+    (tmp_path / "admins").write_text("ops:s3cret\n", encoding="utf-8")
     settings = Settings.load({"CHARTCITE_DATA_DIR": str(tmp_path / "data"),
                               "CHARTCITE_TOKEN_KEY_FILE": str(tmp_path / "token"),
                               "CHARTCITE_ADMIN_TOKENS_FILE": str(tmp_path / "admins")})
@@ -48,7 +48,7 @@ def test_secrets_are_read_from_mounted_files(tmp_path):
 
 
 def test_a_secret_given_twice_or_unreadable_stops_the_start(tmp_path):
-    (tmp_path / "key").write_text("abc")
+    (tmp_path / "key").write_text("abc", encoding="utf-8")
     with pytest.raises(SettingsError, match="CHARTCITE_SECRET_KEY and CHARTCITE_SECRET_KEY_FILE are both set"):
         Settings.load({"CHARTCITE_SECRET_KEY": "x", "CHARTCITE_SECRET_KEY_FILE": str(tmp_path / "key")})
     with pytest.raises(SettingsError, match="CHARTCITE_LLM_API_KEY_FILE=.*cannot be read"):
@@ -72,7 +72,7 @@ def test_processes_starting_together_on_a_fresh_data_dir_share_one_key(tmp_path)
     start = time.time() + 3          # every process is spinning before any of them makes a key
     procs = [subprocess.Popen([sys.executable, "-c", RACE, str(tmp_path / "data"), str(start)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-                              env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}) for _ in range(6)]
+                              env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, encoding="utf-8") for _ in range(6)]
     outputs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), [err for _, err in outputs]
     keys = {out.strip() for out, _ in outputs}
@@ -83,7 +83,7 @@ def test_processes_starting_together_on_a_fresh_data_dir_share_one_key(tmp_path)
 def test_an_empty_key_file_is_refused_not_used(tmp_path):
     data = tmp_path / "data"
     data.mkdir()
-    (data / "secret.key").write_text("")
+    (data / "secret.key").write_text("", encoding="utf-8")
     with pytest.raises(SettingsError, match="secret.key is empty"):
         Settings.load({"CHARTCITE_DATA_DIR": str(data)}).ensure_secret()
 
@@ -93,10 +93,10 @@ def test_a_key_another_process_wrote_after_our_check_is_kept(tmp_path, monkeypat
     data = tmp_path / "data"
     data.mkdir()
     theirs = "f" * 64
-    (data / "secret.key").write_text(theirs)
+    (data / "secret.key").write_text(theirs, encoding="utf-8")
     monkeypatch.setattr(Path, "exists", lambda self: False if self.name == "secret.key" else Path.is_dir(self) or Path.is_file(self))
     assert Settings.load({"CHARTCITE_DATA_DIR": str(data)}).ensure_secret() == theirs
-    assert (data / "secret.key").read_text() == theirs
+    assert (data / "secret.key").read_text(encoding="utf-8") == theirs
 
 
 def self_signed_authority(folder: Path) -> tuple[Path, Path, Path]:
@@ -164,7 +164,7 @@ def test_an_ehr_behind_the_hospitals_own_authority_is_trusted_only_through_the_s
     env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "CHARTCITE_DATA_DIR": str(tmp_path)}
     try:
         run = lambda extra: subprocess.run([sys.executable, "-c", DISCOVER, iss], env=env | extra, capture_output=True,
-                                           text=True, timeout=120)
+                                           text=True, timeout=120, encoding="utf-8")
         untrusted = run({})
         assert "refused:" in untrusted.stdout or untrusted.returncode != 0, untrusted.stdout
         trusted = run({"CHARTCITE_CA_BUNDLE": str(ca)})

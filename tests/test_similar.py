@@ -231,7 +231,7 @@ def cli(args, env):
     from .conftest import REPO
 
     return subprocess.run([sys.executable, "-m", "smart_app.cli", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, encoding="utf-8")
 
 
 def test_off_by_default_and_per_registration_with_a_sentence_saying_how(svc, data_dir):

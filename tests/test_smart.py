@@ -47,7 +47,7 @@ class Stack:
 
     def cli(self, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "smart_app.cli", *args], cwd=REPO, env=self.env | (env or {}),
-                              capture_output=True, text=True, timeout=600)
+                              capture_output=True, text=True, timeout=600, encoding="utf-8")
 
     def test_api(self, path: str, body: dict | None = None):
         response = requests.post(f"{self.ehr}/_test/{path}", json=body or {}, timeout=30)
@@ -84,7 +84,7 @@ def stack(tmp_path_factory, synthea_dir):
                           "--write-back")
         assert added.returncode == 0, added.stderr
         app = subprocess.Popen([sys.executable, "-m", "smart_app.cli", "serve", "--port", str(app_port)], cwd=REPO,
-                               env=env, stdout=stack.app_log.open("w"), stderr=subprocess.STDOUT)
+                               env=env, stdout=stack.app_log.open("w", encoding="utf-8"), stderr=subprocess.STDOUT)
         processes.append(app)
         wait_for(f"{app_url}/.well-known/jwks.json", app, stack.app_log, seconds=120)
         yield stack
@@ -213,7 +213,7 @@ def test_launch_context_is_honoured_banner_and_style(stack, launched):
 def test_the_id_token_names_the_clinician_and_tokens_never_reach_the_page_or_log(stack, launched):
     handle, page, _ = launched
     code = parse_qs(urlsplit(page.url).query)["code"][0]
-    log_text = stack.app_log.read_text()
+    log_text = stack.app_log.read_text(encoding="utf-8")
     assert code not in page.text and code not in log_text
     assert "access_token" not in page.text and "Bearer" not in page.text
     assert PID not in log_text                                   # no patient ids in the app log either
@@ -442,7 +442,7 @@ def test_a_symmetric_client_signs_in_with_its_secret_and_asks_only_for_its_regis
         refused, _ = launch(stack, stack.test_api("launch", {"patient": PID})["launch"])
         assert refused.status_code == 400
         assert "invalid_scope" in refused.text and "Scopes openid and fhirUser could not be granted" in refused.text
-        assert "Scopes openid and fhirUser could not be granted" in stack.app_log.read_text()
+        assert "Scopes openid and fhirUser could not be granted" in stack.app_log.read_text(encoding="utf-8")
 
         assert stack.cli("ehr", "update", TENANT, "--request-scopes", "offline_access").returncode == 0
         stack.test_api("clear-log")
@@ -549,7 +549,7 @@ def test_a_public_client_without_a_refresh_token_ends_a_long_sync_cleanly(stack)
         assert final.status_code == 200, final.text
         handle = handle_of(final.text)
         held = api(stack, handle, "GET", "/api/status").json()["chunks"]
-        tracebacks = stack.app_log.read_text().count("Traceback")
+        tracebacks = stack.app_log.read_text(encoding="utf-8").count("Traceback")
         api(stack, handle, "POST", "/api/sync")
         status = wait_synced(stack, handle)
     finally:
@@ -563,7 +563,7 @@ def test_a_public_client_without_a_refresh_token_ends_a_long_sync_cleanly(stack)
     assert status["chunks"] == held > 0
     token_requests = [e for e in stack.ehr_log() if e["path"] == "/auth/token"]
     assert [(e["grant"], e["client_auth"]) for e in token_requests] == [("authorization_code", "none")]
-    assert stack.app_log.read_text().count("Traceback") == tracebacks
+    assert stack.app_log.read_text(encoding="utf-8").count("Traceback") == tracebacks
 
 
 # --- Backend Services + Bulk Data ----------------------------------------------------------------------
@@ -605,7 +605,7 @@ def test_bulk_sync_exports_the_group_indexes_it_and_applies_deletions(stack, tmp
     outsider = tmp_path / "outsider.ndjson"
     copy = {k: v for k, v in observation["resource"].items() if k != "encounter"} | {
         "subject": {"reference": f"Patient/{OUTSIDER}"}}
-    outsider.write_text(json.dumps({"resourceType": "Patient", "id": OUTSIDER}) + "\n" + json.dumps(copy) + "\n")
+    outsider.write_text(json.dumps({"resourceType": "Patient", "id": OUTSIDER}) + "\n" + json.dumps(copy) + "\n", encoding="utf-8")
     assert stack.cli("index", "--tenant", TENANT, str(outsider)).returncode == 0
     stack.test_api("delete", {"ref": ref})
     second = stack.cli("sync", "--tenant", TENANT)
@@ -1019,7 +1019,7 @@ def test_a_launch_reads_every_clinical_kind_the_ehr_offers_and_says_which_it_doe
 
     held = {}
     for path in USCORE.glob("*.json"):
-        resource = json.loads(path.read_text())
+        resource = json.loads(path.read_text(encoding="utf-8"))
         if resource.get("resourceType") in INDEXED_TYPES and patient_of(resource) == "example":
             held.setdefault(resource["resourceType"], set()).add(resource["id"])
     stack.test_api("unsupported", {"types": ["Media"]})

@@ -11,7 +11,7 @@ MAX_FUNCTION_LINES = 60
 
 
 def parsed(path: Path) -> ast.Module:
-    tree = ast.parse(path.read_text(), str(path))
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
     tree.is_package = path.name == "__init__.py"
     return tree
 
@@ -98,7 +98,7 @@ def write_package(root: Path, files: dict[str, str]) -> None:
     for relative, text in files.items():
         path = root / relative
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        path.write_text(text, encoding="utf-8")
 
 
 def test_the_circle_checker_finds_a_circle_through_a_package_init(tmp_path):
@@ -139,3 +139,64 @@ def test_no_function_is_over_60_lines():
                 if length > MAX_FUNCTION_LINES:
                     long.append(f"{name}.{node.name}: {length} lines")
     assert not long, long
+
+
+# Calls that read or write text in the locale's encoding unless told otherwise. A server's locale
+# may be C with Python's UTF-8 mode off (ASCII), and FHIR text is UTF-8: every one names it.
+BINARY_ONLY_OPENERS = {"os", "tarfile", "zipfile", "webbrowser", "gzip", "io", "lzma", "bz2"}
+ENCODING_POSITION = {"read_text": 0, "write_text": 1}
+
+
+def _constant(node):
+    return node.value if isinstance(node, ast.Constant) else None
+
+
+def _keyword(call: ast.Call, name: str):
+    return next((k.value for k in call.keywords if k.arg == name), None)
+
+
+def _text_mode_open(call: ast.Call) -> bool:
+    """`open(...)` or `path.open(...)` in text mode; a mode the code computes counts as text."""
+    func = call.func
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in BINARY_ONLY_OPENERS:
+        return False
+    mode_at = 1 if isinstance(func, ast.Name) else 0
+    mode = _keyword(call, "mode") or (call.args[mode_at] if len(call.args) > mode_at else None)
+    return "b" not in (_constant(mode) or "") if mode is not None else True
+
+
+def locale_encoded_io(call: ast.Call) -> str | None:
+    """The name of a call that would use the locale's encoding, or None."""
+    func = call.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+    if _keyword(call, "encoding") is not None or any(k.arg is None for k in call.keywords):
+        return None
+    if name in ENCODING_POSITION:
+        return name if len(call.args) <= ENCODING_POSITION[name] else None
+    if name == "open" and (isinstance(func, ast.Name) or isinstance(func, ast.Attribute)):
+        positional_encoding = 3 if isinstance(func, ast.Name) else 2
+        return name if _text_mode_open(call) and len(call.args) <= positional_encoding else None
+    if name in ("run", "Popen", "check_output") and isinstance(func, ast.Attribute):
+        text = _keyword(call, "text") or _keyword(call, "universal_newlines")
+        return f"{name}(text=True)" if _constant(text) is True else None
+    return None
+
+
+def test_every_text_file_and_pipe_names_its_encoding():
+    found = []
+    for folder in (*PACKAGES, "tests", "bench", "scripts"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            for node in ast.walk(parsed(path)):
+                if isinstance(node, ast.Call) and (what := locale_encoded_io(node)):
+                    found.append(f"{path.relative_to(REPO)}:{node.lineno}: {what}")
+    assert not found, found
+
+
+def test_the_encoding_check_finds_what_it_should(tmp_path):
+    calls = {"open(p)": True, "open(p, 'rb')": False, "open(p, 'w', encoding='utf-8')": False,
+             "path.read_text()": True, "path.read_text('utf-8')": False, "path.write_text(t)": True,
+             "path.open('wb')": False, "path.open('a')": True, "gzip.open(p)": False,
+             "subprocess.run(a, text=True)": True, "subprocess.run(a, text=True, encoding='utf-8')": False}
+    for source, flagged in calls.items():
+        call = ast.parse(source).body[0].value
+        assert (locale_encoded_io(call) is not None) is flagged, source

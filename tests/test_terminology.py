@@ -303,7 +303,7 @@ def test_the_answer_layers_short_names_agree_with_the_labs_table():
               "29463-7", "3141-9", "8302-2", "39156-5", "72514-3"}
     labs = {r["loinc"] for r in rows("labs.tsv")}
     path = REPO / "search" / "answering" / "data" / "short_names.tsv"
-    for line in path.read_text().splitlines():
+    for line in path.read_text(encoding="utf-8").splitlines():
         if line.startswith("#") or not line.strip():
             continue
         code, short = line.split("\t")
@@ -383,7 +383,7 @@ def test_vocabulary_holds_every_kind_of_word():
 # --- provenance --------------------------------------------------------------------------------
 
 def sources_md_checksums() -> dict[str, str]:
-    text = (DATA / "SOURCES.md").read_text()
+    text = (DATA / "SOURCES.md").read_text(encoding="utf-8")
     return {m.group(1): m.group(2) for m in re.finditer(r"^\| `([^`]+)` \| \d+ \| \d+ \| `([0-9a-f]{64})` \|$", text, re.M)}
 
 
@@ -395,9 +395,9 @@ def test_every_data_file_states_source_and_licence():
         head = (gzip.decompress(raw) if name.endswith(".gz") else raw).decode("utf-8")[:4000]
         assert head.startswith("# Source: ") and "Licence: " in head and "do not edit" in head, name
     for name in HAND:
-        head = (DATA / name).read_text()[:3000]
+        head = (DATA / name).read_text(encoding="utf-8")[:3000]
         assert "HAND-REVIEWED" in head and "Apache-2.0" in head, name
-    md = (DATA / "SOURCES.md").read_text()
+    md = (DATA / "SOURCES.md").read_text(encoding="utf-8")
     assert md.count("- Licence: ") >= 9 and md.count("- Commit: `") + md.count("- Wheel: `") >= 9
     for name in HAND:
         assert f"`{name}`" in md, name
@@ -423,6 +423,6 @@ def test_the_build_says_what_source_is_missing_and_how_to_get_it(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "CHARTCITE_TERMINOLOGY_SOURCES"}
     env["CHARTCITE_TERMINOLOGY_SOURCES"] = str(tmp_path / "no-sources-here")
     out = subprocess.run([sys.executable, str(REPO / "scripts" / "build_terminology.py"), "--out", str(tmp_path / "out")],
-                         capture_output=True, text=True, cwd=REPO, env=env)
+                         capture_output=True, text=True, cwd=REPO, env=env, encoding="utf-8")
     assert out.returncode == 2 and "no-sources-here" in out.stderr and ("git clone" in out.stderr or "pip download" in out.stderr), \
         out.stderr

@@ -66,7 +66,7 @@ def service(tmp_path_factory, embedder):
     ]
     path = folder / "bundle.json"
     path.write_text(json.dumps({"resourceType": "Bundle", "type": "collection",
-                                "entry": [{"fullUrl": f"urn:uuid:{r['id']}", "resource": r} for r in resources]}))
+                                "entry": [{"fullUrl": f"urn:uuid:{r['id']}", "resource": r} for r in resources]}), encoding="utf-8")
     svc = SearchService("embedded", folder / "index.sqlite")
     svc.index_paths("t", [path])
     yield svc

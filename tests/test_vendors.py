@@ -58,7 +58,7 @@ def test_a_code_system_that_is_not_a_uri_is_said_and_kept_and_only_the_unreadabl
            "meta": {"lastUpdated": "yesterday"}, "extension": [{"url": "https://ehr.example/x", "valueQuantity": {"value": "n/a"}},
                                                               {"url": "https://ehr.example/y", "valueString": "kept"}]}
     path = tmp_path / "lab.ndjson"
-    path.write_text(json.dumps(lab) + "\n")
+    path.write_text(json.dumps(lab) + "\n", encoding="utf-8")
     records, report = load_resources([path])
     assert report.skipped == [] and [r["id"] for r in records[0].resources] == ["k1"]
     warned = " | ".join(w.reason for w in report.warnings)
@@ -71,7 +71,7 @@ def test_a_code_system_that_is_not_a_uri_is_said_and_kept_and_only_the_unreadabl
     lines = [dict(base, id="ok"), dict(base, id="a/b"), dict(base, id="x" * 65), dict(base, resourceType=7, id="t"),
              dict(base, id="np", subject={"display": "nobody"}), dict(base, id="wrong", status=["final"])]
     path = tmp_path / "mixed.ndjson"
-    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines), encoding="utf-8")
     records, report = load_resources([path])
     assert [r["id"] for r in records[0].resources] == ["ok"]
     assert [s.origin for s in report.skipped] == [f"mixed.ndjson:{n}" for n in (2, 3, 4, 5, 6)]
@@ -85,7 +85,7 @@ def test_the_report_counts_per_type_add_up_to_the_resources_read(tmp_path):
     lines = [dict(base, id="ok"), dict(base, id="a/b"), dict(base, resourceType=["Observation"], id="t"),
              dict(base, id="wrong", status=["final"])]
     path = tmp_path / "mixed.ndjson"
-    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines), encoding="utf-8")
     _, report = load_resources([path, ORACLE])
     assert report.resources_read == 23
     assert sum(read for _, read, *_ in report.type_rows()) == report.resources_read
@@ -147,7 +147,7 @@ def test_a_patient_alone_is_still_no_whole_record(tmp_path):
     bundle = {"resourceType": "Bundle", "type": "collection",
               "entry": [{"resource": {"resourceType": "Patient", "id": "p9", "gender": "male"}}]}
     path = tmp_path / "p9.json"
-    path.write_text(json.dumps(bundle))
+    path.write_text(json.dumps(bundle), encoding="utf-8")
     records, _ = load_resources([path])
     assert records[0].authority == MERGE
     assert [c.resource_type for c in PatientChunker("t", "p9", records[0].resources, BUDGET).chunks()] == ["Patient"]

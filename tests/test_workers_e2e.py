@@ -45,13 +45,13 @@ def env(tmp_path, synthea_dir):
 
 def start_worker(env, log: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "smart_app.cli", "worker"], cwd=REPO, env=env,
-                            stdout=open(log, "a"), stderr=subprocess.STDOUT, start_new_session=True)
+                            stdout=open(log, "a", encoding="utf-8"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def enqueue(env, tenant, pid) -> None:
     code = ("from smart_app.settings import Settings; from workers.runner import TaskRunner; "
             f"print(TaskRunner(Settings.load()).enqueue_sync({tenant!r}, {pid!r}))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120, encoding="utf-8")
     assert out.stdout.strip() == "True", out.stderr
 
 

@@ -220,7 +220,7 @@ def _context_triggers() -> dict[str, re.Pattern]:
     """ConText's triggers (medspaCy's rule file) for a sentence about someone else (FAMILY) or
     about what may happen (HYPOTHETICAL), each rule's token pattern (or its literal) as a regular
     expression. TERMINATE rules end a context rather than start one, so they are not triggers."""
-    rules = json.loads((_DATA / "context_rules.json").read_text())["context_rules"]
+    rules = json.loads((_DATA / "context_rules.json").read_text(encoding="utf-8"))["context_rules"]
     found: dict[str, list[str]] = {"family": [], "hypothetical": [], "negated_existence": []}
     for rule in rules:
         category = rule["category"].lower()
@@ -267,7 +267,7 @@ def denies(text: str, surface: str) -> bool:
 @lru_cache(maxsize=1)
 def _known_titles() -> dict[str, str]:
     """Section titles medspaCy knows (lower case, without the colon) → their category."""
-    rules = json.loads((_DATA / "section_patterns.json").read_text())["section_rules"]
+    rules = json.loads((_DATA / "section_patterns.json").read_text(encoding="utf-8"))["section_rules"]
     return {r["literal"].rstrip(":").strip().lower(): r["category"] for r in rules if r.get("literal")}
 
 

@@ -47,7 +47,7 @@ def sweep_abandoned(directory: str | Path) -> int:
                 removed += 1
             continue
         try:
-            with open(lock, "a") as fh:
+            with open(lock, "a", encoding="utf-8") as fh:
                 fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except (BlockingIOError, FileNotFoundError):
             continue                      # in use, or its owner removed it meanwhile
@@ -64,7 +64,7 @@ class PatientStaging:
         self._dir = tempfile.TemporaryDirectory(prefix=PREFIX, dir=directory)
         os.chmod(self._dir.name, 0o700)
         # Held until close: a sweep by another process knows this folder is in use.
-        self._lock = open(Path(self._dir.name) / "in-use", "w")
+        self._lock = open(Path(self._dir.name) / "in-use", "w", encoding="utf-8")
         fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         # Records may be handed out on another thread than the one that parked them (indexing
         # reads the next patients while the model embeds), one thread at a time.

@@ -89,20 +89,20 @@ def variant_of(model_name: str) -> str | None:
 
 def sentence_config(path: Path) -> tuple[str, bool, int]:
     """(pooling mode, normalised, max tokens) from the model's sentence-transformers files."""
-    modules = json.loads((path / "modules.json").read_text())
+    modules = json.loads((path / "modules.json").read_text(encoding="utf-8"))
     pooling_dir = next((m["path"] for m in modules if m["type"].endswith("Pooling")), "")
-    pooling = json.loads((path / pooling_dir / "config.json").read_text()) if pooling_dir else {}
+    pooling = json.loads((path / pooling_dir / "config.json").read_text(encoding="utf-8")) if pooling_dir else {}
     mode = "mean" if pooling.get("pooling_mode_mean_tokens") else "cls" if pooling.get("pooling_mode_cls_token") else ""
     if not mode:
         raise ModelNotFound(f"the int8 embedding backend supports mean or CLS pooling; {path} uses neither")
     normalised = any(m["type"].endswith("Normalize") for m in modules)
     bert = path / "sentence_bert_config.json"
-    max_tokens = json.loads(bert.read_text()).get("max_seq_length", 256) if bert.exists() else 256
+    max_tokens = json.loads(bert.read_text(encoding="utf-8")).get("max_seq_length", 256) if bert.exists() else 256
     return mode, normalised, int(max_tokens)
 
 
 def calibration_texts() -> list[str]:
-    return [line for line in CALIBRATION.read_text().splitlines() if line.strip()]
+    return [line for line in CALIBRATION.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def model_stem(model_path: Path) -> str:
@@ -635,7 +635,7 @@ def kept_choices(path: Path) -> dict:
     """The choice file's choices by processor; {} for a file missing, unreadable or of any other
     shape (`[]`, a string), which is then measured again and rewritten, never a crash at start."""
     try:
-        choices = json.loads(path.read_text())
+        choices = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     return choices if isinstance(choices, dict) else {}

@@ -15,7 +15,7 @@ NAMED_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_vn
 @lru_cache(maxsize=1)
 def _cpuinfo() -> tuple[str, tuple[str, ...]]:
     try:
-        info = Path("/proc/cpuinfo").read_text()
+        info = Path("/proc/cpuinfo").read_text(encoding="utf-8")
     except OSError:
         info = ""
     model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")),

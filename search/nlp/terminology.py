@@ -43,7 +43,7 @@ CONTEXTS = ("lab", "drug", "problem", "procedure", "encounter", "vaccine")
 def _rows(name: str) -> list[dict[str, str]]:
     """Rows of a table in DATA: '#' lines are comments, the first other line names the columns."""
     path = DATA / name
-    text = gzip.decompress(path.read_bytes()).decode("utf-8") if name.endswith(".gz") else path.read_text("utf-8")
+    text = gzip.decompress(path.read_bytes()).decode("utf-8") if name.endswith(".gz") else path.read_text(encoding="utf-8")
     lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
     columns = lines[0].split("\t")
     return [dict(zip(columns, (c.strip() for c in ln.split("\t")))) for ln in lines[1:]]
