@@ -175,3 +175,18 @@ def metric(text: str, name: str, **labels) -> float:
         if sample == (f"{name}{{{wanted}}}" if labels else name):
             return float(value)
     return 0.0
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The files that cost the suite most (setup, call and teardown together): where to look when
+    the suite grows slow, beside pytest's 25 slowest single steps."""
+    per_file: dict[str, float] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if isinstance(report, pytest.TestReport):
+                path = report.nodeid.split("::", 1)[0]
+                per_file[path] = per_file.get(path, 0.0) + report.duration
+    if len(per_file) > 1:
+        terminalreporter.write_sep("=", "slowest 12 test files")
+        for path, seconds in sorted(per_file.items(), key=lambda item: -item[1])[:12]:
+            terminalreporter.write_line(f"{seconds:8.1f}s {path}")
