@@ -31,6 +31,7 @@ def test_values_convert_by_ucum_and_by_the_analytes_factor(source, target, value
     (Measured("%{HbA1c}"), Measured("%{saturation}")),                    # different annotations
     (Measured("mg/dL", "2160-0"), Measured("mmol/L", "2345-7")),         # two analytes
     (Measured("beats"), Measured("kg")),                                  # not UCUM at all
+    (Measured("mmol/mol", "4548-4"), Measured("%", "4548-4")),           # HbA1c's IFCC and NGSP scales
 ])
 def test_what_cannot_be_reconciled_is_not_converted(source, target):
     assert factor(source, target) is None

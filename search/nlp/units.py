@@ -58,6 +58,8 @@ def factor(source: Measured, target: Measured):
     a, b = _parsed(source.unit), _parsed(target.unit)
     if a is None or b is None:
         return None
+    if _ratio_of_amounts_against_a_percentage(source.unit, target.unit, a, b):
+        return None
     direct = _pint_conversion(a, b)
     if direct is not None:
         return direct
@@ -70,6 +72,15 @@ def celsius_change(first: float, last: float, unit: str) -> float | None:
         return None
     to_celsius = factor(Measured(unit), Measured("Cel"))
     return None if to_celsius is None else to_celsius(last) - to_celsius(first)
+
+
+def _ratio_of_amounts_against_a_percentage(source: str, target: str, a, b) -> bool:
+    """mmol/mol against %: both dimensionless, so pint would divide by ten, but HbA1c's IFCC
+    mmol/mol and its NGSP % are two scales joined by a regression (NGSP = 0.0915 IFCC + 2.15), not a
+    unit: 53 mmol/mol is 7.0%, not 5.3%. A ratio of amounts is never converted to a percentage."""
+    if not (a.dimensionless and b.dimensionless):
+        return False
+    return ("mol" in source) != ("mol" in target)
 
 
 def _pint_conversion(a, b):
