@@ -351,9 +351,10 @@ class SearchService:
 
     def repair_profiles(self, tenant: str) -> dict[str, int]:
         """What `check --repair` mends of the similarity profiles, from what the index holds (no EHR
-        is asked): the missing and another model's built, those of patients gone removed."""
+        is asked): the missing, another model's and an earlier version's built, those of patients
+        gone removed."""
         gaps = self.backend.profile_gaps(tenant)
-        built = self.rebuild_profiles(tenant, [*gaps.missing, *gaps.other_model])
+        built = self.rebuild_profiles(tenant, sorted({*gaps.missing, *gaps.other_model, *gaps.older}))
         for orphan in gaps.orphaned:
             self.backend.delete_profile(tenant, orphan)
         return {"built": built, "removed": len(gaps.orphaned)}

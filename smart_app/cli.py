@@ -365,7 +365,7 @@ def format_cohort(result: dict) -> str:
                          + group["note"])
         else:
             lines.append(f"  {group['exposure']}: {group['patients']} patients, {group['with_measure']} with readings "
-                         f"before and after, median change {group['median_change']:+g}")
+                         f"before and after, median change {group['median_change']:+g} {result['unit']}".rstrip())
     if result["left_out"]:
         lines.append(f"  {result['left_out']}")
     lines.append(result["statement"])

@@ -216,7 +216,7 @@ def test_cohort_numbers_equal_a_direct_computation_and_small_groups_are_suppress
         assert group["patients"] == len(expected[group["exposure"]]), group
         assert group["with_measure"] == (len(changes) or None)
         assert group["median_change"] == (round(median(changes), 2) if changes else None)
-    assert result["statement"] == NOT_EVIDENCE
+    assert result["statement"] == NOT_EVIDENCE and result["unit"] == "mm[Hg]"
     assert any(expected[drug] for drug in drugs)
     small = svc.cohort("shared", Comparison("hypertension", drugs, "systolic BP", 24))     # at least 11 a group
     assert all(g["suppressed"] for g in small["groups"]) and small["suppressed"] == list(drugs)
@@ -440,6 +440,22 @@ def test_check_warns_of_missing_profiles_fails_on_stale_ones_and_repair_mends_th
     assert svc.catalog.profile_dimensions(tenant) == {pid: [svc.embedder.dimension]}
 
 
+def test_a_profile_of_an_earlier_version_is_warned_of_and_rebuilt_by_repair(one_patient):
+    from search.similar.version import PROFILE_VERSION
+
+    svc, tenant, pid = one_patient
+    held = svc.catalog.get_profiles(tenant, [pid])[pid]
+    assert held["version"] == PROFILE_VERSION
+    vector = np.ones(svc.embedder.dimension, dtype=np.float32)
+    svc.backend.put_profile(tenant, pid, dict(held, version=PROFILE_VERSION - 1), [], vector)   # an upgrade's
+    check = svc.catalog.check(tenant)
+    assert check.problems == [] and len(check.warnings) == 1
+    assert check.warnings[0].startswith("1 similarity profiles were built by an earlier chartcite")
+    assert svc.repair_profiles(tenant) == {"built": 1, "removed": 0}
+    assert svc.catalog.check(tenant).warnings == []
+    assert svc.catalog.get_profiles(tenant, [pid])[pid] == held
+
+
 def test_the_check_command_warns_then_repairs_with_exit_0(tmp_path, small_bundle):
     """What the on-call operator sees after upgrading an index built before profiles existed."""
     from search.backends.embedded import EmbeddedBackend
@@ -509,10 +525,31 @@ def test_labs_out_of_range_are_read_from_the_records_own_word_first_then_the_adu
     profile = build_profile("p", resources)
     assert profile["lab_states"] == {"Na+": "high", "creatinine": "high"}
     assert {"lab:creatinine high", "lab:Na+ high"} <= set(profile_keys(profile))
-    # Another unit than the table's is not compared with it; nor is a child's reading.
+    # Another unit than the table's is converted to it (150 umol/L is 1.7 mg/dL; 80 is 0.9); a unit
+    # that cannot be converted is not compared, nor is a child's reading.
     micromoles = build_profile("p", [adult, lab_reading("c3", "2160-0", 150, "umol/L")])
+    normal = build_profile("p", [adult, lab_reading("c3", "2160-0", 80, "umol/L")])
+    unconvertible = build_profile("p", [adult, lab_reading("c3", "2160-0", 150, "mg/g")])
     child = build_profile("p", [dict(adult, birthDate="2015-01-01"), lab_reading("c4", "2160-0", 1.9, "mg/dL")])
-    assert micromoles["lab_states"] == {} == child["lab_states"]
+    assert micromoles["lab_states"] == {"creatinine": "high"}
+    assert normal["lab_states"] == {} == unconvertible["lab_states"] == child["lab_states"]
+
+
+def test_a_measures_series_is_kept_in_one_unit_and_what_cannot_be_converted_is_counted():
+    from search.similar.profile import build_profile
+
+    adult = {"resourceType": "Patient", "id": "p", "gender": "male", "birthDate": "1960-05-01"}
+    profile = build_profile("p", [
+        adult,
+        lab_reading("w1", "29463-7", 80, "kg", when="2023-01-01"),
+        lab_reading("w2", "29463-7", 170, "[lb_av]", when="2024-01-01"),     # 77.1 kg: a fall, not a rise
+        lab_reading("w3", "29463-7", 12, "{beats}", when="2024-06-01"),      # no weight: left out, counted
+        lab_reading("a1", "4548-4", 53, "mmol/mol", when="2024-01-01"),      # IFCC is not NGSP's percent / 10
+        lab_reading("a2", "4548-4", 7.0, "%", when="2024-06-01"),
+    ])
+    assert profile["measures"]["weight"] == [["2023-01-01", 80.0], ["2024-01-01", pytest.approx(77.11, abs=0.01)]]
+    assert profile["measures"]["HbA1c"] == [["2024-06-01", 7.0]]
+    assert profile["measures_left_out"] == {"HbA1c": 1, "weight": 1}
 
 
 def test_a_lab_out_of_range_in_both_patients_is_shared_and_weighs_likeness():

@@ -47,15 +47,20 @@ class ProfileGaps:
     orphaned: list[str]         # a profile, no records left: the patient's features must go with the record
     other_model: list[str]      # embedded by another model than the index's
     held: int                   # profiles held
+    older: list[str] = field(default_factory=list)     # built by an earlier profile version
 
 
-def profile_gaps(expected: set[str], dimensions: dict[str, list[int]], dimension: int) -> ProfileGaps:
+def profile_gaps(expected: set[str], dimensions: dict[str, list[int]], dimension: int,
+                 versions: dict[str, int] | None = None, current: int = 0) -> ProfileGaps:
     """Every patient of whom the index holds source records (`expected`) has one profile, of the
-    index's model; no profile is left of a patient it holds nothing of."""
+    index's model and of the current profile version; no profile is left of a patient it holds
+    nothing of."""
     return ProfileGaps(sorted(expected - set(dimensions)), sorted(set(dimensions) - expected),
                        sorted(pid for pid, sizes in dimensions.items()
                               if pid in expected and dimension and sizes != [dimension]),
-                       sum(len(sizes) for sizes in dimensions.values()))
+                       sum(len(sizes) for sizes in dimensions.values()),
+                       sorted(pid for pid, version in (versions or {}).items()
+                              if pid in expected and version < current))
 
 
 def profile_problems(gaps: ProfileGaps) -> tuple[dict, list[str], list[str]]:
@@ -63,7 +68,8 @@ def profile_problems(gaps: ProfileGaps) -> tuple[dict, list[str], list[str]]:
     warnings). A missing profile is a warning: answers are unaffected, the profile is built from
     the record the index already holds, and an index from before profiles existed must not fail
     its health check for it. A profile of a patient gone, or of another model, compares what
-    should not be compared: a problem. `chartcite check --repair` mends all three."""
+    should not be compared: a problem. A profile of an earlier version is read as it was built: a
+    warning. `chartcite check --repair` mends all four."""
     problems, warnings = [], []
     if gaps.missing:
         warnings.append(f"{len(gaps.missing)} patients have no similarity profile yet (indexed before profiles "
@@ -75,6 +81,10 @@ def profile_problems(gaps: ProfileGaps) -> tuple[dict, list[str], list[str]]:
     if gaps.other_model:
         problems.append(f"{len(gaps.other_model)} similarity profiles were embedded by another model than the "
                         f"index's: `chartcite check --repair` (or `chartcite reindex`) rebuilds them")
+    if gaps.older:
+        warnings.append(f"{len(gaps.older)} similarity profiles were built by an earlier chartcite (their series "
+                        f"may mix units), so similar patients and cohorts read them as they were: "
+                        f"`chartcite check --repair` rebuilds them from the indexed records")
     return {"profiles": gaps.held}, problems, warnings
 
 
@@ -280,6 +290,10 @@ class Backend(ABC):
     @abstractmethod
     def profile_dimensions(self, tenant: str) -> dict[str, list[int]]:
         """Patient id -> the vector size of each profile the tenant holds for them (`check`)."""
+
+    @abstractmethod
+    def profile_versions(self, tenant: str) -> dict[str, int]:
+        """Patient id -> the version of the profile held for them (0: before versions were kept)."""
 
     @abstractmethod
     def profile_gaps(self, tenant: str) -> ProfileGaps:

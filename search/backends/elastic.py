@@ -22,6 +22,7 @@ from elasticsearch.serializer import JsonSerializer, OrjsonSerializer
 from fhir_ingest.record.contract import Chunk
 
 from search.nlp.annotate import asserted_keys
+from search.similar.version import PROFILE_VERSION
 from search.backends.base import (PENDING_PROBLEM, VECTOR_PENDING, Backend, BackendError, BackendUnavailable, Hit,
                                   IndexCheck, ModelMismatch, ProfileGaps, Scope, Search, profile_gaps, profile_problems,
                                   summary_after_removal)
@@ -699,6 +700,14 @@ class ElasticsearchBackend(Backend):
             for index in {a["_index"] for a in actions}:
                 self._refresh(index)
 
+    def profile_versions(self, tenant: str) -> dict[str, int]:
+        from elasticsearch.helpers import scan
+
+        query = {"query": {"term": {"tenant": tenant}}, "_source": ["patient_id", "data.version"]}
+        hits = self._call(lambda: list(scan(self.es, index=f"{PROFILES}-d*", query=query,
+                                            ignore_unavailable=True, allow_no_indices=True)))
+        return {hit["_source"]["patient_id"]: int(hit["_source"].get("data", {}).get("version") or 0) for hit in hits}
+
     def profile_dimensions(self, tenant: str) -> dict[str, list[int]]:
         from elasticsearch.helpers import scan
 
@@ -754,7 +763,8 @@ class ElasticsearchBackend(Backend):
         return IndexCheck({**counts, **profile_counts}, problems + profile_said, profile_warnings)
 
     def profile_gaps(self, tenant: str) -> ProfileGaps:
-        return profile_gaps(self._holding_records(tenant), self.profile_dimensions(tenant), self.dimension)
+        return profile_gaps(self._holding_records(tenant), self.profile_dimensions(tenant), self.dimension,
+                            self.profile_versions(tenant), PROFILE_VERSION)
 
     # --- reindex with an atomic alias swap -------------------------------------------------
     def scan_chunks(self, tenant: str):

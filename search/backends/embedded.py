@@ -19,6 +19,7 @@ import orjson
 from fhir_ingest.record.contract import Chunk
 
 from search.nlp.annotate import asserted_keys
+from search.similar.version import PROFILE_VERSION
 from search.backends.base import (PENDING_PROBLEM, VECTOR_PENDING, Backend, BackendError, Hit, IndexCheck,
                                   ModelMismatch, Scope,
                                   ProfileGaps, profile_gaps, profile_problems, summary_after_removal)
@@ -529,6 +530,11 @@ class EmbeddedBackend(Backend):
             if gone:
                 db.execute("DELETE FROM profile_keys WHERE tenant=? AND patient_id=?", (tenant, patient_id))
 
+    def profile_versions(self, tenant: str) -> dict[str, int]:
+        rows = self._db().execute("SELECT patient_id, coalesce(json_extract(data, '$.version'), 0) FROM profiles "
+                                  "WHERE tenant=?", (tenant,))
+        return {pid: int(version) for pid, version in rows}
+
     def profile_dimensions(self, tenant: str) -> dict[str, list[int]]:
         rows = self._db().execute("SELECT patient_id, length(vector) / 4 FROM profiles WHERE tenant=?", (tenant,))
         return {pid: [size] for pid, size in rows}
@@ -560,7 +566,8 @@ class EmbeddedBackend(Backend):
         db = self._db()
         row = db.execute("SELECT value FROM meta WHERE key='dimension'").fetchone()
         holding = {pid for (pid,) in db.execute("SELECT DISTINCT patient_id FROM resources WHERE tenant=?", (tenant,))}
-        return profile_gaps(holding, self.profile_dimensions(tenant), int(row[0]) if row else 0)
+        return profile_gaps(holding, self.profile_dimensions(tenant), int(row[0]) if row else 0,
+                            self.profile_versions(tenant), PROFILE_VERSION)
 
     @staticmethod
     def _check_counts(db, tenant: str, vector_bytes: int) -> tuple[dict, list[str]]:

@@ -11,7 +11,7 @@ from statistics import median
 from search.answering.clinical import short_names
 from search.backends.base import Backend
 from search.nlp.terminology import clinical_class, ingredient_of, lab_codes
-from search.similar.profile import PRESSURE_PARTS
+from search.similar.profile import PRESSURE_PARTS, measure_units
 
 MINIMUM_GROUP = 11
 NOT_EVIDENCE = ("This describes the records of this workspace, not evidence of effect: the groups were not "
@@ -45,7 +45,8 @@ def compare(backend: Backend, tenant: str, asked: Comparison) -> dict:
                   if sum(holds(p, other) for other in exposure_keys) > 1}
     groups = [group_result(word, key, [p for p in members[key] if p["patient_id"] not in in_several],
                            measure, asked) for word, key in zip(asked.exposures, exposure_keys)]
-    return {"condition": asked.condition, "outcome": measure, "window_months": asked.window_months,
+    return {"condition": asked.condition, "outcome": measure, "unit": measure_units().get(measure, ""),
+            "window_months": asked.window_months,
             "minimum_group": asked.minimum, "groups": groups,
             "left_out": (f"{len(in_several)} patient{'s' if len(in_several) != 1 else ''} exposed to more than one "
                          "group's drug left out of every group" if in_several else ""),

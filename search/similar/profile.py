@@ -17,8 +17,9 @@ from fhir_ingest.record.words import _strip_tag
 
 from search.answering.clinical import short_names
 from search.nlp.terminology import classes_of, ingredients_in
+from search.nlp.units import Measured, factor
+from search.similar.version import PROFILE_VERSION
 
-PROFILE_VERSION = 3      # 2: lab_states; 3: each problem's SNOMED semantic tag
 INACTIVE = {"resolved", "inactive", "remission"}
 SEMANTIC_TAG = re.compile(r"\((disorder|finding|situation|person|event|morphologic abnormality)\)\s*$")
 # Encounter classes that are an admission (inpatient) or an emergency visit.
@@ -26,6 +27,7 @@ ADMISSION = {"IMP", "ACUTE", "NONAC", "EMER", "inpatient", "emergency"}
 # Blood pressure comes as a panel whose components carry the values.
 PRESSURE_PARTS = {"8480-6": "systolic BP", "8462-4": "diastolic BP"}
 REFERENCE_INTERVALS = Path(__file__).parent / "data" / "reference_intervals.tsv"
+MEASURE_UNITS = Path(__file__).parent / "data" / "measure_units.tsv"
 ADULT = 18               # the table's intervals are adults'; a child's reading is flagged only by its own range
 HIGH_WORDS = {"high", "above", "h", "hh", "hu", "elevated"}
 LOW_WORDS = {"low", "below", "l", "ll", "lu", "decreased"}
@@ -68,7 +70,7 @@ def build_profile(patient_id: str, resources: list[dict], chunks=()) -> dict:
         "birth": day(patient.get("birthDate", "")), "last_date": newest,
         "problems": treated(problems(facts, problem_concepts(chunks)), facts), "medications": medications(facts),
         "allergies": sorted({_strip_tag(f.name) for _, rt, f in facts if rt == "AllergyIntolerance" and f.name}),
-        "measures": measures(facts), "lab_states": lab_states(facts, day(patient.get("birthDate", ""))),
+        **series_of_measures(facts), "lab_states": lab_states(facts, day(patient.get("birthDate", ""))),
         "utilisation": utilisation(facts),
     }
 
@@ -132,33 +134,60 @@ def medications(facts) -> list[dict]:
     return sorted(found.values(), key=lambda m: m["ingredient"])
 
 
-def measures(facts) -> dict[str, list[list]]:
-    """The series [date, value] of every common lab and vital sign (those with a short name)."""
+def series_of_measures(facts) -> dict:
+    """`measures`: the series [date, value] of every common lab and vital sign (those with a short
+    name), each in its one unit (measure_units.tsv); `measures_left_out`: per measure, the readings
+    whose unit could not be converted to it (a series never mixes two units)."""
     names = short_names()
     series: dict[str, list[list]] = {}
+    left_out: dict[str, int] = {}
     for _, rt, f in facts:
         if rt != "Observation" or f.category not in ("laboratory", "vital-signs"):
             continue
-        for name, quantity, _ in readings(f, names):
-            series.setdefault(name, []).append([day(f.date), float(quantity.value)])
-    return {name: sorted(points) for name, points in sorted(series.items())}
+        for name, quantity, _, loinc in readings(f, names):
+            value = in_measure_unit(name, quantity, loinc)
+            if value is None:
+                left_out[name] = left_out.get(name, 0) + 1
+            else:
+                series.setdefault(name, []).append([day(f.date), value])
+    return {"measures": {name: sorted(points) for name, points in sorted(series.items())},
+            "measures_left_out": dict(sorted(left_out.items()))}
 
 
-def readings(fact, names: dict[str, str]) -> list[tuple[str, object, bool]]:
-    """(short name, quantity, whether it is the observation's own value) of each common lab or
-    vital sign a reading carries: its value, or its components (a blood pressure panel's)."""
+def in_measure_unit(name: str, quantity, loinc: str) -> float | None:
+    """The reading's value in its measure's unit; None when its unit cannot be converted (a
+    measure the table does not list keeps the value as recorded)."""
+    unit = measure_units().get(name)
+    recorded = quantity.code or quantity.unit
+    if unit is None or recorded == unit:
+        return float(quantity.value)
+    convert = factor(Measured(recorded, loinc), Measured(unit, loinc))
+    return round(convert(float(quantity.value)), 4) if convert is not None else None
+
+
+@lru_cache(maxsize=1)
+def measure_units() -> dict[str, str]:
+    """Short name -> the UCUM unit its series are kept in (measure_units.tsv)."""
+    rows = [line.split("\t") for line in MEASURE_UNITS.read_text(encoding="utf-8").splitlines()
+            if line.strip() and not line.startswith("#")]
+    return {name: unit.strip() for name, unit in rows[1:]}
+
+
+def readings(fact, names: dict[str, str]) -> list[tuple[str, object, bool, str]]:
+    """(short name, quantity, whether it is the observation's own value, LOINC code) of each common
+    lab or vital sign a reading carries: its value, or its components (a blood pressure panel's)."""
     found = []
     quantity = fact.value.quantity if fact.value else None
     for coding in fact.codes:
         if coding.code in names and quantity is not None and quantity.value is not None:
-            found.append((names[coding.code], quantity, True))
+            found.append((names[coding.code], quantity, True, coding.code))
             break
     for component in fact.components:
         for coding in component.codes:
             name = PRESSURE_PARTS.get(coding.code) or names.get(coding.code)
             part = component.value.quantity if component.value else None
             if name and part is not None and part.value is not None:
-                found.append((name, part, False))
+                found.append((name, part, False, coding.code))
                 break
     return found
 
@@ -170,22 +199,23 @@ def lab_states(facts, birth: str) -> dict[str, str]:
     names, newest = short_names(), {}
     for _, rt, f in facts:
         if rt == "Observation" and f.category in ("laboratory", "vital-signs"):
-            for name, quantity, own in readings(f, names):
+            for name, quantity, own, loinc in readings(f, names):
                 if name not in newest or day(f.date) >= newest[name][0]:
-                    newest[name] = (day(f.date), quantity, f, own)
+                    newest[name] = (day(f.date), quantity, f, own, loinc)
     states = {}
-    for name, (when, quantity, fact, own) in newest.items():
+    for name, (when, quantity, fact, own, loinc) in newest.items():
         age = years_between(birth, when)
-        state = reading_state(name, quantity, fact if own else None, age is not None and age >= ADULT)
+        state = reading_state(name, quantity, fact if own else None, age is not None and age >= ADULT, loinc)
         if state:
             states[name] = state
     return dict(sorted(states.items()))
 
 
-def reading_state(name: str, quantity, fact, adult: bool) -> str:
+def reading_state(name: str, quantity, fact, adult: bool, loinc: str = "") -> str:
     """'high', 'low' or '' (normal, or not known). The record's own word first (the reading's
     interpretation, then its reference range: laboratories differ), else the adult reference
-    interval of reference_intervals.tsv when the unit is the one it lists."""
+    interval of reference_intervals.tsv, the reading converted to the unit it lists (a creatinine
+    of 150 umol/L is 1.7 mg/dL: high)."""
     if fact is not None:
         said = interpretation_state(fact.interpretation)
         if said is not None:
@@ -195,9 +225,12 @@ def reading_state(name: str, quantity, fact, adult: bool) -> str:
             if low is not None or high is not None:
                 return beyond(float(quantity.value), low, high)
     units, low, high = reference_intervals().get(name, ((), None, None))
-    if adult and (quantity.code in units or quantity.unit in units):
+    if not adult or not units:
+        return ""
+    if quantity.code in units or quantity.unit in units:
         return beyond(float(quantity.value), low, high)
-    return ""
+    convert = factor(Measured(quantity.code or quantity.unit, loinc), Measured(units[0], loinc))
+    return beyond(convert(float(quantity.value)), low, high) if convert is not None else ""
 
 
 def interpretation_state(text: str) -> str | None:
@@ -220,12 +253,12 @@ def beyond(value: float, low: float | None, high: float | None) -> str:
 
 
 @lru_cache(maxsize=1)
-def reference_intervals() -> dict[str, tuple[set[str], float | None, float | None]]:
-    """Short name -> (units, low, high) of reference_intervals.tsv."""
+def reference_intervals() -> dict[str, tuple[tuple[str, ...], float | None, float | None]]:
+    """Short name -> (units, the first the one to convert to; low, high) of reference_intervals.tsv."""
     rows = [(line.split("\t") + ["", ""])[:4] for line in REFERENCE_INTERVALS.read_text(encoding="utf-8").splitlines()
             if line.strip() and not line.startswith("#")]
     number = lambda text: float(text) if text.strip() else None
-    return {name: (set(units.split("|")), number(low), number(high)) for name, units, low, high in rows[1:]}
+    return {name: (tuple(units.split("|")), number(low), number(high)) for name, units, low, high in rows[1:]}
 
 
 def utilisation(facts) -> dict:

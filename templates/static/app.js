@@ -535,13 +535,13 @@
       body.similar.forEach((peer) => list.appendChild(similarItem(peer)));
     });
   }
-  function cohortLine(group, outcome) {
+  function cohortLine(group, outcome, unit) {
     if (group.median_change === null) {
       return group.exposure + ": " + (group.patients ? group.patients + " patients; " : "") + group.note;
     }
     const change = (group.median_change > 0 ? "+" : "") + group.median_change;
     return group.exposure + ": " + group.patients + " patients, " + group.with_measure +
-      " with " + outcome + " before and after; median change " + change;
+      " with " + outcome + " before and after; median change " + change + (unit ? " " + unit : "");
   }
   function compareCohort(event) {
     event.preventDefault();
@@ -556,7 +556,7 @@
       box.appendChild(el("div", {}, body.outcome + " within " + body.window_months +
         " months after each exposure started, patients with " + body.condition + ":"));
       const list = el("ul", { class: "cohort-groups" });
-      body.groups.forEach((group) => list.appendChild(el("li", {}, cohortLine(group, body.outcome))));
+      body.groups.forEach((group) => list.appendChild(el("li", {}, cohortLine(group, body.outcome, body.unit))));
       box.appendChild(list);
       if (body.left_out) box.appendChild(el("div", { class: "muted" }, body.left_out));
       box.appendChild(el("div", { class: "cohort-statement" }, body.statement));
