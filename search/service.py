@@ -14,12 +14,10 @@ from fhir_ingest.record.kinds import CLINICAL_TYPES
 from fhir_ingest.record.load import SOURCE, LoadReport, PatientRecord, RemovalBudget, against_held, assembled
 from fhir_ingest.record.reader import DEFAULT_LIMITS, ReadLimits, read_path
 
-from search.answering.answer import compose, impossible_date_answer, unplaced_window_answer
-from search.answering.invariants import checked
+from search.answering.flow import answer_in_parts, decide
 from search.answering.grounded import GENERAL_BANNER, GENERAL_REFUSAL, grounded_answer
-from search.answering.parts import combined, question_parts
 from search.answering.phi import Identifiers
-from search.answering.steps import AnswerContext, apply_steps
+from search.answering.steps import AnswerContext
 from search.answering.types import Answer
 from search.backends.base import Backend, BackendError
 from search.held_back import HeldBackRemovals
@@ -30,7 +28,7 @@ from search.models.crossrank import CrossEncoderRanker, load_reranker
 from search.models.embed import Embedder
 from search.models.embedders import DEFAULT_INT8, load_embedder
 from search.models.onnx_embed import variant_of
-from search.models.llm import ChatClient, LlmError, LlmSettings, general_answer, is_general_question
+from search.models.llm import ChatClient, LlmError, LlmSettings, general_answer
 from search.nlp.lexicon import clean_text
 from search.retrieval.analysis import patient_terms
 from search.retrieval.pipeline import retrieve
@@ -235,36 +233,23 @@ class SearchService:
     def answer(self, tenant: str, patient_id: str, question: str, k: int = 5, pipeline: str = "full",
                question_id: str | None = None, ablate: tuple[str, ...] = (), use_llm: bool = True,
                today: date | None = None) -> Answer:
-        """The answer to a question; a question of several parts is answered part by part
-        (search/answering/parts.py). `today`: what "since last month" counts from (the clock's
+        """The answer to a question, decided by search/answering/flow.py; a question of several
+        parts is answered part by part. `today`: what "since last month" counts from (the clock's
         date unless a test or an evaluation fixes it)."""
-        question = clean_text(question)
-        parts = question_parts(question) if pipeline == "full" else [question]
-        if len(parts) > 1:
-            answers = [self.answer_one(tenant, patient_id, part, k, pipeline, question_id, ablate, use_llm, today)
-                       for part in parts]
-            return checked(combined(question, question_id, parts, answers))
-        return checked(self.answer_one(tenant, patient_id, question, k, pipeline, question_id, ablate, use_llm, today))
+        return answer_in_parts(clean_text(question), question_id, split=pipeline == "full", answer_one=lambda part:
+                               self.answer_one(tenant, patient_id, part, k, pipeline, question_id, ablate, use_llm,
+                                               today))
 
     def answer_one(self, tenant: str, patient_id: str, question: str, k: int, pipeline: str,
                    question_id: str | None, ablate: tuple[str, ...], use_llm: bool,
                    today: date | None = None) -> Answer:
         retrieval = retrieve(self.backend, self.embedder, question, tenant, patient_id, k=k, pipeline=pipeline,
                              ablate=ablate, reranker=self.reranker)
-        analysis = retrieval.analysis
-        if analysis.impossible_dates:
-            return impossible_date_answer(retrieval, patient_id, question_id)
-        if analysis.unplaced:
-            return unplaced_window_answer(retrieval, patient_id, question_id)
-        # Asking for a latest value, a trend, a list, a history or a date is asking about the record.
-        # Asking for a kind of record ("the care plan", "her meds") is asking about the record too.
-        about_record = bool(analysis.intents() or analysis.date_from or analysis.date_to or analysis.kinds)
-        measurement = any(c["semantic_type"] in ("lab", "vital") for c in analysis.concepts)
-        if is_general_question(question, about_record, measurement):
-            return self.general(question, tenant, patient_id, question_id, retrieval, use_llm)
         retrieval.similarity = self.similarity_to(question)
-        result = compose(retrieval, patient_id, question_id)
-        return apply_steps(result, replace(self.answer_context(tenant, patient_id, retrieval, use_llm), today=today))
+        context = self.answer_context(tenant, patient_id, retrieval, use_llm)
+        return decide(replace(context, today=today, question_id=question_id,
+                              general=lambda: self.general(question, tenant, patient_id, question_id, retrieval,
+                                                           use_llm)))
 
     def similarity_to(self, question: str):
         """Cosine similarity of texts (a note's sentences) to the question, by the index's embedder."""

@@ -2,12 +2,16 @@
 each pipeline runs, what ablating removes, and how the one runner counts and times them."""
 from __future__ import annotations
 
+import ast
+import inspect
+
 import pytest
 
 from search.backends.base import Scope
 from search.retrieval.types import RetrievalState, Stage
 from search.retrieval.ranking import RERANK_WEIGHTS
-from search.retrieval.pipeline import ABLATABLE, pipeline_stages, run_stages, select_top_k
+from search.retrieval import pipeline
+from search.retrieval.pipeline import ABLATABLE, STAGES, pipeline_stages, run_stages, select_top_k
 
 
 def names(pipeline: str, ablate: tuple[str, ...] = ()) -> list[str]:
@@ -162,3 +166,94 @@ def test_recovery_adds_concept_chunks_neither_recall_found_at_the_floor():
     assert recover_concepts(state, tools) == (3, "+1")
     recovered = state.evidence[-1]
     assert recovered.chunk.resource_id == "copd" and recovered.recovered and recovered.score == floor
+
+
+# --- each step touches only the state fields it declares -------------------------------------------------
+
+MUTATORS = {"append", "extend", "update", "add", "clear", "pop", "remove", "insert", "setdefault", "discard", "sort"}
+
+
+def _state_field(node) -> str | None:
+    """'X' for the expression `state.X`."""
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "state":
+        return node.attr
+    return None
+
+
+def _owner(expr, aliases: dict[str, str]) -> str | None:
+    """The state field an expression is part of: `state.X.y[0]`, or `a.y` after `a = state.X`."""
+    while isinstance(expr, (ast.Attribute, ast.Subscript)):
+        field = _state_field(expr)
+        if field:
+            return field
+        expr = expr.value
+    return aliases.get(expr.id) if isinstance(expr, ast.Name) else None
+
+
+def touched(function: str, functions: dict[str, ast.FunctionDef], seen: set[str] | None = None):
+    """(fields read, fields set or changed) by a step, and by the module's functions it hands the
+    state to. Changing counts as writing: appending to a list, assigning into the analysis."""
+    seen = set() if seen is None else seen
+    reads, writes = set(), set()
+    if function in seen:
+        return reads, writes
+    seen.add(function)
+    body = functions[function]
+    aliases = {node.targets[0].id: _state_field(node.value) for node in ast.walk(body)
+               if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+               and _state_field(node.value)}
+    for node in ast.walk(body):
+        field = _state_field(node)
+        if field:
+            (reads if isinstance(node.ctx, ast.Load) else writes).add(field)
+        elif isinstance(node, (ast.Attribute, ast.Subscript)) and isinstance(node.ctx, ast.Store):
+            writes.update(filter(None, [_owner(node.value, aliases)]))
+        if isinstance(node, ast.AugAssign) and _owner(node.target, aliases):
+            reads.add(_owner(node.target, aliases))
+            writes.add(_owner(node.target, aliases))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS:
+            writes.update(filter(None, [_owner(node.func.value, aliases)]))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in functions \
+                and any(isinstance(arg, ast.Name) and arg.id == "state" for arg in node.args):
+            more_reads, more_writes = touched(node.func.id, functions, seen)
+            reads |= more_reads
+            writes |= more_writes
+    return reads, writes
+
+
+def module_functions() -> dict[str, ast.FunctionDef]:
+    tree = ast.parse(inspect.getsource(pipeline))
+    return {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+
+
+@pytest.mark.parametrize("pipeline_name", sorted(STAGES))
+def test_every_step_declares_exactly_the_state_it_reads_and_writes(pipeline_name):
+    functions = module_functions()
+    for stage in STAGES[pipeline_name]:
+        reads, writes = touched(stage.run.__name__, functions)
+        assert (stage.reads, stage.writes) == (reads, writes), stage.name
+
+
+def test_the_source_reading_sees_aliases_mutations_and_helpers():
+    source = """
+def helper(state):
+    return state.k
+def step(state, tools):
+    analysis = state.analysis
+    analysis.date_from = "2020"
+    state.evidence.append(1)
+    state.chunk_cache["x"] = 2
+    state.corpus += helper(state)
+    return state.question, ""
+"""
+    functions = {node.name: node for node in ast.parse(source).body}
+    assert touched("step", functions) == ({"analysis", "evidence", "chunk_cache", "corpus", "k", "question"},
+                                          {"analysis", "evidence", "chunk_cache", "corpus"})
+
+
+def test_a_declared_field_must_be_a_field_of_the_state():
+    from search.retrieval.types import state_fields
+
+    assert state_fields("evidence k") == {"evidence", "k"}
+    with pytest.raises(ValueError, match="evidnce"):
+        state_fields("evidnce")

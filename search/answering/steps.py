@@ -52,6 +52,8 @@ class AnswerContext:
     grounded: Callable[[Answer], Answer] | None = None    # the language-model step, when one is configured
     indexed_types: frozenset[str] = frozenset()
     today: date | None = None                   # what "since last month" counts from; None: the clock's date
+    question_id: str | None = None
+    general: Callable[[], Answer] | None = None  # the answer to a question about medicine, not this patient
 
 
 AnswerStep = Callable[[Answer, AnswerContext], Answer]

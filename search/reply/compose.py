@@ -14,12 +14,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
-from search.answering.answer import compose as compose_answer
 from search.answering.notes import note_header, rank_note_sentences
 from search.answering.phi import Identifiers, scrub
-from search.answering.steps import apply_steps
+from search.answering.flow import asks_about_medicine, decide
 from search.answering.verify import verify_statement
-from search.models.llm import LlmError, generate, is_general_question
+from search.models.llm import LlmError, generate
 from search.nlp.lexicon import STOP_WORDS
 from search.nlp.vocabulary import names_a_clinical_thing, presence_prefix
 from search.retrieval.analysis import patient_terms
@@ -111,12 +110,11 @@ def evidence_for(svc, tenant: str, patient_id: str, question: str, index: int, k
     analysis = retrieval.analysis
     if analysis.impossible_dates:
         return Found(question, [], "names a date that cannot be")
-    about_record = bool(analysis.intents() or analysis.date_from or analysis.date_to or analysis.kinds)
-    measurement = any(c["semantic_type"] in ("lab", "vital") for c in analysis.concepts)
-    if is_general_question(question, about_record, measurement):
+    if asks_about_medicine(retrieval):
         return Found(question, [], "a general medical question, not one about the record")
     retrieval.similarity = svc.similarity_to(question)
-    answer = apply_steps(compose_answer(retrieval, patient_id), svc.answer_context(tenant, patient_id, retrieval, False))
+    # The answer plan after its openings (search/answering/flow.py): the reasons above are the reply's own.
+    answer = decide(svc.answer_context(tenant, patient_id, retrieval, False), openings=())
     if answer.abstained:
         return Found(question, [], ABSTAINED)
     if retrieval.absent_terms:

@@ -20,7 +20,8 @@ from search.backends.base import Backend, Scope, Search
 from search.models.crossrank import CrossEncoderRanker
 from search.models.embed import Embedder
 from search.retrieval.timeline import anchor
-from search.retrieval.types import Analysis, Evidence, Retrieval, RetrievalState, Stage, StageReport, Tools
+from search.retrieval.types import (Analysis, Evidence, Retrieval, RetrievalState, Stage, StageReport, Tools,
+                                    state_fields)
 from search.retrieval.analysis import (NOTE_TYPES, absent_words, analyse, expanded_query,
                                        read_abbreviations_by_the_record, read_ambiguous_words_by_the_record,
                                        spans_notes, terms_of)
@@ -312,19 +313,54 @@ def gather_series(state: RetrievalState, tools: Tools) -> tuple[int, str]:
 
 # --- the pipelines: lists of stages -----------------------------------------------------------------------
 
-SCOPE = Stage("scope", count_scope, whole_record=True)
-CANDIDATES = Stage("candidates", keep_candidates, reported=False)
+def step(name: str, run, reads: str, writes: str, **kind) -> Stage:
+    return Stage(name, run, state_fields(reads), state_fields(writes), **kind)
+
+
+# Each step with what it reads and writes of the state (checked against its source by the tests).
+SCOPE = step("scope", count_scope, "corpus scope", "corpus", whole_record=True)
+CANDIDATES = step("candidates", keep_candidates, "evidence", "candidates", reported=False)
+FUSE_RRF = step("fuse", fuse_rrf, "chunk_cache dense_hits evidence lexical_hits recovery_hits tenant",
+                "chunk_cache evidence")
 STAGES = {
-    "dense": [SCOPE, Stage("analyse", analyse_question, whole_record=True), Stage("recall", recall_dense),
-              Stage("fuse", fuse_dense), CANDIDATES, Stage("select", select_top_k)],
-    "hybrid": [SCOPE, Stage("analyse", analyse_question, whole_record=True), Stage("recall", recall_hybrid),
-               Stage("fuse", fuse_rrf), CANDIDATES, Stage("select", select_top_k)],
-    "full": [SCOPE, Stage("analyse", analyse_with_record, whole_record=True),
-             Stage("anchor", anchor_in_time, whole_record=True), Stage("filter", narrow_scope, whole_record=True),
-             Stage("recall", recall_expanded), Stage("fuse", fuse_rrf), Stage("recovery", recover_concepts),
-             CANDIDATES, Stage("visits", name_visits, reported=False), Stage("rerank", rerank_features),
-             Stage("select", select_facts), Stage("series", gather_series),
-             Stage("histories", gather_histories)],
+    "dense": [
+        SCOPE,
+        step("analyse", analyse_question, "corpus patient_id question tenant terms", "absent analysis",
+             whole_record=True),
+        step("recall", recall_dense, "dense_hits lexical_hits question scope", "dense_hits"),
+        step("fuse", fuse_dense, "chunk_cache dense_hits evidence lexical_hits recovery_hits tenant",
+             "chunk_cache evidence"),
+        CANDIDATES,
+        step("select", select_top_k, "evidence k", "evidence"),
+    ],
+    "hybrid": [
+        SCOPE,
+        step("analyse", analyse_question, "corpus patient_id question tenant terms", "absent analysis",
+             whole_record=True),
+        step("recall", recall_hybrid, "analysis dense_hits lexical_hits question scope", "dense_hits lexical_hits"),
+        FUSE_RRF,
+        CANDIDATES,
+        step("select", select_top_k, "evidence k", "evidence"),
+    ],
+    "full": [
+        SCOPE,
+        step("analyse", analyse_with_record, "corpus patient_id question tenant terms",
+             "absent analysis terms vectors_pending", whole_record=True),
+        step("anchor", anchor_in_time, "analysis corpus k question scope terms", "analysis k", whole_record=True),
+        step("filter", narrow_scope, "analysis corpus scope", "scope", whole_record=True),
+        step("recall", recall_expanded, "analysis dense_hits lexical_hits question scope",
+             "dense_hits lexical_hits recovery_hits"),
+        FUSE_RRF,
+        step("recovery", recover_concepts, "analysis chunk_cache evidence recovery_hits scope tenant",
+             "chunk_cache evidence"),
+        CANDIDATES,
+        step("visits", name_visits, "analysis evidence scope", "analysis", reported=False),
+        step("rerank", rerank_features, "analysis evidence", "evidence"),
+        step("select", select_facts, "analysis evidence k", "evidence"),
+        step("series", gather_series, "analysis chunk_cache evidence scope tenant", "chunk_cache evidence"),
+        step("histories", gather_histories, "analysis chunk_cache evidence histories patient_id question tenant",
+             "chunk_cache evidence histories"),
+    ],
 }
 
 

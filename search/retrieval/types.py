@@ -205,12 +205,28 @@ class RetrievalState:
     chunk_cache: dict[str, Chunk] = field(default_factory=dict)
 
 
+def state_fields(names: str) -> frozenset[str]:
+    """"analysis evidence k" -> the RetrievalState fields so named (a stage's reads or writes)."""
+    fields = frozenset(names.split())
+    unknown = fields - set(RetrievalState.__dataclass_fields__)
+    if unknown:
+        raise ValueError(f"not fields of the retrieval state: {sorted(unknown)}")
+    return fields
+
+
 @dataclass(frozen=True)
 class Stage:
     """A named step: `run` changes the state and returns (chunks out, note). A `whole_record` stage
     looks at the patient's whole record (its input is the corpus); the others take what the stage
-    before them passed on. An unreported step is bookkeeping, not a stage of the table."""
+    before them passed on. An unreported step is bookkeeping, not a stage of the table.
+
+    `reads` and `writes` declare which fields of the state the step reads and which it sets or
+    changes (a list appended to, the analysis amended), so the wiring of a pipeline is read from its
+    stage list; tests/test_stages.py reads each step's source and fails when it touches a field it
+    does not declare, or declares one it never touches."""
     name: str
     run: Callable[[RetrievalState, Tools], tuple[int, str]]
+    reads: frozenset[str] = frozenset()
+    writes: frozenset[str] = frozenset()
     whole_record: bool = False
     reported: bool = True
