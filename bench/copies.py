@@ -14,7 +14,7 @@ UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}
 def copied_bundle_json(source: Path, copy: int) -> dict:
     """The bundle with every resource id replaced by one of this copy's own (the same old id always
     becomes the same new one, so references follow); copy 0 keeps the originals."""
-    with gzip.open(source, "rt") as fh:
+    with gzip.open(source, "rt", encoding="utf-8") as fh:
         text = fh.read()
     if copy:
         ids = {e["resource"]["id"] for e in json.loads(text)["entry"] if e.get("resource", {}).get("id")}

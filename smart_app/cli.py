@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from .logs import configure_logging, keep_chartcite_logging_in_celery
-from .terminal import TerminalSafe, shown, write_utf8
+from .terminal import TerminalSafe, shown, utf8_streams
 from .settings import Settings, SettingsError, mask_url_password
 
 log = logging.getLogger("chartcite")
@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    write_utf8(sys.stdout, sys.stderr)
+    utf8_streams()
     args = build_parser().parse_args(argv)
     from search.collector import collect_less_often
 

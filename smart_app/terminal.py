@@ -8,6 +8,7 @@ logs escape them already.
 from __future__ import annotations
 
 import io
+import sys
 import unicodedata
 
 # Unicode categories that change what a terminal shows rather than show a character: controls,
@@ -22,14 +23,14 @@ def _escape(char: str) -> str:
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
-def write_utf8(*streams) -> None:
-    """Each stream writes UTF-8 whatever the locale says. A server started with a C or ASCII
-    locale (a bare container, `PYTHONUTF8=0`) would otherwise fail on the first em dash, "≥" or
-    patient name with an accent that an answer, a log line or a report holds."""
-    for stream in streams:
+def utf8_streams() -> None:
+    """Standard input, output and error in UTF-8 whatever the locale says. A server started with a
+    C or ASCII locale (a bare container, `PYTHONUTF8=0`) would otherwise fail on the first em dash,
+    "≥" or accented name an answer, a log line or a report holds, or a patient's message piped in."""
+    for stream, errors in ((sys.stdin, "replace"), (sys.stdout, "backslashreplace"), (sys.stderr, "backslashreplace")):
         encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "")
         if encoding != "utf8" and hasattr(stream, "reconfigure"):
-            stream.reconfigure(encoding="utf-8", errors="backslashreplace")
+            stream.reconfigure(encoding="utf-8", errors=errors)
 
 
 def shown(value) -> str:

@@ -78,7 +78,7 @@ def as_put_transaction(bundle: dict) -> dict:
 
 def load_bundle(base: str, path: Path) -> None:
     opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rt") as fh:
+    with opener(path, "rt", encoding="utf-8") as fh:
         bundle = as_put_transaction(json.load(fh))
     response = requests.post(base, json=bundle, headers={"Content-Type": "application/fhir+json"}, timeout=300)
     if response.status_code >= 300:

@@ -22,7 +22,7 @@ NEW = "936988e9-d587-ef42-ebdf-541238540ff3"
 
 
 def bundle_resources(path) -> list[dict]:
-    with gzip.open(path, "rt") as fh:
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
         return [e["resource"] for e in json.load(fh)["entry"]]
 
 

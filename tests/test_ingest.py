@@ -180,7 +180,7 @@ def test_a_resource_that_names_no_patient_is_reported_not_dropped(tmp_path):
 def test_bundle_references_resolve_and_gzip_and_directories_read(tmp_path):
     folder = tmp_path / "in"
     folder.mkdir()
-    with gzip.open(folder / "b.json.gz", "wt") as fh:
+    with gzip.open(folder / "b.json.gz", "wt", encoding="utf-8") as fh:
         json.dump(_bundle(PATIENT, obs("o1", 3.4, subject="urn:uuid:p1")), fh)
     items = list(read_path(folder))
     observation = [i.resource for i in items if i.resource["resourceType"] == "Observation"][0]

@@ -181,7 +181,7 @@ def test_a_fact_round_trips_through_the_stored_chunk():
 
     require_shared()
     bundle = sorted((SHARED / "data" / "synthea").glob("*.json.gz"))[0]
-    with gzip.open(bundle, "rt") as fh:
+    with gzip.open(bundle, "rt", encoding="utf-8") as fh:
         entries = [e["resource"] for e in json.load(fh)["entry"]]
     chunks = PatientChunker("t", "p", entries, BUDGET).chunks()
     for chunk in chunks:

@@ -161,7 +161,7 @@ def a_bundle_with(synthea_dir: Path, path: Path, *extra: dict, **fields) -> set[
     """A's bundle with `extra` entries and top-level `fields`, gzipped; returns A's refs in it."""
     bundle = json.loads(gzip.open(synthea_dir / f"{A}.json.gz").read()) | fields
     bundle["entry"] += [{"fullUrl": f"urn:uuid:{r['id']}", "resource": r} for r in extra]
-    with gzip.open(path, "wt") as out:
+    with gzip.open(path, "wt", encoding="utf-8") as out:
         json.dump(bundle, out)
     return {f"{e['resource']['resourceType']}/{e['resource']['id']}" for e in bundle["entry"]
             if e["resource"]["resourceType"] not in ("Claim", "ExplanationOfBenefit", "Provenance")}

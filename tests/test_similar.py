@@ -22,7 +22,7 @@ ISO_DATE = re.compile(r"\b\d{4}-\d{2}-\d{2}\b|\b\d{4}-\d{2}\b")
 
 
 def bundle(path) -> list[dict]:
-    with gzip.open(path, "rt") as fh:
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
         return [e["resource"] for e in json.load(fh)["entry"]]
 
 

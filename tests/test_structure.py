@@ -3,6 +3,7 @@ fhir_ingest), no module imports itself round a circle, and no product function i
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -165,6 +166,11 @@ def _text_mode_open(call: ast.Call) -> bool:
     return "b" not in (_constant(mode) or "") if mode is not None else True
 
 
+def _says_text_mode(call: ast.Call) -> bool:
+    mode = _keyword(call, "mode") or (call.args[1] if len(call.args) > 1 else None)
+    return isinstance(_constant(mode), str) and re.fullmatch(r"[rwxa]\+?t\+?|[rwxa]t", _constant(mode)) is not None
+
+
 def locale_encoded_io(call: ast.Call) -> str | None:
     """The name of a call that would use the locale's encoding, or None."""
     func = call.func
@@ -173,6 +179,8 @@ def locale_encoded_io(call: ast.Call) -> str | None:
         return None
     if name in ENCODING_POSITION:
         return name if len(call.args) <= ENCODING_POSITION[name] else None
+    if _says_text_mode(call):           # gzip.open(p, "rt"), or an opener chosen at run time
+        return name or "a call"
     if name == "open" and (isinstance(func, ast.Name) or isinstance(func, ast.Attribute)):
         positional_encoding = 3 if isinstance(func, ast.Name) else 2
         return name if _text_mode_open(call) and len(call.args) <= positional_encoding else None
@@ -196,7 +204,8 @@ def test_the_encoding_check_finds_what_it_should(tmp_path):
     calls = {"open(p)": True, "open(p, 'rb')": False, "open(p, 'w', encoding='utf-8')": False,
              "path.read_text()": True, "path.read_text('utf-8')": False, "path.write_text(t)": True,
              "path.open('wb')": False, "path.open('a')": True, "gzip.open(p)": False,
-             "subprocess.run(a, text=True)": True, "subprocess.run(a, text=True, encoding='utf-8')": False}
+             "subprocess.run(a, text=True)": True, "subprocess.run(a, text=True, encoding='utf-8')": False,
+             "gzip.open(p, 'rt')": True, "opener(p, 'wt')": True, "gzip.open(p, 'rt', encoding='utf-8')": False}
     for source, flagged in calls.items():
         call = ast.parse(source).body[0].value
         assert (locale_encoded_io(call) is not None) is flagged, source
