@@ -13,13 +13,17 @@ import unicodedata
 
 # Unicode categories that change what a terminal shows rather than show a character: controls,
 # format characters (bidi embeddings and isolates, zero-width ones), line and paragraph separators.
-_HIDDEN = {"Cc", "Cf", "Zl", "Zp"}
+# Surrogates ("Cs") are the bytes of a file name the locale could not decode (Python's
+# surrogateescape): written as the bytes they stand for.
+_HIDDEN = {"Cc", "Cf", "Zl", "Zp", "Cs"}
 
 
 def _escape(char: str) -> str:
     if char in "\n\r\t":
         return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}[char]
     code = ord(char)
+    if 0xDC80 <= code <= 0xDCFF:
+        return f"\\x{code - 0xDC00:02x}"
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 

@@ -4,6 +4,7 @@ terminal output, and the smaller ones."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 
@@ -415,12 +416,16 @@ def test_the_audit_and_index_commands_escape_what_they_print(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "\x1b" not in out.stdout and "\u202e" not in out.stdout and "\x07" not in out.stdout
     assert len(out.stdout.strip().splitlines()) == 1
-    bad = tmp_path / f"in\x1b[31mput\u202e.json"
-    bad.write_text("{not json", encoding="utf-8")
-    out = subprocess.run([sys.executable, "-m", "smart_app.cli", "index", str(bad)], env=clean_env(data_dir=data),
+    # The name as bytes: under an ASCII locale no str could name it; the bytes the locale cannot
+    # decode are shown as the bytes they are.
+    bad = os.path.join(os.fsencode(tmp_path), "in\x1b[31mput\u202e.json".encode("utf-8"))
+    with open(bad, "w", encoding="utf-8") as fh:
+        fh.write("{not json")
+    out = subprocess.run([sys.executable, "-m", "smart_app.cli", "index", bad], env=clean_env(data_dir=data),
                          capture_output=True, text=True, timeout=300, encoding="utf-8")
     printed = out.stdout + out.stderr
-    assert "\x1b" not in printed and "\u202e" not in printed and "\\x1b[31mput\\u202e" in printed
+    override = "\\u202e" if os.fsdecode("\u202e".encode("utf-8")) == "\u202e" else "\\xe2\\x80\\xae"
+    assert "\x1b" not in printed and "\u202e" not in printed and f"\\x1b[31mput{override}" in printed, printed
 
 
 # --- small ones --------------------------------------------------------------------------------
