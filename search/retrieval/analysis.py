@@ -320,6 +320,14 @@ def dated_on_one_side(q: str) -> bool:
     return len(parts) == 2 and sum(bool(years_named(part)) for part in parts) == 1
 
 
+def anchored_on_one_side(q: str) -> bool:
+    """A comparison whose event ("at cath", "after the pacemaker") is on one side only: the
+    other side ("the EF on the echo") is another time, so the event does not window the whole
+    question (the echo's note, of another day, was out of scope and one note filled the evidence)."""
+    parts = COMPARED.split(q.lower(), maxsplit=1)
+    return len(parts) == 2 and sum(bool(ANCHOR.search(part)) for part in parts) == 1
+
+
 def years_named(q: str) -> list[int]:
     return sorted({int(y) for y in re.findall(r"\b(19[5-9]\d|20[0-4]\d)\b", q) if valid_date(int(y), 1, 1)})
 
