@@ -406,3 +406,19 @@ def test_a_drug_the_coded_list_holds_is_not_taken_again_from_the_notes_prose(tmp
     finally:
         svc.close()
     assert "prescribed aspirin 81 mg" not in result["answer"].split("For context")[0], result["answer"]
+
+
+ED_FLANK = note("ed-9", "2011-05-02T10:00:00Z", """HISTORY OF PRESENT ILLNESS:
+Pain began in the right flank this morning, with nausea. He has had no fever.
+
+ASSESSMENT AND PLAN:
+I spoke with the urologist on call about his flank pain when he came to the emergency room, and he asked that the patient be admitted for further evaluation of this flank pain.""")
+
+
+def test_which_side_is_never_answered_by_a_closer_sentence_that_names_no_side(tmp_path, embedder):
+    service = indexed_record(tmp_path, [PATIENT, ED_FLANK])
+    try:
+        result = service.ask("t", PID, "which side was his flank pain on when he came to the emergency room")
+    finally:
+        service.close()
+    assert "Pain began in the right flank" in result["answer"], result["answer"]

@@ -138,6 +138,7 @@ SIDES = {"left": "right", "right": "left"}
 # by one that names a drug.
 ANSWER_KIND_WEIGHT = 0.15
 DRUG_WEIGHT = 0.3
+SIDE_ANSWER_WEIGHT = 0.3    # "which side": a sentence naming no side cannot answer, however close it reads
 VALUE_WEIGHT = 0.3          # an amount asked, and the sentence gives the asked thing's value
 SIDE_ASKED = re.compile(r"\b(?:which|what) side\b|\bleft or right\b|\bright or left\b|\blaterality\b")
 AMOUNT_ASKED = re.compile(r"\b(?:doses?|dosages?|dosing|how (?:much|many|big|large|high|low)|amount|quantity|"
@@ -281,7 +282,7 @@ def answer_kind_score(text: str, wants: set[str], drugs) -> float:
     low = LIST_NUMBER.sub("", text).lower()
     score = 0.0
     if "side" in wants and re.search(r"\b(?:left|right|bilateral(?:ly)?)\b", low):
-        score += ANSWER_KIND_WEIGHT
+        score += SIDE_ANSWER_WEIGHT
     if "amount" in wants and AMOUNT.search(low):
         score += ANSWER_KIND_WEIGHT
     if "reason" in wants and REASON.search(low):
