@@ -422,3 +422,29 @@ def test_which_side_is_never_answered_by_a_closer_sentence_that_names_no_side(tm
     finally:
         service.close()
     assert "Pain began in the right flank" in result["answer"], result["answer"]
+
+
+def test_a_section_asked_by_name_is_quoted_from_its_opening_and_found_by_its_kind():
+    from types import SimpleNamespace
+
+    from fhir_ingest.record.contract import Chunk
+    from search.answering.notes import sentences_of, with_section_opening
+    from search.retrieval.ranking import holds_asked_section
+
+    chunk = Chunk("t", "p", "DocumentReference", "pn-1", "sec4",
+                  "Progress note of 2012-02-02. IMPRESSION/PLAN: 1. Pyelonephritis, improving on antibiotics. "
+                  "We will keep watching her temperature overnight. She is eating well.",
+                  "note", sections=["IMPRESSION/PLAN"], semantic_type="note")
+    sentences = sentences_of(chunk)
+    later = [s for s in sentences if s.text.startswith("We will keep")]
+    asked = SimpleNamespace(question="impression from the progress note", terms=["impression", "progress", "note"],
+                            expansions=[], sections_asked={"assessment and plan"})
+    quoted = with_section_opening(later, chunk, asked)
+    assert [s.text for s in quoted][0].startswith("1. Pyelonephritis"), [s.text for s in quoted]
+    assert quoted[1:] == later
+    # A question that names no section keeps the sentences chosen for it.
+    other = SimpleNamespace(question="is she eating", terms=["eating"], expansions=[], sections_asked=set())
+    assert with_section_opening(later, chunk, other) == later
+    # "The impression" (read as the assessment and plan) is an IMPRESSION/PLAN section, whatever its title.
+    assert holds_asked_section(chunk, asked)
+    assert not holds_asked_section(chunk, SimpleNamespace(sections_asked={"social history"}))

@@ -13,7 +13,8 @@ from search.answering.charts import series_chart
 from search.answering.facts import Fact, fact_of
 from fhir_ingest.record.notes import denies, note_sentences, sentence_context
 from search.answering.lead import ALLERGY_WORDS, SUPPORTING, Draft, Lead, first_sentence, note_words
-from search.answering.notes import RULED_OUT_ASKED, Ranked, answer_kinds, best_of_chunk, with_its_list, note_sections, note_units, quote, rank_note_sentences
+from search.answering.notes import (RULED_OUT_ASKED, Ranked, answer_kinds, best_of_chunk, note_sections, note_units, quote,
+                                    rank_note_sentences, with_its_list, with_section_opening)
 from search.answering.types import Answer, Citation, EvidenceItem, Statement
 from search.nlp.annotate import RecordTerm, asserted_keys, default_annotator
 from search.nlp import terminology
@@ -357,7 +358,7 @@ def statement_for(ev: Evidence, analysis: Analysis, first: bool = False, ranked:
         if len(section) <= WHOLE_SECTION_CHARS:
             return f"{header}: {heading}: " + " ".join(note_units(section))
         sections = named
-    best = best_of_chunk(ranked or [], ev.chunk.chunk_id)
+    best = with_section_opening(best_of_chunk(ranked or [], ev.chunk.chunk_id), ev.chunk, analysis)
     if best and (analysis.wants_list or "drug" in answer_kinds(analysis)):
         best = with_its_list(best, ev.chunk)
     if best:

@@ -306,6 +306,22 @@ def best_of_chunk(ranked: list[Ranked], chunk_id: str, n: int = 2, within: float
     return sorted((r.sentence for r in chosen), key=lambda s: position.get(s, order.get(id(s), 0)))
 
 
+def with_section_opening(chosen: list[NoteSentence], chunk, analysis) -> list[NoteSentence]:
+    """Asked for a section by name ("the impression from the ICU note"), the answer leads with
+    that section's opening sentence when this chunk holds it: an impression or a plan opens with
+    what matters most ("1. Melena secondary to ulcerative esophagitis."), which reads less like
+    the question than its later lines do."""
+    kinds = asked_section_kinds(analysis)
+    if not kinds or not chosen:
+        return chosen
+    everything = sentences_of(chunk)
+    opening = next((s for s in everything if s.index == 0 and kinds & set(section_kinds(s.heading))), None)
+    if opening is None or opening in chosen:
+        return chosen
+    position = {s: i for i, s in enumerate(everything)}
+    return sorted([opening, *chosen], key=lambda s: position.get(s, 0))
+
+
 def with_its_list(chosen: list[NoteSentence], chunk) -> list[NoteSentence]:
     """A numbered item chosen for a question that asks for several things ("meds he went home on")
     brings the other numbered items of its list, in order, up to CLASS_QUOTE_CHARS: one line of a
