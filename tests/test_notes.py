@@ -317,6 +317,7 @@ def test_what_he_went_home_on_is_read_from_the_discharge_section():
         text="Discharge summary of 2010-01-22. HOSPITAL COURSE: IV steroid taper was started. "
              "MEDICATIONS ON DISCHARGE: 1. Prednisone taper 40 mg daily.")
     analysis = SimpleNamespace(question="steroid taper he went home on", terms=["steroid", "taper", "went", "home"],
+                               target=0, residual=["steroid", "taper", "went", "home"],
                                expansions=[], concepts=[], kinds=(), sections_asked=set())
     ranked = rank_note_sentences(analysis, [SimpleNamespace(chunk=chunk)], None)
     assert ranked[0].sentence.text == "1. Prednisone taper 40 mg daily.", [(r.sentence.text, r.score) for r in ranked]
@@ -335,6 +336,7 @@ def test_a_bare_test_name_is_answered_by_the_sentence_giving_its_value():
         text="Progress note of 2013-03-05. LABORATORY DATA: Sodium is 134, potassium 4.0, TSH 0.74, "
              "CEA elevated at 8.6, ferritin 27.5. IMPRESSION: 3. Elevated CEA.")
     analysis = SimpleNamespace(question="cea?", terms=["cea"], expansions=[], kinds=(), sections_asked=set(),
+                               target=0, residual=[],
                                concepts=[{"key": "lex:cea", "display": "carcinoembryonic antigen", "semantic_type": "lab",
                                           "text": "cea"}])
     def closer_to_the_short_line(texts):
@@ -448,3 +450,26 @@ def test_a_section_asked_by_name_is_quoted_from_its_opening_and_found_by_its_kin
     # "The impression" (read as the assessment and plan) is an IMPRESSION/PLAN section, whatever its title.
     assert holds_asked_section(chunk, asked)
     assert not holds_asked_section(chunk, SimpleNamespace(sections_asked={"social history"}))
+
+
+def test_what_a_result_is_of_outranks_where_it_is_from():
+    # "path results from the tonsils": the follow-up's line on what the pathologist said answers,
+    # not the operative note's closer-sounding lines about the tonsils.
+    from types import SimpleNamespace
+
+    from search.answering.notes import rank_note_sentences
+    from search.retrieval.analysis import analyse
+
+    operative = SimpleNamespace(chunk_id="op", ref="DocumentReference/op-1", semantic_type="note", concepts=[],
+                                sections=["TECHNIQUE"],
+                                text="Operative note of 2009-02-02. TECHNIQUE: The adenoids were large and boggy.")
+    follow_up = SimpleNamespace(chunk_id="fu", ref="DocumentReference/fu-1", semantic_type="note", concepts=[],
+                                sections=["PLAN"],
+                                text="Clinic note of 2009-02-16. PLAN: The pathology showed benign lymphoid hyperplasia.")
+
+    def closer_to_the_adenoids(texts):
+        return [0.7 if "boggy" in t else 0.55 for t in texts]
+
+    ranked = rank_note_sentences(analyse("path results from the adenoids"),
+                                 [SimpleNamespace(chunk=operative), SimpleNamespace(chunk=follow_up)], closer_to_the_adenoids)
+    assert "pathology showed" in ranked[0].sentence.text, [(r.sentence.text, r.score) for r in ranked]

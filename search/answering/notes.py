@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from fhir_ingest.record.notes import note_sentences, section_kind, section_kinds, sentence_context
+from search.retrieval.analysis import asked_things
 
 # The note sections that state each clinical class a question may ask about.
 CLASS_SECTIONS = {"allergy": ("allergy",), "medication": ("medication",), "procedure": ("procedure",),
@@ -129,6 +130,7 @@ TERM_WEIGHT = 0.06          # a question word the sentence has (by its stem) add
 SECTION_WEIGHT = 0.12       # the sentence is in the section the question names ("plan", "impression")
 OPENING_WEIGHT = 0.25       # ...and more for its first sentences
 SIDE_WEIGHT = 0.15          # the question's side (left/right) said, or only the other side said
+ASKED_THING_WEIGHT = 0.2   # the sentence names the thing whose result or status is asked ("*path* results")
 FAMILY_WEIGHT = 0.3         # a relative's history, asked about the patient
 HYPOTHETICAL_WEIGHT = 0.1   # "return if...", asked what happened
 SIDES = {"left": "right", "right": "left"}
@@ -202,6 +204,7 @@ def rank_note_sentences(analysis, evidence: list, similarity: Similarity | None)
     texts = [f"{s.heading}: {s.text}" if s.heading else s.text for _, s in pairs]
     sims = similarity(texts) if similarity is not None else [0.0] * len(pairs)
     stems, kinds = question_words(analysis), asked_section_kinds(analysis)
+    things = [[_stem(w) for w in thing.split()] for thing in asked_things(analysis)]
     q = analysis.question.lower()
     sides = {side for side in SIDES if re.search(rf"\b{side}\b", q)}
     asked_context = sentence_context(analysis.question)
@@ -213,6 +216,9 @@ def rank_note_sentences(analysis, evidence: list, similarity: Similarity | None)
     for (ev, sentence), sim, text in zip(pairs, sims, texts):
         low = text.lower()
         score = float(sim) + TERM_WEIGHT * sum(1 for stem in stems if re.search(rf"\b{re.escape(stem)}", low))
+        # What the result is of, not where it is from: "path results from the tonsils" is answered
+        # by what the pathologist said, not by the operative note's lines about the tonsils.
+        score += ASKED_THING_WEIGHT * any(all(re.search(rf"\b{re.escape(stem)}", low) for stem in thing) for thing in things)
         if discharge and "discharge" in sentence.heading.lower():
             score += SECTION_WEIGHT
         if kinds & set(section_kinds(sentence.heading)):

@@ -500,7 +500,7 @@ def asked_head(analysis: Analysis) -> list[str]:
 # Words that ask for something about a thing ("battery *status*", "*results* of his swallow
 # study"): the thing beside them is what the question is about.
 ATTRIBUTE_OF = frozenset("result results status level levels value values reading readings finding findings".split())
-_LINKS = frozenset("of on from for".split())
+_LINKS = frozenset("of on".split())       # "results *from* the tonsils" says where from, not what
 _DETERMINERS = frozenset("the his her their my a an its".split())
 # Words that say what kind of look was taken, not at what: "test results" alone names no thing.
 _KIND_OF_LOOK = frozenset("test tests study studies scan scans check checks exam exams work panel".split())
