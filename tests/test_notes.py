@@ -473,3 +473,27 @@ def test_what_a_result_is_of_outranks_where_it_is_from():
     ranked = rank_note_sentences(analyse("path results from the adenoids"),
                                  [SimpleNamespace(chunk=operative), SimpleNamespace(chunk=follow_up)], closer_to_the_adenoids)
     assert "pathology showed" in ranked[0].sentence.text, [(r.sentence.text, r.score) for r in ranked]
+
+
+def test_a_coded_answer_brings_the_note_sentence_that_names_what_was_asked():
+    # "what kind of OM": the coded problem answers, and the operative note's "OM, chronic,
+    # serous" line is quoted beside it; a best sentence that does not name it adds nothing.
+    from types import SimpleNamespace
+
+    from search.answering.answer import names_the_asked, notes_by_their_best_sentence
+    from search.answering.notes import NoteSentence, Ranked
+
+    analysis = SimpleNamespace(concepts=[{"key": "lex:otitis media", "display": "otitis media", "semantic_type": "problem",
+                                          "text": "OM", "role": ""}])
+    assert names_the_asked("OM, chronic, serous, simple or unspecified.", analysis)
+    assert names_the_asked("History of otitis media.", analysis)
+    assert not names_the_asked("The stomach was evacuated from the room.", analysis)     # "om" of "room", lower case
+
+    def evidence(kind: str, name: str):
+        return SimpleNamespace(chunk=SimpleNamespace(semantic_type=kind, chunk_id=name))
+
+    problem, note_ev = evidence("problem", "p1"), evidence("note", "n1")
+    said = Ranked(note_ev, NoteSentence("PREOPERATIVE DIAGNOSES", "problem", "OM, chronic, serous."), 0.5)
+    unsaid = Ranked(note_ev, NoteSentence("TECHNIQUE", "procedure", "The tube was placed."), 0.5)
+    assert notes_by_their_best_sentence([problem], [said], analysis) == [problem, note_ev]
+    assert notes_by_their_best_sentence([problem], [unsaid], analysis) == [problem]

@@ -555,7 +555,7 @@ def clinical_statements(retrieval: Retrieval, relevant: list[Evidence]) -> tuple
     cites. Evidence that cannot be put in clinical words keeps its own words."""
     analysis = retrieval.analysis
     ranked = rank_note_sentences(analysis, retrieval.evidence, retrieval.similarity)
-    relevant = notes_by_their_best_sentence(relevant, ranked)
+    relevant = notes_by_their_best_sentence(relevant, ranked, analysis)
     try:
         lead = first_sentence(analysis, relevant, lambda ev: _passage(ev, statement_for(ev, analysis, True, ranked)),
                               retrieval.histories)
@@ -595,7 +595,21 @@ NOTES_QUOTED = 2
 ACROSS_NOTE_MARGIN = 0.3   # ...and this near when the question compares notes
 
 
-def notes_by_their_best_sentence(relevant: list[Evidence], ranked: list[Ranked]) -> list[Evidence]:
+def names_the_asked(sentence: str, analysis: Analysis) -> bool:
+    """The sentence names a concept asked about as the question typed it ("OM, chronic, serous"
+    for "what kind of OM"; two letters only in the case typed) or by its full name."""
+    for c in analysis.concepts:
+        if c.get("role") not in ("", "asked", None) or c["semantic_type"] in ("note", "encounter"):
+            continue
+        typed, display = (c.get("text") or "").strip(), (c.get("display") or "").strip()
+        if len(typed) >= 2 and re.search(rf"\b{re.escape(typed)}\b", sentence, 0 if len(typed) < 3 else re.I):
+            return True
+        if len(display) >= 3 and re.search(rf"\b{re.escape(display)}\b", sentence, re.I):
+            return True
+    return False
+
+
+def notes_by_their_best_sentence(relevant: list[Evidence], ranked: list[Ranked], analysis: Analysis) -> list[Evidence]:
     """The relevant evidence with its notes in the order of their best sentence, the note holding
     the best sentence of all among them even when its chunk was not relevant by its concepts;
     structured records keep their places."""
@@ -607,7 +621,10 @@ def notes_by_their_best_sentence(relevant: list[Evidence], ranked: list[Ranked])
     best = ranked[0].ev
     slots = [i for i, ev in enumerate(relevant) if ev.chunk.semantic_type == "note"]
     if not slots:
-        return relevant        # answered from coded records: no note is added to them
+        # Answered from coded records, a note is added only where its best sentence of all names
+        # what was asked: the clinician then sees the sentence, not only the coded entry.
+        named = names_the_asked(ranked[0].sentence.text, analysis) and best not in relevant
+        return relevant + [best] if named else relevant
     notes = [relevant[i] for i in slots if relevant[i].chunk.chunk_id != best.chunk.chunk_id]
     notes = [best] + sorted(notes, key=lambda ev: order.get(ev.chunk.chunk_id, len(order)))
     out = list(relevant)
