@@ -497,3 +497,23 @@ def test_a_coded_answer_brings_the_note_sentence_that_names_what_was_asked():
     unsaid = Ranked(note_ev, NoteSentence("TECHNIQUE", "procedure", "The tube was placed."), 0.5)
     assert notes_by_their_best_sentence([problem], [said], analysis) == [problem, note_ev]
     assert notes_by_their_best_sentence([problem], [unsaid], analysis) == [problem]
+
+
+OPERATIVE = note("op-7", "2012-03-02T10:00:00Z", """PREOPERATIVE DIAGNOSES:
+1. Breech presentation.
+2. Prior uterine scar.
+
+OPERATION:
+Repeat low transverse cesarean section.
+
+DESCRIPTION OF OPERATION:
+The patient was taken to the operating room and spinal anesthesia was given. The cesarean section was performed through the old scar. A healthy infant was delivered and handed to the pediatric team.""")
+
+
+def test_why_an_operation_was_done_is_answered_by_its_preoperative_diagnoses(tmp_path, embedder):
+    service = indexed_record(tmp_path, [PATIENT, OPERATIVE])
+    try:
+        result = service.ask("t", PID, "Why did my daughter end up needing a C-section?")
+    finally:
+        service.close()
+    assert "Breech presentation." in result["answer"] and "Prior uterine scar." in result["answer"], result["answer"]

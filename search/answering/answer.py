@@ -14,7 +14,7 @@ from search.answering.facts import Fact, fact_of
 from fhir_ingest.record.notes import denies, note_sentences, sentence_context
 from search.answering.lead import ALLERGY_WORDS, SUPPORTING, Draft, Lead, first_sentence, note_words
 from search.answering.notes import (RULED_OUT_ASKED, Ranked, answer_kinds, best_of_chunk, note_sections, note_units, quote,
-                                    rank_note_sentences, with_its_list, with_section_opening)
+                                    rank_note_sentences, states_an_indication, with_its_list, with_section_opening)
 from search.answering.types import Answer, Citation, EvidenceItem, Statement
 from search.nlp.annotate import RecordTerm, asserted_keys, default_annotator
 from search.nlp import terminology
@@ -359,7 +359,10 @@ def statement_for(ev: Evidence, analysis: Analysis, first: bool = False, ranked:
             return f"{header}: {heading}: " + " ".join(note_units(section))
         sections = named
     best = with_section_opening(best_of_chunk(ranked or [], ev.chunk.chunk_id), ev.chunk, analysis)
-    if best and (analysis.wants_list or "drug" in answer_kinds(analysis)):
+    wants = answer_kinds(analysis)
+    # A list asked for, or an operation's reasons: its numbered items together, not one line.
+    reasons = "reason" in wants and any(states_an_indication(s.heading) for s in best)
+    if best and (analysis.wants_list or "drug" in wants or reasons):
         best = with_its_list(best, ev.chunk)
     if best:
         return f"{header}: {quote(best)}"

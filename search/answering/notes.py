@@ -130,6 +130,10 @@ TERM_WEIGHT = 0.06          # a question word the sentence has (by its stem) add
 SECTION_WEIGHT = 0.12       # the sentence is in the section the question names ("plan", "impression")
 OPENING_WEIGHT = 0.25       # ...and more for its first sentences
 SIDE_WEIGHT = 0.15          # the question's side (left/right) said, or only the other side said
+# "Why did she need a C-section?": an operation's reason is its indication or preoperative
+# diagnosis ("2. Failure to progress."), a line that shares no word with the question.
+INDICATION_WEIGHT = 0.3
+PRE_OPERATIVE = re.compile(r"\bpre-?op(?:erative)?\b", re.I)
 ASKED_THING_WEIGHT = 0.2   # the sentence names the thing whose result or status is asked ("*path* results")
 FAMILY_WEIGHT = 0.3         # a relative's history, asked about the patient
 HYPOTHETICAL_WEIGHT = 0.1   # "return if...", asked what happened
@@ -210,6 +214,7 @@ def rank_note_sentences(analysis, evidence: list, similarity: Similarity | None)
     asked_context = sentence_context(analysis.question)
     about_drugs = "medication" in analysis.kinds or any(c["semantic_type"] == "medication" for c in analysis.concepts)
     wants = answer_kinds(analysis)
+    about_a_procedure = any(c["semantic_type"] == "procedure" for c in analysis.concepts)
     discharge = DISCHARGE_ASKED.search(analysis.question) is not None
     drugs = {ev.chunk.chunk_id: drug_names(ev.chunk) for ev in notes} if "drug" in wants else {}
     ranked = []
@@ -234,6 +239,8 @@ def rank_note_sentences(analysis, evidence: list, similarity: Similarity | None)
             said, other = re.search(rf"\b{side}\b", low), re.search(rf"\b{SIDES[side]}\b", low)
             score += SIDE_WEIGHT if said else (-SIDE_WEIGHT if other else 0.0)
         score += answer_kind_score(sentence.text, wants, drugs.get(ev.chunk.chunk_id, ()))
+        if "reason" in wants and about_a_procedure and states_an_indication(sentence.heading):
+            score += INDICATION_WEIGHT
         if "amount" in wants and states_a_value_of(sentence.text, stems):
             score += VALUE_WEIGHT
         ranked.append(Ranked(ev, sentence, score))
@@ -268,6 +275,12 @@ def answer_kinds(analysis) -> set[str]:
                                              for c in analysis.concepts):
         wants.add("drug")
     return wants
+
+
+def states_an_indication(heading: str) -> bool:
+    """A section that gives an operation's reason: INDICATIONS, or the PREOPERATIVE DIAGNOSES."""
+    kinds = set(section_kinds(heading))
+    return "indication" in kinds or ("problem" in kinds and bool(PRE_OPERATIVE.search(heading)))
 
 
 def drug_names(chunk) -> set[str]:
