@@ -43,6 +43,7 @@ def test_a_lay_word_a_concept_or_a_kind_of_test_alone_is_no_asked_thing():
     # The lexicon knows "sugar": the record may write glucose, which the concept finds.
     assert asked_things(analyse("sugar readings lately")) == []
     assert asked_things(analyse("blood work results")) == []      # a kind of record
+    assert asked_things(analyse("lab work results")) == []
     assert asked_things(analyse("a1c results")) == []             # a concept names it
     assert asked_things(analyse("hearing test results")) == []    # "test" alone names no thing
     # A question mark ends the phrase: "status? DNR" is two questions.

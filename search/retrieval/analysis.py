@@ -503,7 +503,7 @@ ATTRIBUTE_OF = frozenset("result results status level levels value values readin
 _LINKS = frozenset("of on".split())       # "results *from* the tonsils" says where from, not what
 _DETERMINERS = frozenset("the his her their my a an its".split())
 # Words that say what kind of look was taken, not at what: "test results" alone names no thing.
-_KIND_OF_LOOK = frozenset("test tests study studies scan scans check checks exam exams work panel".split())
+_KIND_OF_LOOK = frozenset("test tests study studies scan scans check checks exam exams work panel lab labs".split())
 
 
 def asked_things(analysis: Analysis) -> list[str]:
