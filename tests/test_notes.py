@@ -517,3 +517,41 @@ def test_why_an_operation_was_done_is_answered_by_its_preoperative_diagnoses(tmp
     finally:
         service.close()
     assert "Breech presentation." in result["answer"] and "Prior uterine scar." in result["answer"], result["answer"]
+
+
+def titled_note(note_id: str, date: str, title: str, loinc: tuple[str, str], text: str) -> dict:
+    resource = note(note_id, date, text)
+    resource["description"] = title
+    resource["type"] = {"coding": [{"system": "http://loinc.org", "code": loinc[0], "display": loinc[1]}]}
+    return resource
+
+
+CATH = titled_note("cath-3", "2015-06-08T10:00:00Z", "Cardiac Catheterization Report", ("18745-0", "Cardiac catheterization study"),
+                   """FINDINGS:
+Severe three-vessel coronary disease.
+
+PLAN:
+The patient will not be placed on Plavix because bypass surgery is likely this month.""")
+LATER_SURGERY = titled_note("op-3", "2015-06-11T10:00:00Z", "Operative Note", ("11504-8", "Surgical operation note"),
+                            """HISTORY:
+It was felt necessary to perform cardiac catheterization before this surgery.
+
+PROCEDURE:
+Right carotid endarterectomy. The wound was irrigated and closed.""")
+
+
+def test_after_an_event_counts_from_the_event_not_from_a_later_note_recalling_it(tmp_path, embedder):
+    # "after the cath": the cath report's day, not the operative note's of three days later that
+    # mentions the cath; and "why was Plavix held" is answered by the sentence withholding it.
+    from search.retrieval.pipeline import retrieve
+
+    service = indexed_record(tmp_path, [PATIENT, CATH, LATER_SURGERY])
+    try:
+        result = service.ask("t", PID, "why was plavix held after the cath")
+        window = retrieve(service.backend, service.embedder, "why was plavix held after the cath", "t", PID, k=5,
+                          pipeline="full").analysis.date_from
+    finally:
+        service.close()
+    assert window == "2015-06-08"
+    assert not result["abstained"], result["answer"]
+    assert "bypass surgery is likely" in result["answer"], result["answer"]

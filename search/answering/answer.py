@@ -85,6 +85,11 @@ def allergy_asserted(evidence, required: set[str], asserted: set[str]) -> set[st
     return allergy | ({ALLERGY_WORDS} & asserted)
 
 
+# A question about a thing not given or stopped: the record's denial of it is the subject.
+HELD_ASKED = re.compile(r"\b(?:held|withheld|hold(?:ing)? off|stopped|discontinued|taken off|not (?:given|started|placed))\b",
+                        re.I)
+
+
 def judge_support(retrieval: Retrieval) -> Support:
     """Does the evidence carry what the question asks about? Concepts absent, only denied, or a
     clinical word of the question that this record never uses all mean: no evidence."""
@@ -114,6 +119,9 @@ def judge_support(retrieval: Retrieval) -> Support:
             if mentioned and RULED_OUT_ASKED.search(analysis.question):
                 # "Was an MI ruled out?": the record's denial is the answer asked for.
                 return Support(True, 0.5, "the record rules it out, as asked")
+            if mentioned and HELD_ASKED.search(analysis.question):
+                # "Why was Plavix held?": "will not be placed on Plavix" is what was asked about.
+                return Support(True, 0.5, "the record says it was not given, as asked")
             return Support(False, 0.0, "the record only denies it" if mentioned else "the question's concepts are not in the record")
         if members and not members & asserted:
             return Support(False, 0.0, "the named medication is not in the record")
