@@ -48,3 +48,14 @@ def test_a_year_on_one_side_of_a_comparison_does_not_window_the_whole_question()
     assert time_window("what was her a1c in 2009") == ("2009-01-01", "2009-12-31")
     assert time_window("a1c in 2009 vs 2010") == ("2009-01-01", "2010-12-31")
     assert time_window("wt at the 2025 physical vs the prior years") == ("", "2025-12-31")
+
+
+def test_an_event_on_one_side_of_a_comparison_does_not_window_the_whole_question():
+    from search.retrieval.analysis import anchored_on_one_side
+
+    # The echo is of another day than the cath: "at cath" places only the second side.
+    assert anchored_on_one_side("ejection fraction on the echo vs on the LV gram at cath")
+    assert anchored_on_one_side("bp meds when she left after the pacemaker vs what she was taking in 2009")
+    # Both sides placed, or no comparison: the anchor stage decides as before.
+    assert not anchored_on_one_side("what happened after the GI bleed and then after the INR of 12")
+    assert not anchored_on_one_side("ejection fraction at cath")

@@ -317,6 +317,7 @@ def test_what_he_went_home_on_is_read_from_the_discharge_section():
         text="Discharge summary of 2010-01-22. HOSPITAL COURSE: IV steroid taper was started. "
              "MEDICATIONS ON DISCHARGE: 1. Prednisone taper 40 mg daily.")
     analysis = SimpleNamespace(question="steroid taper he went home on", terms=["steroid", "taper", "went", "home"],
+                               target=0, residual=["steroid", "taper", "went", "home"],
                                expansions=[], concepts=[], kinds=(), sections_asked=set())
     ranked = rank_note_sentences(analysis, [SimpleNamespace(chunk=chunk)], None)
     assert ranked[0].sentence.text == "1. Prednisone taper 40 mg daily.", [(r.sentence.text, r.score) for r in ranked]
@@ -335,6 +336,7 @@ def test_a_bare_test_name_is_answered_by_the_sentence_giving_its_value():
         text="Progress note of 2013-03-05. LABORATORY DATA: Sodium is 134, potassium 4.0, TSH 0.74, "
              "CEA elevated at 8.6, ferritin 27.5. IMPRESSION: 3. Elevated CEA.")
     analysis = SimpleNamespace(question="cea?", terms=["cea"], expansions=[], kinds=(), sections_asked=set(),
+                               target=0, residual=[],
                                concepts=[{"key": "lex:cea", "display": "carcinoembryonic antigen", "semantic_type": "lab",
                                           "text": "cea"}])
     def closer_to_the_short_line(texts):
@@ -406,3 +408,150 @@ def test_a_drug_the_coded_list_holds_is_not_taken_again_from_the_notes_prose(tmp
     finally:
         svc.close()
     assert "prescribed aspirin 81 mg" not in result["answer"].split("For context")[0], result["answer"]
+
+
+ED_FLANK = note("ed-9", "2011-05-02T10:00:00Z", """HISTORY OF PRESENT ILLNESS:
+Pain began in the right flank this morning, with nausea. He has had no fever.
+
+ASSESSMENT AND PLAN:
+I spoke with the urologist on call about his flank pain when he came to the emergency room, and he asked that the patient be admitted for further evaluation of this flank pain.""")
+
+
+def test_which_side_is_never_answered_by_a_closer_sentence_that_names_no_side(tmp_path, embedder):
+    service = indexed_record(tmp_path, [PATIENT, ED_FLANK])
+    try:
+        result = service.ask("t", PID, "which side was his flank pain on when he came to the emergency room")
+    finally:
+        service.close()
+    assert "Pain began in the right flank" in result["answer"], result["answer"]
+
+
+def test_a_section_asked_by_name_is_quoted_from_its_opening_and_found_by_its_kind():
+    from types import SimpleNamespace
+
+    from fhir_ingest.record.contract import Chunk
+    from search.answering.notes import sentences_of, with_section_opening
+    from search.retrieval.ranking import holds_asked_section
+
+    chunk = Chunk("t", "p", "DocumentReference", "pn-1", "sec4",
+                  "Progress note of 2012-02-02. IMPRESSION/PLAN: 1. Pyelonephritis, improving on antibiotics. "
+                  "We will keep watching her temperature overnight. She is eating well.",
+                  "note", sections=["IMPRESSION/PLAN"], semantic_type="note")
+    sentences = sentences_of(chunk)
+    later = [s for s in sentences if s.text.startswith("We will keep")]
+    asked = SimpleNamespace(question="impression from the progress note", terms=["impression", "progress", "note"],
+                            expansions=[], sections_asked={"assessment and plan"})
+    quoted = with_section_opening(later, chunk, asked)
+    assert [s.text for s in quoted][0].startswith("1. Pyelonephritis"), [s.text for s in quoted]
+    assert quoted[1:] == later
+    # A question that names no section keeps the sentences chosen for it.
+    other = SimpleNamespace(question="is she eating", terms=["eating"], expansions=[], sections_asked=set())
+    assert with_section_opening(later, chunk, other) == later
+    # "The impression" (read as the assessment and plan) is an IMPRESSION/PLAN section, whatever its title.
+    assert holds_asked_section(chunk, asked)
+    assert not holds_asked_section(chunk, SimpleNamespace(sections_asked={"social history"}))
+
+
+def test_what_a_result_is_of_outranks_where_it_is_from():
+    # "path results from the tonsils": the follow-up's line on what the pathologist said answers,
+    # not the operative note's closer-sounding lines about the tonsils.
+    from types import SimpleNamespace
+
+    from search.answering.notes import rank_note_sentences
+    from search.retrieval.analysis import analyse
+
+    operative = SimpleNamespace(chunk_id="op", ref="DocumentReference/op-1", semantic_type="note", concepts=[],
+                                sections=["TECHNIQUE"],
+                                text="Operative note of 2009-02-02. TECHNIQUE: The adenoids were large and boggy.")
+    follow_up = SimpleNamespace(chunk_id="fu", ref="DocumentReference/fu-1", semantic_type="note", concepts=[],
+                                sections=["PLAN"],
+                                text="Clinic note of 2009-02-16. PLAN: The pathology showed benign lymphoid hyperplasia.")
+
+    def closer_to_the_adenoids(texts):
+        return [0.7 if "boggy" in t else 0.55 for t in texts]
+
+    ranked = rank_note_sentences(analyse("path results from the adenoids"),
+                                 [SimpleNamespace(chunk=operative), SimpleNamespace(chunk=follow_up)], closer_to_the_adenoids)
+    assert "pathology showed" in ranked[0].sentence.text, [(r.sentence.text, r.score) for r in ranked]
+
+
+def test_a_coded_answer_brings_the_note_sentence_that_names_what_was_asked():
+    # "what kind of OM": the coded problem answers, and the operative note's "OM, chronic,
+    # serous" line is quoted beside it; a best sentence that does not name it adds nothing.
+    from types import SimpleNamespace
+
+    from search.answering.answer import names_the_asked, notes_by_their_best_sentence
+    from search.answering.notes import NoteSentence, Ranked
+
+    analysis = SimpleNamespace(concepts=[{"key": "lex:otitis media", "display": "otitis media", "semantic_type": "problem",
+                                          "text": "OM", "role": ""}])
+    assert names_the_asked("OM, chronic, serous, simple or unspecified.", analysis)
+    assert names_the_asked("History of otitis media.", analysis)
+    assert not names_the_asked("The stomach was evacuated from the room.", analysis)     # "om" of "room", lower case
+
+    def evidence(kind: str, name: str):
+        return SimpleNamespace(chunk=SimpleNamespace(semantic_type=kind, chunk_id=name))
+
+    problem, note_ev = evidence("problem", "p1"), evidence("note", "n1")
+    said = Ranked(note_ev, NoteSentence("PREOPERATIVE DIAGNOSES", "problem", "OM, chronic, serous."), 0.5)
+    unsaid = Ranked(note_ev, NoteSentence("TECHNIQUE", "procedure", "The tube was placed."), 0.5)
+    assert notes_by_their_best_sentence([problem], [said], analysis) == [problem, note_ev]
+    assert notes_by_their_best_sentence([problem], [unsaid], analysis) == [problem]
+
+
+OPERATIVE = note("op-7", "2012-03-02T10:00:00Z", """PREOPERATIVE DIAGNOSES:
+1. Breech presentation.
+2. Prior uterine scar.
+
+OPERATION:
+Repeat low transverse cesarean section.
+
+DESCRIPTION OF OPERATION:
+The patient was taken to the operating room and spinal anesthesia was given. The cesarean section was performed through the old scar. A healthy infant was delivered and handed to the pediatric team.""")
+
+
+def test_why_an_operation_was_done_is_answered_by_its_preoperative_diagnoses(tmp_path, embedder):
+    service = indexed_record(tmp_path, [PATIENT, OPERATIVE])
+    try:
+        result = service.ask("t", PID, "Why did my daughter end up needing a C-section?")
+    finally:
+        service.close()
+    assert "Breech presentation." in result["answer"] and "Prior uterine scar." in result["answer"], result["answer"]
+
+
+def titled_note(note_id: str, date: str, title: str, loinc: tuple[str, str], text: str) -> dict:
+    resource = note(note_id, date, text)
+    resource["description"] = title
+    resource["type"] = {"coding": [{"system": "http://loinc.org", "code": loinc[0], "display": loinc[1]}]}
+    return resource
+
+
+CATH = titled_note("cath-3", "2015-06-08T10:00:00Z", "Cardiac Catheterization Report", ("18745-0", "Cardiac catheterization study"),
+                   """FINDINGS:
+Severe three-vessel coronary disease.
+
+PLAN:
+The patient will not be placed on Plavix because bypass surgery is likely this month.""")
+LATER_SURGERY = titled_note("op-3", "2015-06-11T10:00:00Z", "Operative Note", ("11504-8", "Surgical operation note"),
+                            """HISTORY:
+It was felt necessary to perform cardiac catheterization before this surgery.
+
+PROCEDURE:
+Right carotid endarterectomy. The wound was irrigated and closed.""")
+
+
+def test_after_an_event_counts_from_the_event_not_from_a_later_note_recalling_it(tmp_path, embedder):
+    # "after the cath": the cath report's day, not the operative note's of three days later that
+    # mentions the cath; and "why was Plavix held" is answered by the sentence withholding it.
+    from search.retrieval.pipeline import retrieve
+
+    service = indexed_record(tmp_path, [PATIENT, CATH, LATER_SURGERY])
+    try:
+        result = service.ask("t", PID, "why was plavix held after the cath")
+        window = retrieve(service.backend, service.embedder, "why was plavix held after the cath", "t", PID, k=5,
+                          pipeline="full").analysis.date_from
+    finally:
+        service.close()
+    assert window == "2015-06-08"
+    assert not result["abstained"], result["answer"]
+    assert "bypass surgery is likely" in result["answer"], result["answer"]

@@ -13,7 +13,8 @@ from search.answering.charts import series_chart
 from search.answering.facts import Fact, fact_of
 from fhir_ingest.record.notes import denies, note_sentences, sentence_context
 from search.answering.lead import ALLERGY_WORDS, SUPPORTING, Draft, Lead, first_sentence, note_words
-from search.answering.notes import RULED_OUT_ASKED, Ranked, answer_kinds, best_of_chunk, with_its_list, note_sections, note_units, quote, rank_note_sentences
+from search.answering.notes import (RULED_OUT_ASKED, Ranked, answer_kinds, best_of_chunk, note_sections, note_units, quote,
+                                    rank_note_sentences, states_an_indication, with_its_list, with_section_opening)
 from search.answering.types import Answer, Citation, EvidenceItem, Statement
 from search.nlp.annotate import RecordTerm, asserted_keys, default_annotator
 from search.nlp import terminology
@@ -84,6 +85,11 @@ def allergy_asserted(evidence, required: set[str], asserted: set[str]) -> set[st
     return allergy | ({ALLERGY_WORDS} & asserted)
 
 
+# A question about a thing not given or stopped: the record's denial of it is the subject.
+HELD_ASKED = re.compile(r"\b(?:held|withheld|hold(?:ing)? off|stopped|discontinued|taken off|not (?:given|started|placed))\b",
+                        re.I)
+
+
 def judge_support(retrieval: Retrieval) -> Support:
     """Does the evidence carry what the question asks about? Concepts absent, only denied, or a
     clinical word of the question that this record never uses all mean: no evidence."""
@@ -113,6 +119,9 @@ def judge_support(retrieval: Retrieval) -> Support:
             if mentioned and RULED_OUT_ASKED.search(analysis.question):
                 # "Was an MI ruled out?": the record's denial is the answer asked for.
                 return Support(True, 0.5, "the record rules it out, as asked")
+            if mentioned and HELD_ASKED.search(analysis.question):
+                # "Why was Plavix held?": "will not be placed on Plavix" is what was asked about.
+                return Support(True, 0.5, "the record says it was not given, as asked")
             return Support(False, 0.0, "the record only denies it" if mentioned else "the question's concepts are not in the record")
         if members and not members & asserted:
             return Support(False, 0.0, "the named medication is not in the record")
@@ -357,8 +366,11 @@ def statement_for(ev: Evidence, analysis: Analysis, first: bool = False, ranked:
         if len(section) <= WHOLE_SECTION_CHARS:
             return f"{header}: {heading}: " + " ".join(note_units(section))
         sections = named
-    best = best_of_chunk(ranked or [], ev.chunk.chunk_id)
-    if best and (analysis.wants_list or "drug" in answer_kinds(analysis)):
+    best = with_section_opening(best_of_chunk(ranked or [], ev.chunk.chunk_id), ev.chunk, analysis)
+    wants = answer_kinds(analysis)
+    # A list asked for, or an operation's reasons: its numbered items together, not one line.
+    reasons = "reason" in wants and any(states_an_indication(s.heading) for s in best)
+    if best and (analysis.wants_list or "drug" in wants or reasons):
         best = with_its_list(best, ev.chunk)
     if best:
         return f"{header}: {quote(best)}"
@@ -554,7 +566,7 @@ def clinical_statements(retrieval: Retrieval, relevant: list[Evidence]) -> tuple
     cites. Evidence that cannot be put in clinical words keeps its own words."""
     analysis = retrieval.analysis
     ranked = rank_note_sentences(analysis, retrieval.evidence, retrieval.similarity)
-    relevant = notes_by_their_best_sentence(relevant, ranked)
+    relevant = notes_by_their_best_sentence(relevant, ranked, analysis)
     try:
         lead = first_sentence(analysis, relevant, lambda ev: _passage(ev, statement_for(ev, analysis, True, ranked)),
                               retrieval.histories)
@@ -594,7 +606,21 @@ NOTES_QUOTED = 2
 ACROSS_NOTE_MARGIN = 0.3   # ...and this near when the question compares notes
 
 
-def notes_by_their_best_sentence(relevant: list[Evidence], ranked: list[Ranked]) -> list[Evidence]:
+def names_the_asked(sentence: str, analysis: Analysis) -> bool:
+    """The sentence names a concept asked about as the question typed it ("OM, chronic, serous"
+    for "what kind of OM"; two letters only in the case typed) or by its full name."""
+    for c in analysis.concepts:
+        if c.get("role") not in ("", "asked", None) or c["semantic_type"] in ("note", "encounter"):
+            continue
+        typed, display = (c.get("text") or "").strip(), (c.get("display") or "").strip()
+        if len(typed) >= 2 and re.search(rf"\b{re.escape(typed)}\b", sentence, 0 if len(typed) < 3 else re.I):
+            return True
+        if len(display) >= 3 and re.search(rf"\b{re.escape(display)}\b", sentence, re.I):
+            return True
+    return False
+
+
+def notes_by_their_best_sentence(relevant: list[Evidence], ranked: list[Ranked], analysis: Analysis) -> list[Evidence]:
     """The relevant evidence with its notes in the order of their best sentence, the note holding
     the best sentence of all among them even when its chunk was not relevant by its concepts;
     structured records keep their places."""
@@ -606,7 +632,10 @@ def notes_by_their_best_sentence(relevant: list[Evidence], ranked: list[Ranked])
     best = ranked[0].ev
     slots = [i for i, ev in enumerate(relevant) if ev.chunk.semantic_type == "note"]
     if not slots:
-        return relevant        # answered from coded records: no note is added to them
+        # Answered from coded records, a note is added only where its best sentence of all names
+        # what was asked: the clinician then sees the sentence, not only the coded entry.
+        named = names_the_asked(ranked[0].sentence.text, analysis) and best not in relevant
+        return relevant + [best] if named else relevant
     notes = [relevant[i] for i in slots if relevant[i].chunk.chunk_id != best.chunk.chunk_id]
     notes = [best] + sorted(notes, key=lambda ev: order.get(ev.chunk.chunk_id, len(order)))
     out = list(relevant)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from fhir_ingest.record.notes import note_sentences, section_kind, section_kinds, sentence_context
+from search.retrieval.analysis import asked_things
 
 # The note sections that state each clinical class a question may ask about.
 CLASS_SECTIONS = {"allergy": ("allergy",), "medication": ("medication",), "procedure": ("procedure",),
@@ -129,6 +130,11 @@ TERM_WEIGHT = 0.06          # a question word the sentence has (by its stem) add
 SECTION_WEIGHT = 0.12       # the sentence is in the section the question names ("plan", "impression")
 OPENING_WEIGHT = 0.25       # ...and more for its first sentences
 SIDE_WEIGHT = 0.15          # the question's side (left/right) said, or only the other side said
+# "Why did she need a C-section?": an operation's reason is its indication or preoperative
+# diagnosis ("2. Failure to progress."), a line that shares no word with the question.
+INDICATION_WEIGHT = 0.3
+PRE_OPERATIVE = re.compile(r"\bpre-?op(?:erative)?\b", re.I)
+ASKED_THING_WEIGHT = 0.2   # the sentence names the thing whose result or status is asked ("*path* results")
 FAMILY_WEIGHT = 0.3         # a relative's history, asked about the patient
 HYPOTHETICAL_WEIGHT = 0.1   # "return if...", asked what happened
 SIDES = {"left": "right", "right": "left"}
@@ -138,6 +144,7 @@ SIDES = {"left": "right", "right": "left"}
 # by one that names a drug.
 ANSWER_KIND_WEIGHT = 0.15
 DRUG_WEIGHT = 0.3
+SIDE_ANSWER_WEIGHT = 0.3    # "which side": a sentence naming no side cannot answer, however close it reads
 VALUE_WEIGHT = 0.3          # an amount asked, and the sentence gives the asked thing's value
 SIDE_ASKED = re.compile(r"\b(?:which|what) side\b|\bleft or right\b|\bright or left\b|\blaterality\b")
 AMOUNT_ASKED = re.compile(r"\b(?:doses?|dosages?|dosing|how (?:much|many|big|large|high|low)|amount|quantity|"
@@ -201,17 +208,22 @@ def rank_note_sentences(analysis, evidence: list, similarity: Similarity | None)
     texts = [f"{s.heading}: {s.text}" if s.heading else s.text for _, s in pairs]
     sims = similarity(texts) if similarity is not None else [0.0] * len(pairs)
     stems, kinds = question_words(analysis), asked_section_kinds(analysis)
+    things = [[_stem(w) for w in thing.split()] for thing in asked_things(analysis)]
     q = analysis.question.lower()
     sides = {side for side in SIDES if re.search(rf"\b{side}\b", q)}
     asked_context = sentence_context(analysis.question)
     about_drugs = "medication" in analysis.kinds or any(c["semantic_type"] == "medication" for c in analysis.concepts)
     wants = answer_kinds(analysis)
+    about_a_procedure = any(c["semantic_type"] == "procedure" for c in analysis.concepts)
     discharge = DISCHARGE_ASKED.search(analysis.question) is not None
     drugs = {ev.chunk.chunk_id: drug_names(ev.chunk) for ev in notes} if "drug" in wants else {}
     ranked = []
     for (ev, sentence), sim, text in zip(pairs, sims, texts):
         low = text.lower()
         score = float(sim) + TERM_WEIGHT * sum(1 for stem in stems if re.search(rf"\b{re.escape(stem)}", low))
+        # What the result is of, not where it is from: "path results from the tonsils" is answered
+        # by what the pathologist said, not by the operative note's lines about the tonsils.
+        score += ASKED_THING_WEIGHT * any(all(re.search(rf"\b{re.escape(stem)}", low) for stem in thing) for thing in things)
         if discharge and "discharge" in sentence.heading.lower():
             score += SECTION_WEIGHT
         if kinds & set(section_kinds(sentence.heading)):
@@ -227,6 +239,8 @@ def rank_note_sentences(analysis, evidence: list, similarity: Similarity | None)
             said, other = re.search(rf"\b{side}\b", low), re.search(rf"\b{SIDES[side]}\b", low)
             score += SIDE_WEIGHT if said else (-SIDE_WEIGHT if other else 0.0)
         score += answer_kind_score(sentence.text, wants, drugs.get(ev.chunk.chunk_id, ()))
+        if "reason" in wants and about_a_procedure and states_an_indication(sentence.heading):
+            score += INDICATION_WEIGHT
         if "amount" in wants and states_a_value_of(sentence.text, stems):
             score += VALUE_WEIGHT
         ranked.append(Ranked(ev, sentence, score))
@@ -263,6 +277,12 @@ def answer_kinds(analysis) -> set[str]:
     return wants
 
 
+def states_an_indication(heading: str) -> bool:
+    """A section that gives an operation's reason: INDICATIONS, or the PREOPERATIVE DIAGNOSES."""
+    kinds = set(section_kinds(heading))
+    return "indication" in kinds or ("problem" in kinds and bool(PRE_OPERATIVE.search(heading)))
+
+
 def drug_names(chunk) -> set[str]:
     """The drugs a note chunk names and does not deny, as its concepts annotation found them."""
     return {c["text"].lower() for c in chunk.concepts
@@ -281,7 +301,7 @@ def answer_kind_score(text: str, wants: set[str], drugs) -> float:
     low = LIST_NUMBER.sub("", text).lower()
     score = 0.0
     if "side" in wants and re.search(r"\b(?:left|right|bilateral(?:ly)?)\b", low):
-        score += ANSWER_KIND_WEIGHT
+        score += SIDE_ANSWER_WEIGHT
     if "amount" in wants and AMOUNT.search(low):
         score += ANSWER_KIND_WEIGHT
     if "reason" in wants and REASON.search(low):
@@ -303,6 +323,22 @@ def best_of_chunk(ranked: list[Ranked], chunk_id: str, n: int = 2, within: float
     everything = sentences_of(mine[0].ev.chunk)
     position = {s: i for i, s in enumerate(everything)}
     return sorted((r.sentence for r in chosen), key=lambda s: position.get(s, order.get(id(s), 0)))
+
+
+def with_section_opening(chosen: list[NoteSentence], chunk, analysis) -> list[NoteSentence]:
+    """Asked for a section by name ("the impression from the ICU note"), the answer leads with
+    that section's opening sentence when this chunk holds it: an impression or a plan opens with
+    what matters most ("1. Melena secondary to ulcerative esophagitis."), which reads less like
+    the question than its later lines do."""
+    kinds = asked_section_kinds(analysis)
+    if not kinds or not chosen:
+        return chosen
+    everything = sentences_of(chunk)
+    opening = next((s for s in everything if s.index == 0 and kinds & set(section_kinds(s.heading))), None)
+    if opening is None or opening in chosen:
+        return chosen
+    position = {s: i for i, s in enumerate(everything)}
+    return sorted([opening, *chosen], key=lambda s: position.get(s, 0))
 
 
 def with_its_list(chosen: list[NoteSentence], chunk) -> list[NoteSentence]:

@@ -320,6 +320,14 @@ def dated_on_one_side(q: str) -> bool:
     return len(parts) == 2 and sum(bool(years_named(part)) for part in parts) == 1
 
 
+def anchored_on_one_side(q: str) -> bool:
+    """A comparison whose event ("at cath", "after the pacemaker") is on one side only: the
+    other side ("the EF on the echo") is another time, so the event does not window the whole
+    question (the echo's note, of another day, was out of scope and one note filled the evidence)."""
+    parts = COMPARED.split(q.lower(), maxsplit=1)
+    return len(parts) == 2 and sum(bool(ANCHOR.search(part)) for part in parts) == 1
+
+
 def years_named(q: str) -> list[int]:
     return sorted({int(y) for y in re.findall(r"\b(19[5-9]\d|20[0-4]\d)\b", q) if valid_date(int(y), 1, 1)})
 
@@ -489,9 +497,91 @@ def asked_head(analysis: Analysis) -> list[str]:
     return []
 
 
+# Words that ask for something about a thing ("battery *status*", "*results* of his swallow
+# study"): the thing beside them is what the question is about.
+ATTRIBUTE_OF = frozenset("result results status level levels value values reading readings finding findings".split())
+_LINKS = frozenset("of on".split())       # "results *from* the tonsils" says where from, not what
+_DETERMINERS = frozenset("the his her their my a an its".split())
+# Words that say what kind of look was taken, not at what: "test results" alone names no thing.
+_KIND_OF_LOOK = frozenset("test tests study studies scan scans check checks exam exams work panel lab labs".split())
+
+
+def asked_things(analysis: Analysis) -> list[str]:
+    """The thing whose result, status or level the asked clause wants, when no concept names it:
+    the words beside the attribute ("h pylori *result*", "*results of* his swallow study"), as one
+    phrase. The record must write that phrase, not only one of its words: a patient with "trouble
+    swallowing" has no swallow study, and a pacemaker note that never says "battery" has no
+    battery status, however near a passage about the device comes."""
+    start, end, skip = asked_span(analysis)
+    concepts = [(c.get("start", 0), c.get("start", 0) + len(c.get("text", ""))) for c in analysis.concepts]
+    q = analysis.question.lower()
+    words = [(m.group(0), m.start(), m.end()) for m in re.finditer(r"[a-z][a-z0-9'-]*", q) if start <= m.start() < end]
+    things = []
+    for i, (word, _, _) in enumerate(words):
+        if word in ATTRIBUTE_OF:
+            before = _thing_run(analysis, words, i - 1, -1, skip, concepts)
+            after = i + 1
+            while after < len(words) and words[after][0] in _LINKS | _DETERMINERS and _joined(q, words, after - 1):
+                after += 1
+            after_run = _thing_run(analysis, words, after, 1, skip, concepts) if after > i + 1 else []
+            things += [thing for thing in (_thing_named(words, run) for run in (before, after_run)) if thing]
+    return list(dict.fromkeys(things))
+
+
+def _thing_named(words: list, run: list[int]) -> str:
+    """The run as a phrase, from its first word the lexicon does not know: a lexicon word ("sugar"
+    of "sugar readings", "blood work") may be written in the record by its clinical name, which
+    its concept finds; a word it does not know ("battery", "swallow") can only be found as
+    written. "Test results" alone names no thing."""
+    phrase = [words[j][0] for j in sorted(run)]
+    while phrase and is_clinical_word(phrase[0], qualifier=True):
+        phrase = phrase[1:]
+    if not phrase or set(phrase) <= _KIND_OF_LOOK or names_a_kind(" ".join(phrase)):
+        return ""
+    return " ".join(phrase)
+
+
+def _joined(q: str, words: list, i: int) -> bool:
+    """Word i and the next are one phrase: only spaces between them ("status? DNR" is not)."""
+    return i + 1 < len(words) and not q[words[i][2]:words[i + 1][1]].strip()
+
+
+def _thing_run(analysis: Analysis, words: list, i: int, step: int, skip: list, concepts: list) -> list[int]:
+    """Up to three words from word i on (step -1: backwards) that may name a thing no concept
+    names. A run that reaches a concept's word is that concept's ("hearing *test*"): the concept
+    is judged as such, and a word like "test" alone is never required."""
+    residual, run = set(analysis.residual), []
+    while 0 <= i < len(words) and len(run) < 3 and (not run or _joined(analysis.question.lower(), words, min(i, i - step))):
+        word, at, _ = words[i]
+        if any(a <= at < b for a, b in concepts):
+            return []
+        if not (word in residual and word.isalpha() and not any(a <= at < b for a, b in skip)
+                and word not in ATTRIBUTE_OF and word not in ASKED_ABOUT and not is_phrasing(word) and not names_a_kind(word)):
+            break
+        run.append(i)
+        i += step
+    return run
+
+
+def absent_things(backend: Backend, tenant: str, patient_id: str, analysis: Analysis) -> set[str]:
+    """The asked things (asked_things) this patient's record never writes as a phrase, in any
+    ending of its words (the index holds stems)."""
+    things = {thing: " ".join(thing.split()[:-1] + [presence_prefix(thing.split()[-1])]) for thing in asked_things(analysis)}
+    if not things:
+        return set()
+    present = backend.has_terms(tenant, patient_id, sorted(set(things.values())), prefix=True)
+    return {thing for thing, probe in things.items() if probe not in present}
+
+
 def absent_words(backend: Backend, tenant: str, patient_id: str, analysis: Analysis) -> set[str]:
     """The question's clinical words this patient's record never uses, in any of their forms (a
-    long form counts when each of its words is in the record)."""
+    long form counts when each of its words is in the record), and the asked things it never
+    writes."""
+    return absent_terms(backend, tenant, patient_id, analysis) | absent_things(backend, tenant, patient_id, analysis)
+
+
+def absent_terms(backend: Backend, tenant: str, patient_id: str, analysis: Analysis) -> set[str]:
+    """The question's clinical words this patient's record never uses, in any of their forms."""
     words = {w: forms for w, forms in ({w: [w] for w in clinical_residual(analysis)} | asked_words(analysis)
                                        | {w: [w] for w in asked_head(analysis)}).items()
              if not names_a_kind(w)}

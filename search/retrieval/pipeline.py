@@ -22,7 +22,7 @@ from search.models.embed import Embedder
 from search.retrieval.timeline import anchor
 from search.retrieval.types import (Analysis, Evidence, Retrieval, RetrievalState, Stage, StageReport, Tools,
                                     state_fields)
-from search.retrieval.analysis import (NOTE_TYPES, absent_words, analyse, expanded_query,
+from search.retrieval.analysis import (NOTE_TYPES, absent_words, analyse, anchored_on_one_side, expanded_query,
                                        read_abbreviations_by_the_record, read_ambiguous_words_by_the_record,
                                        spans_notes, terms_of)
 from search.retrieval.ranking import (RESULT_TYPES, SEVERAL_TIMES, in_window, is_result_of, rerank, rrf,
@@ -121,8 +121,9 @@ def analyse_with_record(state: RetrievalState, tools: Tools) -> tuple[int, str]:
 def anchor_in_time(state: RetrievalState, tools: Tools) -> tuple[int, str]:
     """"At the sore-throat visit", "the last three": the window and the count the question means."""
     analysis = state.analysis
+    one_side = anchored_on_one_side(state.question)
     found = anchor(tools.backend, state.scope, state.question, state.terms,
-                   explicit=bool(analysis.date_from or analysis.date_to)) if state.corpus else None
+                   explicit=bool(analysis.date_from or analysis.date_to)) if state.corpus and not one_side else None
     if found and found.missing:
         analysis.unplaced = found.missing
     elif found:

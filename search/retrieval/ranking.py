@@ -6,6 +6,7 @@ import re
 from dataclasses import replace
 
 from fhir_ingest.record.contract import Chunk
+from fhir_ingest.record.notes import section_kind, section_kinds
 from search.nlp.annotate import asserted_keys
 from search.backends.base import Hit
 from search.models.crossrank import CrossEncoderRanker
@@ -67,8 +68,12 @@ def holds_asked_section(chunk: Chunk, analysis: Analysis) -> bool:
     """A note chunk that holds the section the question names ("presenting complaints" → Chief
     Complaint): of a note's pieces, that one answers."""
     asked = analysis.sections_asked
-    return bool(asked) and chunk.semantic_type == "note" and any(
-        heading.lower() in asked for heading in chunk.sections)
+    if not asked or chunk.semantic_type != "note":
+        return False
+    # By the kind of section, as the answer reads them: "the impression" (asked as the assessment
+    # and plan) is the note's IMPRESSION/PLAN or DISCUSSION AND PLAN, whatever it is titled.
+    kinds = {section_kind(name) for name in asked} - {""}
+    return any(heading.lower() in asked or kinds & set(section_kinds(heading)) for heading in chunk.sections)
 
 
 # The feature rerank's weights. The fused recall score (an RRF score, about 0.02-0.03 at the

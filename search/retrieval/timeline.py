@@ -167,7 +167,22 @@ def event_dates(backend: Backend, scope: Scope, event: str, terms: list[RecordTe
     chunks = backend.get_chunks(scope.tenant, [h.chunk_id for h in hits])
     if surgery and not keys:
         chunks = [c for c in chunks if SURGICAL.search(c.text)]
+    chunks = the_event_itself(chunks, set(keys), terms)
     return sorted({d for c in chunks if c.category != "trend" and (d := _day(c.date))})
+
+
+def the_event_itself(chunks: list, keys: set[str], terms: list[RecordTerm]) -> list:
+    """The entries that are the event, not a later note recalling it: a coded entry, or a note
+    whose title names it ("Cardiac Catheterization Report"). An operative note of three days
+    later that says "it was felt necessary to perform cardiac catheterization" dates a mention,
+    and "after the cath" had started the window after the carotid surgery. Where only notes'
+    prose names the event, those dates are all there is."""
+    if not keys:
+        return chunks
+    titles = {c.text.partition(". ")[0] for c in chunks if c.semantic_type == "note"}
+    titled = {t for t, found in zip(titles, default_annotator().annotate(list(titles), terms)) if asserted_keys(found) & keys}
+    itself = [c for c in chunks if c.semantic_type != "note" or c.text.partition(". ")[0] in titled]
+    return itself or chunks
 
 
 def window(relation: str, day: date, note: str) -> Anchor:
