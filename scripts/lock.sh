@@ -17,4 +17,5 @@ compile() {
 compile "$@" setup.cfg --extra test -o requirements/test.lock
 compile "$@" setup.cfg -c requirements/test.lock -o requirements/app.lock
 compile "$@" requirements/build.in -o requirements/build.lock
+python3 scripts/runtime_lock.py
 echo "locked: $(grep -c '==' requirements/app.lock) app, $(grep -c '==' requirements/test.lock) test, $(grep -c '==' requirements/build.lock) build packages"

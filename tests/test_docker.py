@@ -42,8 +42,68 @@ def test_container_commands_are_real_cli_commands():
     cmd = re.search(r'^CMD \["chartcite", "(\w+)"', dockerfile, re.M)
     assert cmd and cmd.group(1) in commands
     assert "--dev" not in dockerfile                                 # the image serves with gunicorn
-    # make demo's install, in the image: the lock with its hashes, then chartcite without dependencies
-    assert "--require-hashes -r requirements/build.lock" in dockerfile
-    assert "--require-hashes --no-build-isolation -r requirements/app.lock" in dockerfile
-    assert "pip install --no-cache-dir --no-deps --no-build-isolation -e ." in dockerfile
-    assert "USER chartcite" in dockerfile
+    # make demo's install in the build stage (the lock with its hashes, then chartcite without
+    # dependencies); the image itself installs the runtime lock and takes the built model files.
+    models, image = dockerfile.split("\nFROM ", 2)[1:]
+    assert models.startswith("python:3.11-slim AS models")
+    assert "--require-hashes --no-build-isolation -r requirements/app.lock" in models
+    assert "load_embedder(None, 'int8'" in models
+    for stage in (models, image):
+        assert "--require-hashes -r requirements/build.lock" in stage
+        assert "pip install --no-cache-dir --no-deps --no-build-isolation -e ." in stage
+    assert "--require-hashes --no-deps --no-build-isolation -r requirements/runtime.lock" in image
+    assert "requirements/app.lock" not in image and "COPY --from=models /opt/chartcite-models" in image
+    assert "USER chartcite" in image
+
+
+def test_the_runtime_lock_is_the_app_lock_without_pytorch():
+    """requirements/runtime.lock is derived (scripts/runtime_lock.py), never edited: the same
+    versions and hashes as the app lock, PyTorch and what only it needs left out."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("runtime_lock", DOCKER.parent / "scripts" / "runtime_lock.py")
+    runtime_lock = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runtime_lock)
+    assert runtime_lock.main(["--check"]) == 0, "run `python scripts/runtime_lock.py`"
+    app = (DOCKER.parent / "requirements" / "app.lock").read_text(encoding="utf-8")
+    lean = (DOCKER.parent / "requirements" / "runtime.lock").read_text(encoding="utf-8")
+    names = lambda text: {line.split("==")[0] for line in text.splitlines() if "==" in line and line[0].isalnum()}
+    assert names(app) - names(lean) >= {"torch", "triton", "sentence-transformers"}
+    assert {"onnxruntime", "openvino", "tokenizers", "transformers", "spacy"} <= names(lean)
+    assert not any(name.startswith(("nvidia-", "cuda-")) for name in names(lean))
+
+
+WITHOUT_PYTORCH = """
+import sys
+from pathlib import Path
+sys.modules["torch"] = sys.modules["sentence_transformers"] = None      # `import torch` raises ImportError
+from search.models.crossrank import CrossEncoderRanker, RerankerNotFound
+from search.models.embed import Embedder, ModelNotFound, default_model_path
+from search.models.onnx_embed import export
+folder = Path(sys.argv[1])
+said = []
+for attempt in (lambda: export(Path(default_model_path()), folder / "model.onnx"), lambda: Embedder(),
+                lambda: CrossEncoderRanker(str(folder))):
+    try:
+        attempt()
+    except (ModelNotFound, RerankerNotFound) as exc:
+        said.append(str(exc))
+print("\\n".join(said))
+"""
+
+
+def test_without_pytorch_the_parts_that_need_it_refuse_with_a_sentence(tmp_path):
+    """What the lean image says when its model files are missing, or fp32 or a reranker is asked
+    for. In a process of its own: a library that finds PyTorch missing remembers it."""
+    import subprocess
+    import sys
+
+    from .conftest import clean_env
+
+    (tmp_path / "config.json").write_text("{}", encoding="utf-8")          # a reranker folder
+    out = subprocess.run([sys.executable, "-c", WITHOUT_PYTORCH, str(tmp_path)], cwd=DOCKER.parent,
+                         env=clean_env(), capture_output=True, text=True, encoding="utf-8", timeout=300)
+    said = out.stdout.splitlines()
+    assert len(said) == 3, out.stdout + out.stderr
+    assert "building it (once) needs PyTorch" in said[0] and "CHARTCITE_MODEL_CACHE" in said[0]
+    assert "fp32 needs PyTorch" in said[1] and "reranker (CHARTCITE_RERANKER) needs PyTorch" in said[2]

@@ -11,7 +11,7 @@ import math
 from functools import lru_cache
 from pathlib import Path
 
-from search.models.embed import quiet_model_libraries
+from search.models.embed import pytorch_missing, quiet_model_libraries
 
 
 class RerankerNotFound(RuntimeError):
@@ -27,9 +27,11 @@ class CrossEncoderRanker:
         quiet_model_libraries()
         if not (Path(model_path) / "config.json").exists():
             raise RerankerNotFound(f"no cross-encoder model in {model_path} (CHARTCITE_RERANKER)")
-        from sentence_transformers import CrossEncoder
-
-        import torch
+        try:
+            import torch
+            from sentence_transformers import CrossEncoder
+        except ImportError as exc:
+            raise RerankerNotFound(pytorch_missing("a cross-encoder reranker (CHARTCITE_RERANKER)")) from exc
 
         self.path = model_path
         self.name = Path(model_path).name

@@ -43,6 +43,13 @@ def quiet_model_libraries() -> None:
     transformers_logging.disable_progress_bar()
 
 
+def pytorch_missing(what: str) -> str:
+    """The sentence for a part that needs PyTorch on an install that leaves it out
+    (requirements/runtime.lock, the Docker image)."""
+    return (f"{what} needs PyTorch and sentence-transformers, which this install leaves out (the lean runtime "
+            "install of requirements/runtime.lock, as in the Docker image); install requirements/app.lock for it")
+
+
 # Token counts remembered for texts of up to COUNTED_CHARS_KEPT characters: at most about 15 MB.
 COUNTS_KEPT = 32_768
 COUNTED_CHARS_KEPT = 400
@@ -56,7 +63,10 @@ class Embedder:
         path = model_path or default_model_path()
         if not Path(path).exists():
             raise ModelNotFound(f"embedding model folder {path} does not exist (CHARTCITE_MODEL)")
-        from sentence_transformers import SentenceTransformer
+        try:
+            from sentence_transformers import SentenceTransformer
+        except ImportError as exc:
+            raise ModelNotFound(pytorch_missing("CHARTCITE_EMBEDDING_PRECISION=fp32")) from exc
 
         self.path = path
         self.model = SentenceTransformer(path, device="cpu", local_files_only=True)

@@ -136,7 +136,14 @@ def int8_model(model_path: Path, cache_dir: Path, variant: str = "dynamic") -> P
 
 def export(model_path: Path, target: Path) -> None:
     """The transformer to ONNX at fp32, its last hidden state as output (pooling is done here)."""
-    import torch
+    try:
+        import torch
+    except ImportError as exc:
+        raise ModelNotFound(
+            f"the embedding model's ONNX file is not built in {target.parent}, and building it (once) needs PyTorch, "
+            "which this install leaves out (requirements/runtime.lock); build it where requirements/app.lock is "
+            "installed (any `chartcite index` does) and set CHARTCITE_MODEL_CACHE to that folder, as the Docker "
+            "image's build stage does") from exc
     from transformers import AutoModel, AutoTokenizer
 
     log.info("building the embedding model's ONNX files once (export, then int8 quantisation)")
