@@ -312,3 +312,40 @@ def test_openvino_keeps_its_compiled_model_for_the_next_start(tmp_path):
     assert np.array_equal(first.encode(SHORT), again.encode(SHORT))
     first.close()
     again.close()
+
+
+def test_openvino_batches_of_long_texts_stay_within_the_attention_budget(variants):
+    """OpenVINO holds, per session, the working memory of the largest batch it has run, and a
+    batch's attention grows with rows × length²: eight full windows held about 200 MB a session.
+    Every batch stays within both budgets (word pieces, and word pieces² for attention), the
+    long passages really are batched fewer at a time than the word-piece budget alone allows,
+    and the vectors are those of the batches formed without the attention budget (padding and
+    grouping do not change a static vector)."""
+    embedder = variants["openvino"]
+    notes = [t for t in calibration_texts() if len(t) > 800][:25]
+    windows = [a + " " + b for a, b in zip(notes, notes[1:])]        # longer than the window: cut to it
+    texts = windows + CHART + SHORT * 20
+    ordered = sorted(texts, key=embedder.batch_length)
+    batches = list(embedder.batches(ordered))
+    for batch in batches:
+        length = embedder.batch_length(batch[-1])        # sorted: the last text sets the padded length
+        assert len(batch) * length <= onnx_embed.BATCH_TOKENS
+        assert len(batch) * length * length <= onnx_embed.OPENVINO_ATTENTION_BUDGET
+    full_windows = [b for b in batches if embedder.batch_length(b[-1]) == embedder.max_tokens + 2]
+    assert full_windows and max(len(b) for b in full_windows) < onnx_embed.BATCH_TOKENS // (embedder.max_tokens + 2)
+    bounded = embedder.encode(texts)
+    try:
+        embedder.attention_budget = None
+        unbounded_batches = list(embedder.batches(ordered))
+        unbounded = embedder.encode(texts)
+    finally:
+        embedder.attention_budget = onnx_embed.OPENVINO_ATTENTION_BUDGET
+    assert len(unbounded_batches) < len(batches)          # the budget changed the batches
+    assert np.allclose(bounded, unbounded, atol=1e-6)
+
+
+def test_only_openvino_has_an_attention_budget(variants):
+    """ONNX Runtime reuses one arena for every shape; the dynamic model's vectors depend on their
+    batch, so its batches stay as they were."""
+    assert variants["openvino"].attention_budget == onnx_embed.OPENVINO_ATTENTION_BUDGET
+    assert variants["dynamic"].attention_budget is None and variants["static"].attention_budget is None

@@ -555,3 +555,23 @@ def test_after_an_event_counts_from_the_event_not_from_a_later_note_recalling_it
     assert window == "2015-06-08"
     assert not result["abstained"], result["answer"]
     assert "bypass surgery is likely" in result["answer"], result["answer"]
+
+
+def test_splitting_a_note_first_leaves_pytorch_unloaded():
+    """PyRuSH imports spaCy, whose thinc imports PyTorch when it is installed (450 MB): a record's
+    notes are split before the annotation pipeline loads, so the splitter hides PyTorch too (a
+    large record's indexing held 400 MB more from its first note on). In a fresh process."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = """
+import sys
+from fhir_ingest.record.notes import note_sentences
+assert [s.text for s in note_sentences("Seen by Dr. Smith. Denies chest pain.")] == ["Seen by Dr. Smith.", "Denies chest pain."]
+assert "spacy" in sys.modules and "torch" not in sys.modules, "torch loaded"
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parent.parent, encoding="utf-8")
+    assert done.stdout.strip() == "ok", done.stderr[-2000:]

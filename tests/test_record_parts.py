@@ -155,3 +155,27 @@ def test_a_large_record_among_others_is_indexed_in_parts_by_index_paths(tmp_path
 
 
 real_write_part = record_parts.write_part
+
+
+def test_a_large_record_s_resources_are_stored_without_holding_all_their_json_at_once(tmp_path):
+    """The stored resources are written last, in one block: their JSON is made row by row as
+    SQLite takes it, not for the whole record first (2,000 resources of 10 kB each: 20 MB of JSON
+    beside the parsed record at the end of its indexing). Every resource is stored as it was."""
+    import tracemalloc
+
+    from search.backends.embedded import EmbeddedBackend
+
+    backend = EmbeddedBackend(tmp_path / "index.db", "test-model", 4)
+    resources = [{"resourceType": "Observation", "id": f"o{n}", "status": "final", "code": {"text": f"{n} " + "x" * 10_000}}
+                 for n in range(2_000)]
+    json_size = sum(len(r["code"]["text"]) for r in resources)
+    tracemalloc.start()
+    try:
+        backend.store_resources(TENANT, "p", resources)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < json_size / 10, f"{peak / 2**20:.1f} MB held while storing {json_size / 2**20:.1f} MB of JSON"
+    stored = backend.patient_resources(TENANT, "p")
+    assert sorted(stored, key=lambda r: r["id"]) == sorted(resources, key=lambda r: r["id"])
+    backend.close()

@@ -17,6 +17,8 @@ from functools import lru_cache
 from html.parser import HTMLParser
 from pathlib import Path
 
+from fhir_ingest.record.without_torch import torch_hidden
+
 
 class NoteDecodeError(ValueError):
     pass
@@ -176,7 +178,8 @@ _DATA = Path(__file__).with_name("data")
 
 @lru_cache(maxsize=1)
 def _rush():
-    from PyRuSH import RuSH
+    with torch_hidden():         # PyRuSH imports spaCy, and a record's notes are split before annotation
+        from PyRuSH import RuSH
 
     # A list item or a heading's one word ("NONE.", "Sulfa.") is a sentence too.
     return RuSH(str(_DATA / "rush_rules.tsv"), min_sent_chars=1)

@@ -333,8 +333,10 @@ class EmbeddedBackend(Backend):
         return found
 
     def store_resources(self, tenant: str, patient_id: str, resources: list[dict]) -> None:
-        rows = [(tenant, patient_id, f"{r['resourceType']}/{r['id']}", as_json(r)) for r in resources]
-        kept = {row[2] for row in rows}
+        kept = {f"{r['resourceType']}/{r['id']}" for r in resources}
+        # Each row's JSON is written as SQLite takes the row, never all at once: a large record's
+        # JSON held whole would stand beside its parsed resources at the end of its indexing.
+        rows = ((tenant, patient_id, f"{r['resourceType']}/{r['id']}", as_json(r)) for r in resources)
         # One transaction: outside one, SQLite commits each row on its own (a third of writing).
         with self._transaction() as db:
             held = [r[0] for r in db.execute("SELECT ref FROM resources WHERE tenant=? AND patient_id=?",

@@ -75,10 +75,22 @@ MIN_COSINE = 0.97
 # indexing 304 texts/s rather than 277, and less memory). Padding is masked out, so the vectors
 # are the same; ONNX Runtime prepares nothing per shape, so it runs the exact lengths.
 OPENVINO_SHAPE_STEP = 16
+# OpenVINO keeps, per session, the working memory of the largest batch it has run (the model's
+# input shapes are left open, so it plans no reuse between layers), and attention's part of it
+# grows with rows × length²: eight full windows left a session 200 MB above its compiled model, two
+# 107 MB (one session over the texts of 10 shared records: 423 MB, 316 MB bounded, as fast). So a
+# batch's rows × length² stays within that of 2,048 word pieces at 64 a text: 2 full windows, 8 of
+# 128, 32 of 64 (short texts are bounded by BATCH_TOKENS first). Vectors are the same: padding is
+# masked and the static model's scales do not depend on the batch.
+OPENVINO_ATTENTION_BUDGET = BATCH_TOKENS * 64
 # A batch not done in this long has stopped making progress: a full batch (BATCH_TOKENS word
 # pieces) takes about 0.2 s on one core here, so even a machine a hundred times busier finishes
 # one well inside it. OpenVINO once sat for 25 minutes on a batch with no sign (issue 39).
 BATCH_DEADLINE_SECONDS = 120.0
+# Kernels kept for 16 input shapes, not 5,000: a batch per length made RSS grow to 2.7 GB over
+# 6,000 texts (1.0 GB at 5 patients, as fast). Since batches are padded to 16 lengths, 0 changes
+# nothing (the 60 shared records' texts: 797 MB against 794, as fast): the memory is the batch's.
+RUNTIME_CACHE_CAPACITY = 16
 
 
 def variant_of(model_name: str) -> str | None:
@@ -291,10 +303,7 @@ class OpenVinoModel:
         self.compiled = core.compile_model(str(onnx_file), "CPU", {"NUM_STREAMS": streams, "INFERENCE_NUM_THREADS": threads,
                                                                     "ENABLE_CPU_PINNING": False,
                                                                     "INFERENCE_PRECISION_HINT": "f32",
-                                                                    # Kernels kept for 16 input shapes, not 5,000: a
-                                                                    # batch per length made RSS grow to 2.7 GB over
-                                                                    # 6,000 texts (1.0 GB at 5 patients, as fast).
-                                                                    "CPU_RUNTIME_CACHE_CAPACITY": 16,
+                                                                    "CPU_RUNTIME_CACHE_CAPACITY": RUNTIME_CACHE_CAPACITY,
                                                                     **compiled_model_cache(onnx_file)})
         self._idle: list = []
         self._lock = threading.Lock()
@@ -473,6 +482,7 @@ class OnnxInt8Embedder(Embedder):
         self.batcher.enable_truncation(window)
         self.shape_step = OPENVINO_SHAPE_STEP if variant == "openvino" else 1
         self.batcher.enable_padding(pad_to_multiple_of=self.shape_step if self.shape_step > 1 else None)
+        self.attention_budget = OPENVINO_ATTENTION_BUDGET if variant == "openvino" else None
         self.dimension = int(self.sessions[0].get_outputs()[0].shape[-1] or self.encode_batch(["x"]).shape[1])
         folder = path.name if path.name != "model" else path.parent.name
         self.name = f"{folder}@{self.dimension}-{_fingerprint(self.path)}{NAME_SUFFIX[variant]}"
@@ -495,12 +505,17 @@ class OnnxInt8Embedder(Embedder):
         than batches of 8)."""
         batch: list[str] = []
         for text in ordered:              # shortest first: the newest text is the longest
-            if batch and (len(batch) + 1) * self.batch_length(text) > BATCH_TOKENS or len(batch) == MAX_BATCH:
+            if batch and not self.batch_fits(len(batch) + 1, self.batch_length(text)):
                 yield batch
                 batch = []
             batch.append(text)
         if batch:
             yield batch
+
+    def batch_fits(self, rows: int, length: int) -> bool:
+        """Whether a batch of `rows` texts padded to `length` word pieces stays within the budgets."""
+        within_attention = self.attention_budget is None or rows * length * length <= self.attention_budget
+        return rows <= MAX_BATCH and rows * length <= BATCH_TOKENS and within_attention
 
     def new_sessions(self) -> list:
         """A session per entry of `threads`, each with that many threads."""

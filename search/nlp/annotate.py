@@ -9,17 +9,14 @@ A concept is a dict: key ("lex:<canonical>" or "<system>|<code>"), display, sema
 """
 from __future__ import annotations
 
-import importlib.abc
 import re
-import sys
-import threading
 import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Iterable, Iterator
+from typing import Iterable
 
 from fhir_ingest.record.contract import Chunk
+from fhir_ingest.record.without_torch import torch_hidden
 
 from search.nlp.concepts import coded_concepts
 from search.nlp.lexicon import Lexicon, default_lexicon, lexicon_key  # noqa: F401  (lexicon_key: read here by others)
@@ -78,32 +75,6 @@ def same_span_ids(spans) -> dict[tuple[int, int], list[str]]:
         if span.kb_id_ not in ids[(span.start, span.end)]:
             ids[(span.start, span.end)].append(span.kb_id_)
     return ids
-
-
-class _TorchHiddenFromThisThread(importlib.abc.MetaPathFinder):
-    """Makes `import torch` fail in the thread that installed it, and only there."""
-
-    def __init__(self):
-        self.thread = threading.get_ident()
-
-    def find_spec(self, name, path=None, target=None):
-        if name.partition(".")[0] == "torch" and threading.get_ident() == self.thread:
-            raise ModuleNotFoundError("PyTorch is not needed by the annotation pipeline", name=name)
-        return None
-
-
-@contextmanager
-def torch_hidden() -> Iterator[None]:
-    """spaCy's thinc imports PyTorch whenever it is installed, for neural layers this rule-based
-    pipeline never uses: 450 MB of memory and 1.2 s in every process, and the int8 embedder does
-    not need PyTorch either (only the fp32 one and the one-time int8 build do, and they import it
-    as usual: other threads, and this one afterwards, are unaffected)."""
-    finder = _TorchHiddenFromThisThread()
-    sys.meta_path.insert(0, finder)
-    try:
-        yield
-    finally:
-        sys.meta_path.remove(finder)
 
 
 class Annotator:
