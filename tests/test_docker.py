@@ -44,8 +44,9 @@ def test_container_commands_are_real_cli_commands():
     assert "--dev" not in dockerfile                                 # the image serves with gunicorn
     # make demo's install in the build stage (the lock with its hashes, then chartcite without
     # dependencies); the image itself installs the runtime lock and takes the built model files.
-    models, image = dockerfile.split("\nFROM ", 2)[1:]
-    assert models.startswith("python:3.11-slim AS models")
+    source, models, image = dockerfile.split("\nFROM ")[1:]
+    assert source.startswith("python:3.11-slim AS source") and "COPY search search" in source
+    assert models.startswith("source AS models") and image.startswith("source\n")
     assert "--require-hashes --no-build-isolation -r requirements/app.lock" in models
     assert "load_embedder(None, 'int8'" in models
     for stage in (models, image):
