@@ -200,13 +200,29 @@ def _rush_spans(text: str):
         start = cut + 1
 
 
+# Answering splits the same evidence texts several times a question (the class in the notes, the
+# ranked and the quoted sentences) and again for the next question: PyRuSH was 60% of an answer's
+# time. Texts up to a chunk's size are remembered (at most about 10 MB); a long note line met
+# while indexing is split once and not kept.
+REMEMBERED_TEXTS, REMEMBERED_CHARS = 2048, 4000
+
+
 def note_sentences(text: str) -> list[Sentence]:
     """The sentences of a note with their spans, by PyRuSH's clinical rules (medspaCy's rule file):
     "Dr.", "p.o.", "b.i.d." and numbered list items do not end or start a sentence wrongly. A
     piece that begins in lower case on the same line continues the one before it ("81 mg. daily"),
     and a list item's number stays with its item ("1. Levaquin 250 mg...")."""
+    return list(_remembered_sentences(text) if len(text) <= REMEMBERED_CHARS else _split_sentences(text))
+
+
+@lru_cache(maxsize=REMEMBERED_TEXTS)
+def _remembered_sentences(text: str) -> tuple[Sentence, ...]:
+    return _split_sentences(text)
+
+
+def _split_sentences(text: str) -> tuple[Sentence, ...]:
     if not text.strip():
-        return []
+        return ()
     spans: list[list[int]] = []
     for begin, end in _rush_spans(text):
         joins = spans and "\n" not in text[spans[-1][1]:begin] and (
@@ -215,7 +231,7 @@ def note_sentences(text: str) -> list[Sentence]:
             spans[-1][1] = end
         else:
             spans.append([begin, end])
-    return [Sentence(b, e, text[b:e]) for b, e in spans if text[b:e].strip()]
+    return tuple(Sentence(b, e, text[b:e]) for b, e in spans if text[b:e].strip())
 
 
 @lru_cache(maxsize=1)
