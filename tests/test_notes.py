@@ -113,6 +113,15 @@ def ask(service, question: str) -> dict:
     return service.ask("t", PID, question)
 
 
+def answer_over(tmp_path, resources: list[dict], question: str) -> str:
+    """The answer to one question over a record of these resources alone."""
+    service = indexed_record(tmp_path, resources)
+    try:
+        return ask(service, question)["answer"]
+    finally:
+        service.close()
+
+
 def test_allergies_only_a_note_states_are_never_said_to_be_none(service):
     result = ask(service, "any allergies?")
     assert "No allergies" not in result["answer"] and not result["abstained"], result["answer"]
@@ -418,12 +427,8 @@ I spoke with the urologist on call about his flank pain when he came to the emer
 
 
 def test_which_side_is_never_answered_by_a_closer_sentence_that_names_no_side(tmp_path, embedder):
-    service = indexed_record(tmp_path, [PATIENT, ED_FLANK])
-    try:
-        result = service.ask("t", PID, "which side was his flank pain on when he came to the emergency room")
-    finally:
-        service.close()
-    assert "Pain began in the right flank" in result["answer"], result["answer"]
+    answer = answer_over(tmp_path, [PATIENT, ED_FLANK], "which side was his flank pain on when he came to the emergency room")
+    assert "Pain began in the right flank" in answer, answer
 
 
 def test_a_section_asked_by_name_is_quoted_from_its_opening_and_found_by_its_kind():
@@ -511,12 +516,8 @@ The patient was taken to the operating room and spinal anesthesia was given. The
 
 
 def test_why_an_operation_was_done_is_answered_by_its_preoperative_diagnoses(tmp_path, embedder):
-    service = indexed_record(tmp_path, [PATIENT, OPERATIVE])
-    try:
-        result = service.ask("t", PID, "Why did my daughter end up needing a C-section?")
-    finally:
-        service.close()
-    assert "Breech presentation." in result["answer"] and "Prior uterine scar." in result["answer"], result["answer"]
+    answer = answer_over(tmp_path, [PATIENT, OPERATIVE], "Why did my daughter end up needing a C-section?")
+    assert "Breech presentation." in answer and "Prior uterine scar." in answer, answer
 
 
 def titled_note(note_id: str, date: str, title: str, loinc: tuple[str, str], text: str) -> dict:
