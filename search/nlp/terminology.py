@@ -227,7 +227,19 @@ def drug_names(ingredient: str) -> frozenset[str]:
     """Every word the tables know for an ingredient: its name, synonyms, shorthand and the brands
     that contain it (for finding it in a record's text)."""
     ing = ingredient_of(ingredient) or norm(ingredient)
-    return frozenset(name for name, ings in _drugs().names.items() if ing in ings)
+    return _names_by_ingredient().get(ing, frozenset())
+
+
+@lru_cache(maxsize=1)
+def _names_by_ingredient() -> dict[str, frozenset[str]]:
+    """The drug words turned round: each ingredient to every word that means it. Built once: the
+    lexicon asks for the names of every ingredient, and scanning all words for each took 2 s of
+    every process's start."""
+    by_ingredient: dict[str, set[str]] = {}
+    for name, ings in _drugs().names.items():
+        for ing in ings:
+            by_ingredient.setdefault(ing, set()).add(name)
+    return {ing: frozenset(names) for ing, names in by_ingredient.items()}
 
 
 # ---------------------------------------------------------------------------------------------
