@@ -11,7 +11,8 @@ Each mode syncs the whole group into a fresh data directory (a first round: full
 - `workers-N`: `chartcite sync --workers` (export and downloads) with N `chartcite worker`
   processes indexing the parts, into Elasticsearch, over Redis.
 
-Printed per mode: resources/s end to end (kick-off to the round's end) and while indexing (first
+Printed per mode: resources/s end to end (kick-off to the round's end; by resources indexed, and
+by all the resources the EHR serves for the group) and while indexing (first
 part claimed to last part done), the CPU seconds (user + system) of chartcite's processes (the
 sync and its workers; not the EHR's) per resource, and their bound on 2 cores (2 × resources per
 CPU-second: what a machine of its own would reach end to end if chartcite kept both cores busy),
@@ -244,7 +245,10 @@ def drop_index(env: dict, tenant: str) -> None:
                                                               allow_no_indices=True)
 
 
-def report(result: dict) -> str:
+def report(result: dict, served: int) -> str:
+    """One mode's figures. Resources/s count the resources indexed; `served` (all the EHR holds for
+    the group, support resources and types chartcite does not index included, as issue 44 counted
+    its 1,000 patients) gives the second end-to-end rate."""
     t, summary = result["times"], result["times"]["summary"]
     resources, chunks, embedded = summary["resources"], summary["chunks"], summary["embedded"]
     indexing = t["last_part"] - t["first_part"]
@@ -252,7 +256,7 @@ def report(result: dict) -> str:
     peaks = ", ".join(f"{name} {rss / 2**30:.2f} GB" for name, rss in result["peaks"].items())
     return (f"{result['mode']:>10}: {summary['patients']} patients, {resources} resources, {chunks} chunks "
             f"({embedded} embedded) | end to end {result['elapsed']:.0f} s = {resources / result['elapsed']:.0f} "
-            f"resources/s | export + download {t['first_part'] - t['started']:.0f} s | indexing {indexing:.0f} s = "
+            f"resources/s ({served / result['elapsed']:.0f}/s of the {served} served) | export + download {t['first_part'] - t['started']:.0f} s | indexing {indexing:.0f} s = "
             f"{resources / indexing:.0f} resources/s, {chunks / indexing:.0f} chunks/s | the model alone "
             f"({result['model_rate']:.0f} chunks/s) would take {model_alone:.0f} s: {100 * model_alone / indexing:.0f}% "
             f"of indexing, {100 - 100 * model_alone / indexing:.0f}% outside embedding | peak RSS {peaks} | "
@@ -299,7 +303,7 @@ def main() -> None:
                       flush=True)
             for mode in args.modes.split(","):
                 result = run_mode(mode, folder, ehr_root)
-                print(report(result), flush=True)
+                print(report(result, resources), flush=True)
                 figures.append(machine_figures(result))
         finally:
             stop(ehr)
