@@ -216,6 +216,48 @@ def test_a_bundle_larger_than_memory_would_like_is_read_as_a_stream(tmp_path, sy
     assert held(small_env, A) == index
 
 
+def test_a_streamed_bundles_references_are_kept_on_disk_not_in_memory():
+    """Item 7: the first pass over a streamed bundle noted every entry's fullUrl in a dict, about
+    100 bytes an entry (50 MB of a 630 MB bundle); the table is now a temporary SQLite file, so the
+    Python heap after outlining 60,000 entries holds none of it, and every reference still resolves."""
+    import io
+    import tracemalloc
+
+    from fhir_ingest.record.reader import bundle_outline
+    from fhir_ingest.record.reference_table import ReferenceTable
+
+    ids = [f"{n:08d}-0000-4000-8000-000000000000" for n in range(60_000)]
+    entries = ",".join(f'{{"fullUrl": "urn:uuid:{i}", "resource": {{"resourceType": "Observation", "id": "{i}"}}}}'
+                       for i in ids)
+    document = f'{{"resourceType": "Bundle", "type": "collection", "entry": [{entries}]}}'.encode()
+    refs = ReferenceTable()
+    tracemalloc.start()
+    try:
+        head, count = bundle_outline(io.BytesIO(document), refs)
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert (head["resourceType"], count, len(refs)) == ("Bundle", 60_000, 60_000)
+    assert held < 2 * 2**20, held              # a dict of the same 60,000 pairs: about 12 MB
+    assert refs[f"urn:uuid:{ids[-1]}"] == f"Observation/{ids[-1]}" and f"urn:uuid:{ids[0]}" in refs
+    assert "urn:uuid:not-in-this-bundle" not in refs and 7 not in refs
+    with pytest.raises(KeyError):
+        refs["urn:uuid:not-in-this-bundle"]
+    refs.close()
+
+
+def test_the_reference_table_keeps_the_later_of_two_entries_as_a_dict_does():
+    from fhir_ingest.record.reference_table import ReferenceTable
+
+    refs = ReferenceTable()
+    refs.add("urn:uuid:1", "Observation/a")
+    refs.add("urn:uuid:1", "Observation/b")
+    refs.add("http://ehr.example/fhir/Patient/p", "Patient/p")
+    refs.flush()
+    assert dict(refs) == {"urn:uuid:1": "Observation/b", "http://ehr.example/fhir/Patient/p": "Patient/p"}
+    refs.close()
+
+
 def test_a_line_over_the_cap_costs_only_itself(tmp_path):
     """Items 6 and 7: one NDJSON line over the cap is passed over without being held, reported with
     its size, and the lines around it are read."""

@@ -23,6 +23,8 @@ from urllib.parse import parse_qsl, urlsplit
 import ijson
 import orjson
 
+from fhir_ingest.record.reference_table import ReferenceTable
+
 BUNDLE_SUFFIXES = (".json", ".json.gz")
 NDJSON_SUFFIXES = (".ndjson", ".ndjson.gz", ".jsonl", ".jsonl.gz")
 # Deeper than any real resource (extensions of extensions, contained resources) and far below the
@@ -292,9 +294,10 @@ def read_large_bundle(file: Path, limits: ReadLimits) -> Iterator[ReadItem]:
     """A file over STREAM_OVER bytes, parsed as a stream (ijson): a first pass reads what the
     Bundle says of itself and its entries' fullUrls (for local references), a second hands out
     the entries one at a time. A file that turns out bad yields what came before the fault."""
+    refs = ReferenceTable()
     try:
         with _open_binary(file, limits) as fh:
-            head, refs, count = bundle_outline(fh)
+            head, count = bundle_outline(fh, refs)
         if head.get("resourceType") != "Bundle":
             yield ReadProblem(file.name, f"a {head.get('resourceType') or 'JSON document'} of more than "
                                          f"{STREAM_OVER // 2**20} MB that is not a Bundle: not read")
@@ -309,18 +312,20 @@ def read_large_bundle(file: Path, limits: ReadLimits) -> Iterator[ReadItem]:
         yield ReadProblem(file.name, f"unreadable file: {_describe(exc)}")
     except (ijson.JSONError, UnicodeDecodeError) as exc:
         yield ReadProblem(file.name, f"bad JSON: {str(exc)[:200]}; the entries before it were read")
+    finally:
+        refs.close()
 
 
 # What a streamed Bundle's outline keeps of its own fields (any other, however large, is passed over).
 OUTLINE_FIELDS = {"resourceType", "id", "type", "timestamp", "total", "link"}
 
 
-def bundle_outline(fh: BinaryIO) -> tuple[dict, dict[str, str], int]:
-    """What a Bundle says of itself (OUTLINE_FIELDS), its entries' fullUrl →
-    `Type/id`, and how many entries it has, from one streaming pass that keeps no entry."""
+def bundle_outline(fh: BinaryIO, refs: ReferenceTable) -> tuple[dict, int]:
+    """What a Bundle says of itself (OUTLINE_FIELDS) and how many entries it has, from one
+    streaming pass that keeps no entry; its entries' fullUrl → `Type/id` go into `refs`."""
     head, builders, key = {}, {}, None
     entry: dict = {}
-    refs, count = {}, 0
+    count = 0
     for prefix, event, value in ijson.parse(fh, use_float=True):
         if prefix == "" and event == "map_key":
             key = value
@@ -338,17 +343,18 @@ def bundle_outline(fh: BinaryIO) -> tuple[dict, dict[str, str], int]:
             entry = {}
         elif prefix in ("entry.item.fullUrl", "entry.item.resource.resourceType", "entry.item.resource.id"):
             entry[prefix.rsplit(".", 1)[1]] = value
+    refs.flush()
     head = {name: builder.value for name, builder in builders.items()}
-    return head, refs, count
+    return head, count
 
 
-def local_reference(entry: dict, refs: dict[str, str]) -> None:
+def local_reference(entry: dict, refs: ReferenceTable) -> None:
     """fullUrl → `Type/id` for one entry outlined, its id taken from a `urn:uuid` fullUrl when it has none."""
     full_url, rtype, rid = entry.get("fullUrl"), entry.get("resourceType"), entry.get("id")
     if not rid and isinstance(full_url, str) and full_url.startswith("urn:uuid:"):
         rid = full_url[len("urn:uuid:"):]
     if isinstance(full_url, str) and isinstance(rtype, str) and isinstance(rid, str) and rid:
-        refs[full_url] = f"{rtype}/{rid}"
+        refs.add(full_url, f"{rtype}/{rid}")
 
 
 def file_document(parsed: object, file: Path) -> Document:
