@@ -263,3 +263,45 @@ def test_compact_resources_resolve_references_and_never_change_what_they_hold():
     assert [r["id"] for r in held.of_types(["Binary", "Encounter"])] == ["e1", "b1"]
     assert held.only(["Observation"]).refs == ["Observation/o1"]
     assert list(held + [{"resourceType": "Condition", "id": "c1"}])[3]["id"] == "c1" and len(held) == 3
+
+
+@pytest.mark.parametrize("authority", ["bundle", ""])      # a bundle that looks whole; an input merged
+@pytest.mark.parametrize("held_form", ["list", "compact"])  # the record held, as the index hands it back
+def test_the_removal_rule_reads_a_compact_record_as_it_reads_a_list(synthea_dir, authority, held_form):
+    from fhir_ingest.record.load import against_held
+
+    record = replace(record_of(synthea_dir), authority=authority)
+    observations = [r for r in record.resources if r["resourceType"] == "Observation"]
+    kept_newer, replaced, new = observations[:3]
+    held = [copy.deepcopy(r) for r in record.resources if r is not new]
+    held.append({"resourceType": "Observation", "id": "only-held", "status": "final", "code": {"text": "Potassium"},
+                 "subject": {"reference": f"Patient/{PATIENT}"}})
+    for resource, mine, theirs in ((kept_newer, "1", "2"), (replaced, "3", "2")):
+        resource.setdefault("meta", {})["versionId"] = mine
+        next(r for r in held if r["id"] == resource["id"]).setdefault("meta", {})["versionId"] = theirs
+    as_list, as_compact = LoadReport(), LoadReport()
+    by_list = against_held(record, held, as_list)
+    by_compact = against_held(held_as("compact", record), CompactResources(held) if held_form == "compact" else held,
+                              as_compact)
+    assert is_compact(by_compact.resources)
+    assert list(by_compact.resources) == list(by_list.resources)
+    assert by_compact.authority == by_list.authority
+    assert as_compact.to_dict() == as_list.to_dict()
+    assert len(by_list.resources) == len(held) + (1 if authority == "" else 0)   # only-held removed when whole
+
+
+def test_a_large_record_held_comes_back_from_the_index_compact_and_whole(tmp_path, monkeypatch):
+    """What a merge starts from (the record the index holds) is read row by row and held
+    compactly past the size: never all of a large record parsed at once."""
+    from fhir_ingest.record import compact
+    from search.backends.embedded import EmbeddedBackend
+
+    monkeypatch.setattr(compact, "LARGE_RECORD", 20)
+    backend = EmbeddedBackend(tmp_path / "index.db", "test-model", 4)
+    many = [{"resourceType": "Observation", "id": f"o{n:02d}", "status": "final"} for n in range(50)]
+    backend.store_resources(TENANT, "many", many)
+    backend.store_resources(TENANT, "few", many[:5])
+    held = backend.patient_resources(TENANT, "many")
+    assert is_compact(held) and list(held) == many
+    assert not is_compact(backend.patient_resources(TENANT, "few"))
+    backend.close()

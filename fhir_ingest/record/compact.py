@@ -205,3 +205,14 @@ def lookup_of(resources: Resources) -> Mapping[str, dict]:
 def empty_like(resources: Resources) -> Resources:
     """An empty collection of the same form, for a record rebuilt from this one."""
     return CompactResources() if is_compact(resources) else []
+
+
+def gathered(resources: Iterable[dict]) -> Resources:
+    """Resources read one at a time (a patient's stored record), as a list while there are few
+    and compactly once there are more than `LARGE_RECORD`: never more than that many parsed at once."""
+    held: Resources = []
+    for resource in resources:
+        if not is_compact(held) and len(held) >= LARGE_RECORD:
+            held = CompactResources(held)
+        held.append(resource)
+    return held

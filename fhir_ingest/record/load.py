@@ -36,7 +36,7 @@ from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from .compact import LARGE_RECORD, CompactResources, Resources, empty_like, is_compact, of_types, refs_of
+from .compact import LARGE_RECORD, CompactResources, Resources, empty_like, is_compact, lookup_of, of_types, refs_of
 from .contract import PatientNotFound
 from .kinds import CLINICAL_TYPES, IGNORED_TYPES, INDEXED_TYPES, SUPPORT_TYPES, clinical_date
 from .normalize import binary_ref, patient_of, ref_id
@@ -229,7 +229,7 @@ DEFAULT_BUDGET = RemovalBudget()
 ANY_TYPE = "*"          # in `partial_types`: the input could not read whole a part of unknown type
 
 
-def against_held(record: PatientRecord, held: list[dict], report: LoadReport | None = None,
+def against_held(record: PatientRecord, held: Resources, report: LoadReport | None = None,
                  budget: RemovalBudget = DEFAULT_BUDGET) -> PatientRecord:
     """The record as it is to be indexed, given the resources the index holds for the patient: the
     record alone when it may replace them, else merged into them, in part or whole (and the report
@@ -296,11 +296,11 @@ def over_budget_words(record: PatientRecord, removing: int, held: list[dict], bu
             f"run again with --allow-removals to carry it out")
 
 
-def newer_than_held(record: PatientRecord, held: list[dict], report: LoadReport | None) -> list[dict]:
+def newer_than_held(record: PatientRecord, held: Resources, report: LoadReport | None) -> Resources:
     """The record's resources, where the index holds a newer version of one, that version. What
     changes a resource held is reported when it is kept out as older, and when it came in a
     document that is not the patient's own (a stray), even if newer and indexed."""
-    held_by_ref = {ref_of(r): r for r in held}
+    held_by_ref = lookup_of(held)
     if not held_by_ref:
         return record.resources       # nothing held to compare with (a large record stays as it is)
     resources = empty_like(record.resources)
@@ -328,11 +328,11 @@ def change_words(record: PatientRecord, ref: str, resource: dict, current: dict,
             f"{record.patient_id} ({version_words(current)}), which stays")
 
 
-def confirms_held(record: PatientRecord, held: list[dict], report: LoadReport | None) -> bool:
+def confirms_held(record: PatientRecord, held: Resources, report: LoadReport | None) -> bool:
     """Whether a bundle that looks whole holds enough of what is held to replace it: what it would
     remove is no more than what it confirms. A Patient with a new result beside a record of
     hundreds would otherwise empty it."""
-    held_refs = {ref_of(r) for r in held}
+    held_refs = set(refs_of(held))
     present = set(refs_of(record.resources))
     confirmed, removed = held_refs & present, held_refs - present
     if not removed or len(removed) <= len(confirmed):
