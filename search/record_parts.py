@@ -70,7 +70,22 @@ def parts_of(chunker: PatientChunker, resources, part: int, on_part=None):
         chunks = chunker.chunks_of(resources_of_part)
         chunker.forget_rendered()
         yield chunks
-    yield chunker.trend_part()
+    yield from trend_parts(chunker, part)
+
+
+def trend_parts(chunker: PatientChunker, part: int):
+    """The trend summaries in groups drawing on at most `part` readings together (a summary's
+    fact holds each reading of its window): a large record's are most of its last block
+    otherwise (178 summaries of 15,554 readings, 45 MB of JSON, at 16,465 resources)."""
+    group, readings = [], 0
+    for chunk in chunker.trend_pieces():
+        if group and readings + len(chunk.refs) > part:
+            yield group
+            group, readings = [], 0
+        group.append(chunk)
+        readings += len(chunk.refs)
+    if group:
+        yield group
 
 
 def whole_record_terms(chunker: PatientChunker, resources, part: int) -> list:

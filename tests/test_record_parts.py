@@ -305,3 +305,18 @@ def test_a_large_record_held_comes_back_from_the_index_compact_and_whole(tmp_pat
     assert is_compact(held) and list(held) == many
     assert not is_compact(backend.patient_resources(TENANT, "few"))
     backend.close()
+
+
+def test_the_trend_summaries_are_written_in_groups_of_bounded_readings(synthea_dir, embedder):
+    """Each summary's fact holds every reading of its window: a large record's are written in
+    groups drawing on at most a part's worth of readings (a single longer one alone), in order."""
+    from fhir_ingest.record.chunk import PatientChunker
+    from search.record_parts import trend_parts
+
+    record = record_of(synthea_dir)
+    whole = PatientChunker(TENANT, PATIENT, record.resources, embedder.budget()).trend_part()
+    groups = list(trend_parts(PatientChunker(TENANT, PATIENT, CompactResources(record.resources),
+                                             embedder.budget()), 8))
+    assert len(groups) > 2
+    assert [c.to_dict() for group in groups for c in group] == [c.to_dict() for c in whole]
+    assert all(sum(len(c.refs) for c in group) <= 8 or len(group) == 1 for group in groups)

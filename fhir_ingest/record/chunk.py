@@ -11,7 +11,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import Callable
+from typing import Callable, Iterator
 
 from .compact import Resources, lookup_of, of_types
 from .contract import Chunk, make_label
@@ -206,7 +206,13 @@ class PatientChunker:
 
     def trend_part(self) -> list[Chunk]:
         """The trend summaries of the whole record, fitted to the window."""
-        return [piece for chunk in self.trend_chunks() for piece in self.within_window(chunk)]
+        return list(self.trend_pieces())
+
+    def trend_pieces(self) -> Iterator[Chunk]:
+        """The same, one at a time: a large record's summaries (each fact holds every reading of
+        its window) are written a group at a time, never all held at once."""
+        for chunk in self.trend_chunks():
+            yield from self.within_window(chunk)
 
     def forget_rendered(self) -> None:
         """Drop what rendering cached (facts, the notes already fitted): a part's chunks need it
@@ -382,7 +388,7 @@ class PatientChunker:
         return pieces
 
     # Trends ----------------------------------------------------------------------------------
-    def trend_chunks(self) -> list[Chunk]:
+    def trend_chunks(self) -> Iterator[Chunk]:
         """Per analyte with two or more values: one summary per window ending at its last value.
         A series keeps each reading's date and `Type/id`, and a window's readings are resolved when
         its summary is written: a large record's observations are never all parsed at once."""
@@ -397,7 +403,6 @@ class PatientChunker:
             numeric = r.get("valueQuantity") or any(c.get("valueQuantity") for c in r.get("component") or [])
             if numeric and value:
                 series[key].append((when, f"Observation/{r['id']}"))
-        out = []
         for code, readings in series.items():
             if len(readings) < 2:
                 continue
@@ -410,8 +415,7 @@ class PatientChunker:
                 if len(members) < 2 or members == previous_members:
                     continue
                 previous_members = members
-                out.append(self.trend_chunk([self.by_ref[ref] for ref in members], days))
-        return out
+                yield self.trend_chunk([self.by_ref[ref] for ref in members], days)
 
     def trend_chunk(self, members: list[dict], days: int | None) -> Chunk:
         latest = members[-1]
