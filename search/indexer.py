@@ -16,6 +16,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 
 from fhir_ingest.record.chunk import ChunkProblem, PatientChunker
+from fhir_ingest.record.compact import type_counts
 from fhir_ingest.record.kinds import ESSENTIAL_TYPES, INDEXED_TYPES, SUPPORT_TYPES
 from fhir_ingest.record.load import PatientRecord
 from fhir_ingest.record.normalize import human_name
@@ -74,9 +75,7 @@ def patient_summary(record: PatientRecord, chunk_counts: dict[str, int], terms=(
             age = end.year - b.year - ((end.month, end.day) < (b.month, b.day))
         except ValueError:
             age = None
-    counts = {}
-    for r in record.resources:
-        counts[r["resourceType"]] = counts.get(r["resourceType"], 0) + 1
+    counts = type_counts(record.resources)
     summary = {
         "patient_id": record.patient_id, "name": human_name(patient), "gender": patient.get("gender", ""),
         "birth_date": birth, "age": age, "deceased": bool(patient.get("deceasedDateTime") or patient.get("deceasedBoolean")),

@@ -348,3 +348,15 @@ def test_a_survey_too_long_for_the_window_is_cut_between_its_answers_and_loses_n
                    for item in body.split("; ")), body
     said = " ".join(c.text for c in chunks)
     assert all(f"{q}: No" in said for q in questions)
+
+
+def test_the_shared_resources_a_record_points_at_are_found_from_a_stream():
+    """A Bulk round hands its resources as a generator: the Medication, the Specimen and a note's
+    Binary are all found in one pass (a second pass over a generator sees nothing)."""
+    from fhir_ingest.record.load import shared_refs
+
+    resources = [{"resourceType": "MedicationRequest", "id": "m1", "medicationReference": {"reference": "Medication/d1"}},
+                 {"resourceType": "Observation", "id": "o1", "specimen": {"reference": "Specimen/s1"}},
+                 {"resourceType": "DocumentReference", "id": "n1",
+                  "content": [{"attachment": {"contentType": "text/plain", "url": "Binary/b1"}}]}]
+    assert shared_refs(r for r in resources) == {"Medication/d1", "Specimen/s1", "Binary/b1"}

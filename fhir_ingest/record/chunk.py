@@ -11,8 +11,9 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import Callable
+from typing import Callable, Iterator
 
+from .compact import Resources, lookup_of, of_types
 from .contract import Chunk, make_label
 from .datatypes import dosage_text
 from .facts import Fact, NoteFact, SeriesFact, codings_of
@@ -91,39 +92,43 @@ def encounter_of(r: dict) -> str:
 # --- the chunker ------------------------------------------------------------------------------
 
 class PatientChunker:
-    """Chunks for one patient's resources; needs them all at once to resolve cross-references."""
+    """Chunks for one patient's resources, references resolved against all of them: a list of
+    dicts, or a large record's compact resources, parsed as each part or reference needs them
+    (fhir_ingest/record/compact.py). What it keeps of the record is references, not resources."""
 
-    def __init__(self, tenant: str, patient_id: str, resources: list[dict], budget: TextBudget):
+    def __init__(self, tenant: str, patient_id: str, resources: Resources, budget: TextBudget):
         self.tenant = tenant
         self.patient_id = patient_id
         self.budget = budget
-        self.by_ref = {f"{r['resourceType']}/{r['id']}": r for r in resources}
+        self.by_ref = lookup_of(resources)        # Type/id → resource (`get`, `in`)
         self.resources = resources
         self.problems: list[ChunkProblem] = []
         self._facts: dict[str, Fact | None] = {}
         self.fitted: set[str] = set()     # chunk ids packed to fit the window already (notes)
-        self.conditions_by_encounter = defaultdict(list)
-        for r in resources:
-            if r["resourceType"] == "Condition":
-                enc = ref_id(r.get("encounter"))
-                if enc:
-                    self.conditions_by_encounter[enc].append(r)
+        self.conditions_by_encounter: dict[str, list[str]] = defaultdict(list)    # Encounter/id → Condition/ids
+        for r in of_types(resources, ("Condition",)):
+            enc = ref_id(r.get("encounter"))
+            if enc:
+                self.conditions_by_encounter[enc].append(f"Condition/{r['id']}")
         # DiagnosticReports whose note text is already indexed through a DocumentReference twin.
         self.note_twins = set()
-        for r in resources:
-            if r["resourceType"] == "DocumentReference":
-                for ident in r.get("identifier") or []:
-                    value = ident.get("value") or ""
-                    if value.startswith("urn:uuid:"):
-                        self.note_twins.add("DiagnosticReport/" + value[len("urn:uuid:"):])
-                for rel in r.get("relatesTo") or []:
-                    target = ref_id(rel.get("target"))
-                    if target.startswith("DiagnosticReport/"):
-                        self.note_twins.add(target)
+        for r in of_types(resources, ("DocumentReference",)):
+            for ident in r.get("identifier") or []:
+                value = ident.get("value") or ""
+                if value.startswith("urn:uuid:"):
+                    self.note_twins.add("DiagnosticReport/" + value[len("urn:uuid:"):])
+            for rel in r.get("relatesTo") or []:
+                target = ref_id(rel.get("target"))
+                if target.startswith("DiagnosticReport/"):
+                    self.note_twins.add(target)
 
     def resolve(self, ref: str) -> dict | None:
         """A resource of this record by `Type/id` (what the kinds' readers resolve references with)."""
         return self.by_ref.get(ref)
+
+    def encounter_conditions(self, encounter: str) -> list[dict]:
+        """The Conditions of the record that name this encounter (`Encounter/<id>`), in order."""
+        return [c for ref in self.conditions_by_encounter.get(encounter, []) if (c := self.by_ref.get(ref)) is not None]
 
     def date_of(self, r: dict) -> str:
         """The resource's clinical date; when it records none, its encounter's (a MIMIC diagnosis
@@ -201,7 +206,13 @@ class PatientChunker:
 
     def trend_part(self) -> list[Chunk]:
         """The trend summaries of the whole record, fitted to the window."""
-        return [piece for chunk in self.trend_chunks() for piece in self.within_window(chunk)]
+        return list(self.trend_pieces())
+
+    def trend_pieces(self) -> Iterator[Chunk]:
+        """The same, one at a time: a large record's summaries (each fact holds every reading of
+        its window) are written a group at a time, never all held at once."""
+        for chunk in self.trend_chunks():
+            yield from self.within_window(chunk)
 
     def forget_rendered(self) -> None:
         """Drop what rendering cached (facts, the notes already fitted): a part's chunks need it
@@ -377,35 +388,34 @@ class PatientChunker:
         return pieces
 
     # Trends ----------------------------------------------------------------------------------
-    def trend_chunks(self) -> list[Chunk]:
-        """Per analyte with two or more values: one summary per window ending at its last value."""
-        series = defaultdict(list)
-        for r in self.resources:
-            if r["resourceType"] != "Observation" or withdrawn(r):
+    def trend_chunks(self) -> Iterator[Chunk]:
+        """Per analyte with two or more values: one summary per window ending at its last value.
+        A series keeps each reading's date and `Type/id`, and a window's readings are resolved when
+        its summary is written: a large record's observations are never all parsed at once."""
+        series: dict[str, list[tuple[str, str]]] = defaultdict(list)      # key → [(date, Observation/id)]
+        for r in of_types(self.resources, ("Observation",)):
+            if withdrawn(r):
                 continue
-            key = series_key(r)
-            if not key or not _to_date(clinical_date(r)):
+            key, when = series_key(r), clinical_date(r)
+            if not key or not _to_date(when):
                 continue
             value = observation_value(r)
             numeric = r.get("valueQuantity") or any(c.get("valueQuantity") for c in r.get("component") or [])
             if numeric and value:
-                series[key].append(r)
-        out = []
-        for code, observations in series.items():
-            if len(observations) < 2:
+                series[key].append((when, f"Observation/{r['id']}"))
+        for code, readings in series.items():
+            if len(readings) < 2:
                 continue
-            observations.sort(key=lambda o: clinical_date(o))
-            last = _to_date(clinical_date(observations[-1]))
+            readings.sort(key=lambda reading: reading[0])
+            last = _to_date(readings[-1][0])
             previous_members = None
             for days in TREND_WINDOWS + (None,):
-                members = [o for o in observations
-                           if days is None or _to_date(clinical_date(o)) >= last - timedelta(days=days)]
-                ids = [o["id"] for o in members]
-                if len(members) < 2 or ids == previous_members:
+                members = [ref for when, ref in readings
+                           if days is None or _to_date(when) >= last - timedelta(days=days)]
+                if len(members) < 2 or members == previous_members:
                     continue
-                previous_members = ids
-                out.append(self.trend_chunk(members, days))
-        return out
+                previous_members = members
+                yield self.trend_chunk([self.by_ref[ref] for ref in members], days)
 
     def trend_chunk(self, members: list[dict], days: int | None) -> Chunk:
         latest = members[-1]

@@ -36,6 +36,7 @@ from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from .compact import LARGE_RECORD, CompactResources, Resources, empty_like, is_compact, lookup_of, of_types, refs_of
 from .contract import PatientNotFound
 from .kinds import CLINICAL_TYPES, IGNORED_TYPES, INDEXED_TYPES, SUPPORT_TYPES, clinical_date
 from .normalize import binary_ref, patient_of, ref_id
@@ -124,7 +125,7 @@ MERGE = ""                   # anything else: merged into what is held, removing
 @dataclass
 class PatientRecord:
     patient_id: str
-    resources: list[dict]
+    resources: Resources      # a list of dicts; a large record's as CompactResources (compact.py)
     authority: str = SOURCE
     document: str = ""       # the document a whole record was read in, as the report names it
     as_of: str = ""          # the input's own date: Bundle.timestamp, a Bulk manifest's transactionTime
@@ -139,19 +140,23 @@ class PatientRecord:
 
     @property
     def patient(self) -> dict:
-        for r in self.resources:
-            if r["resourceType"] == "Patient":
-                return r
-        return {"resourceType": "Patient", "id": self.patient_id}
+        return next(of_types(self.resources, ("Patient",)), None) or {"resourceType": "Patient", "id": self.patient_id}
 
 
 def ref_of(resource: dict) -> str:
     return f"{resource['resourceType']}/{resource.get('id')}"
 
 
-def merge_resources(held: list[dict], changed: list[dict]) -> list[dict]:
+def merge_resources(held: Resources, changed: Resources) -> Resources:
     """What chartcite holds, with every changed resource replacing an older version of itself,
-    never a newer one (`version_order`)."""
+    never a newer one (`version_order`); compact when either is (a large record stays small)."""
+    if is_compact(held) or is_compact(changed):
+        merged = held.only(None) if is_compact(held) else CompactResources(held)
+        for resource in changed:
+            current = merged.get(ref_of(resource))
+            if current is None or version_order(resource, current) >= 0:
+                merged.put(resource)
+        return merged
     by_ref = {ref_of(r): r for r in held}
     for resource in changed:
         current = by_ref.get(ref_of(resource))
@@ -224,7 +229,7 @@ DEFAULT_BUDGET = RemovalBudget()
 ANY_TYPE = "*"          # in `partial_types`: the input could not read whole a part of unknown type
 
 
-def against_held(record: PatientRecord, held: list[dict], report: LoadReport | None = None,
+def against_held(record: PatientRecord, held: Resources, report: LoadReport | None = None,
                  budget: RemovalBudget = DEFAULT_BUDGET) -> PatientRecord:
     """The record as it is to be indexed, given the resources the index holds for the patient: the
     record alone when it may replace them, else merged into them, in part or whole (and the report
@@ -234,7 +239,7 @@ def against_held(record: PatientRecord, held: list[dict], report: LoadReport | N
         if report is not None and record.authority != MERGE:
             report.added_to.append(record.patient_id)
         return replace(record, resources=merge_resources(held, resources), authority=MERGE)
-    present = {ref_of(r) for r in resources}
+    present = set(refs_of(resources))
     lacking = [r for r in held if ref_of(r) not in present]
     kept = kept_by_rule(record, lacking, report)
     removing = len(lacking) - len(kept)
@@ -291,12 +296,14 @@ def over_budget_words(record: PatientRecord, removing: int, held: list[dict], bu
             f"run again with --allow-removals to carry it out")
 
 
-def newer_than_held(record: PatientRecord, held: list[dict], report: LoadReport | None) -> list[dict]:
+def newer_than_held(record: PatientRecord, held: Resources, report: LoadReport | None) -> Resources:
     """The record's resources, where the index holds a newer version of one, that version. What
     changes a resource held is reported when it is kept out as older, and when it came in a
     document that is not the patient's own (a stray), even if newer and indexed."""
-    held_by_ref = {ref_of(r): r for r in held}
-    resources = []
+    held_by_ref = lookup_of(held)
+    if not held_by_ref:
+        return record.resources       # nothing held to compare with (a large record stays as it is)
+    resources = empty_like(record.resources)
     for resource in record.resources:
         ref = ref_of(resource)
         current = held_by_ref.get(ref)
@@ -321,12 +328,12 @@ def change_words(record: PatientRecord, ref: str, resource: dict, current: dict,
             f"{record.patient_id} ({version_words(current)}), which stays")
 
 
-def confirms_held(record: PatientRecord, held: list[dict], report: LoadReport | None) -> bool:
+def confirms_held(record: PatientRecord, held: Resources, report: LoadReport | None) -> bool:
     """Whether a bundle that looks whole holds enough of what is held to replace it: what it would
     remove is no more than what it confirms. A Patient with a new result beside a record of
     hundreds would otherwise empty it."""
-    held_refs = {ref_of(r) for r in held}
-    present = {ref_of(r) for r in record.resources}
+    held_refs = set(refs_of(held))
+    present = set(refs_of(record.resources))
     confirmed, removed = held_refs & present, held_refs - present
     if not removed or len(removed) <= len(confirmed):
         return True
@@ -435,9 +442,10 @@ def implausible_date(resource: dict, today: date | None = None) -> str:
 
 def shared_refs(resources: Iterable[dict]) -> set[str]:
     """The patient-less resources a patient's resources point at: a Medication, a result's
-    Specimen, a note's Binary."""
-    refs = {ref for r in resources for field in ("medicationReference", "specimen") if (ref := ref_id(r.get(field)))}
+    Specimen, a note's Binary. One pass: `resources` may be a generator, or parse as it is read."""
+    refs = set()
     for r in resources:
+        refs |= {ref for field in ("medicationReference", "specimen") if (ref := ref_id(r.get(field)))}
         attachments = [c.get("attachment") for c in r.get("content") or [] if isinstance(c, dict)]
         attachments += r.get("presentedForm") or [] if isinstance(r.get("presentedForm"), list) else []
         refs |= {ref for a in attachments if isinstance(a, dict) and (ref := binary_ref(a.get("url")))}
@@ -468,17 +476,20 @@ class RecordAssembler:
         less the types it could not read whole (`partial_types`: type → why); `name`: what the
         report calls an input that is not one document (a Bulk round)."""
         partial_types = dict(partial_types or {})
+        # A large record is held as bytes from the first resource on, never whole as dicts.
+        compact = self.staging.count(patient_id) > LARGE_RECORD
         staged = []
         for item in self.staging.owned(patient_id):
             resource_type = item.resource["resourceType"]
             if self.passes_content_check(item, patient_id):
-                staged.append(item)
+                staged.append(item.compacted() if compact else item)
             else:       # the copy held, if any, is not removed for a copy that could not be read
                 partial_types.setdefault(resource_type, f"a {resource_type} that could not be read ({item.origin})")
         if not staged:
             return PatientRecord(patient_id, [], MERGE)     # nothing of it passed the checks
         kept = newest_versions(staged, self.report)
-        resources = [item.resource for item in kept]
+        resources = CompactResources.of_bodies((item.body, item.resource["resourceType"], item.resource["id"])
+                                               for item in kept) if compact else [item.resource for item in kept]
         for ref in sorted(shared_refs(resources)):
             medication = self.staging.shared(ref)
             if medication is not None:
@@ -556,7 +567,7 @@ def newest_versions(staged: list[StagedResource], report: LoadReport) -> list[St
             continue
         newer, older = (item, previous) if version_order(item.resource, previous.resource) >= 0 else (previous, item)
         kept[ref] = newer
-        if newer.resource != older.resource:
+        if newer.whole() != older.whole():
             report.warnings.append(Skipped(older.origin, f"{ref} appears again at {newer.origin} with other content; "
                                                          f"the newer version (there) is indexed"))
     return list(kept.values())

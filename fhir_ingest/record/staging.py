@@ -18,6 +18,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from .reader import NO_DOCUMENT, Document
 
@@ -27,6 +28,18 @@ class StagedResource:
     resource: dict
     origin: str
     document: str          # the key of the document it was read in ("" = a source with its own authority rule)
+    body: bytes | None = None      # when compacted: the whole resource; `resource` then holds only its identity
+
+    def compacted(self) -> "StagedResource":
+        """Held as bytes (a large record's, fhir_ingest/record/compact.py): `resource` keeps its
+        type, id and what tells two versions of it apart (`meta.versionId`, `meta.lastUpdated`)."""
+        meta = self.resource.get("meta") if isinstance(self.resource.get("meta"), dict) else {}
+        identity = {"resourceType": self.resource["resourceType"], "id": self.resource["id"],
+                    "meta": {k: meta[k] for k in ("versionId", "lastUpdated") if k in meta}}
+        return StagedResource(identity, self.origin, self.document, marshal.dumps(self.resource))
+
+    def whole(self) -> dict:
+        return marshal.loads(self.body) if self.body is not None else self.resource
 
 
 PREFIX = "chartcite-staging-"
@@ -109,11 +122,17 @@ class PatientStaging:
         self.db.execute("CREATE INDEX IF NOT EXISTS defines_document ON defines (document)")
         return [row[0] for row in self.db.execute("SELECT DISTINCT patient_id FROM owned ORDER BY patient_id")]
 
-    def owned(self, patient_id: str) -> list[StagedResource]:
-        """The patient's resources in the order they were read."""
+    def owned(self, patient_id: str) -> Iterator[StagedResource]:
+        """The patient's resources in the order they were read, parsed one at a time as they are
+        taken (a large record is held compactly: fhir_ingest/record/compact.py)."""
         rows = self.db.execute("SELECT body, origin, document FROM owned WHERE patient_id = ? ORDER BY rowid",
                                (patient_id,))
-        return [StagedResource(marshal.loads(body), origin, document) for body, origin, document in rows]
+        for body, origin, document in rows:
+            yield StagedResource(marshal.loads(body), origin, document)
+
+    def count(self, patient_id: str) -> int:
+        """How many resources are parked for the patient (copies of one resource each counted)."""
+        return self.db.execute("SELECT count(*) FROM owned WHERE patient_id = ?", (patient_id,)).fetchone()[0]
 
     def shared(self, ref: str) -> dict | None:
         row = self.db.execute("SELECT body FROM shared WHERE ref = ?", (ref,)).fetchone()
@@ -157,6 +176,9 @@ class HeldInMemory:
 
     def owned(self, patient_id: str) -> list[StagedResource]:
         return [StagedResource(resource, origin, "") for resource, origin in self._owned.get(patient_id, [])]
+
+    def count(self, patient_id: str) -> int:
+        return len(self._owned.get(patient_id, []))
 
     def shared(self, ref: str) -> dict | None:
         return self._shared.get(ref)

@@ -228,7 +228,8 @@ class Backend(ABC):
 
     @abstractmethod
     def patient_resources(self, tenant: str, patient_id: str) -> list[dict]:
-        """Every stored source resource of the patient: the base an incremental sync merges into."""
+        """Every stored source resource of the patient: the base an incremental sync merges into
+        (a large record's as `CompactResources`, read row by row: fhir_ingest/record/compact.py)."""
 
     @abstractmethod
     def get_resource(self, tenant: str, patient_id: str, ref: str) -> dict | None:

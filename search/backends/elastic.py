@@ -19,6 +19,7 @@ from itertools import chain
 import numpy as np
 from elasticsearch.serializer import JsonSerializer, OrjsonSerializer
 
+from fhir_ingest.record.compact import gathered
 from fhir_ingest.record.contract import Chunk
 
 from search.nlp.annotate import asserted_keys
@@ -562,7 +563,8 @@ class ElasticsearchBackend(Backend):
 
         def read():
             try:
-                return [hit["_source"]["data"] for hit in scan(self.es, index=self.records_index(tenant), query=query)]
+                # Hit by hit: a large record's come back compact (fhir_ingest/record/compact.py).
+                return gathered(hit["_source"]["data"] for hit in scan(self.es, index=self.records_index(tenant), query=query))
             except NotFoundError:
                 return []
         return self._call(read)

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
+from fhir_ingest.record.compact import gathered
 from fhir_ingest.record.contract import Chunk
 
 from search.nlp.annotate import asserted_keys
@@ -444,9 +445,10 @@ class EmbeddedBackend(Backend):
         return dict(rows)
 
     def patient_resources(self, tenant: str, patient_id: str) -> list[dict]:
+        # Row by row: a large record's come back compact (fhir_ingest/record/compact.py), never all parsed.
         rows = self._db().execute("SELECT data FROM resources WHERE tenant=? AND patient_id=? ORDER BY ref",
-                                  (tenant, patient_id)).fetchall()
-        return [json.loads(r[0]) for r in rows]
+                                  (tenant, patient_id))
+        return gathered(json.loads(r[0]) for r in rows)
 
     def get_resource(self, tenant: str, patient_id: str, ref: str) -> dict | None:
         row = self._db().execute("SELECT data FROM resources WHERE tenant=? AND patient_id=? AND ref=?",

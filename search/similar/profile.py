@@ -58,31 +58,77 @@ def build_profile(patient_id: str, resources: list[dict], chunks=()) -> dict:
     record's annotated chunks, give each problem its concepts ("Disorder of kidney due to
     diabetes mellitus" and "Diabetes mellitus type 2" are both diabetes)."""
     by_ref = {f"{r['resourceType']}/{r['id']}": r for r in resources}
-    facts = [(ref, r["resourceType"], fact_of(r, by_ref.get)) for ref, r in by_ref.items() if not _withdrawn(r)]
-    facts = [(ref, rt, f) for ref, rt, f in facts if f is not None]
-    patient = next((r for r in resources if r["resourceType"] == "Patient"), {})
-    newest = max((day(f.date) for _, _, f in facts if f.date), default="")
-    end = day(patient.get("deceasedDateTime", "")) or newest
-    return {
-        "version": PROFILE_VERSION, "patient_id": patient_id,
-        "sex": patient.get("gender", "") or "unknown",
-        "age_band": age_band(patient.get("birthDate", ""), end),
-        "birth": day(patient.get("birthDate", "")), "last_date": newest,
-        "problems": treated(problems(facts, problem_concepts(chunks)), facts), "medications": medications(facts),
-        "allergies": sorted({_strip_tag(f.name) for _, rt, f in facts if rt == "AllergyIntolerance" and f.name}),
-        **series_of_measures(facts), "lab_states": lab_states(facts, day(patient.get("birthDate", ""))),
-        "utilisation": utilisation(facts),
-    }
+    builder = ProfileBuilder(patient_id)
+    for resource in by_ref.values():
+        builder.add(resource, by_ref.get)
+    return builder.profile(problem_concepts(chunks))
 
 
-def problem_concepts(chunks) -> dict[str, list[str]]:
-    """Condition ref -> the problem concepts its chunk asserts (not negated)."""
-    found: dict[str, set[str]] = {}
+# Whose facts the profile keeps to the end (problems, treatment, allergies: a few per visit);
+# visits and readings, most of a large record, are reduced as they are added.
+KEPT_FACTS = frozenset({"Condition", "MedicationRequest", "MedicationStatement", "AllergyIntolerance"})
+
+
+class ProfileBuilder:
+    """A profile built a resource at a time, keeping what the profile reads of each fact rather
+    than the facts: a large record indexed in parts (search/record_parts.py) adds each part's
+    resources as they are chunked, so its end need not read the whole record again."""
+
+    def __init__(self, patient_id: str):
+        self.patient_id = patient_id
+        self.patient: dict | None = None
+        self.newest = ""
+        self.kept: list[tuple[str, str, object]] = []       # (ref, type, fact) of KEPT_FACTS
+        self.visits: list[str] = []
+        self.admissions = 0
+        self.readings = Readings()
+
+    def add(self, resource: dict, resolve) -> None:
+        """One resource of the record (each once, in the record's order); `resolve` reads a
+        reference against the whole record."""
+        rt = resource["resourceType"]
+        if rt == "Patient" and self.patient is None:
+            self.patient = resource
+        if _withdrawn(resource):
+            return
+        fact = fact_of(resource, resolve)
+        if fact is None:
+            return
+        if fact.date:
+            self.newest = max(self.newest, day(fact.date))
+        if rt in KEPT_FACTS:
+            self.kept.append((f"{rt}/{resource['id']}", rt, fact))
+        elif rt == "Encounter":
+            self.visits += [day(fact.date)] if fact.date else []
+            self.admissions += fact.encounter_class in ADMISSION
+        elif rt == "Observation":
+            self.readings.add(fact)
+
+    def profile(self, concepts: dict[str, list[str]]) -> dict:
+        """The profile; `concepts`, each Condition's problem concepts (`problem_concepts`)."""
+        patient, facts = self.patient or {}, self.kept
+        end = day(patient.get("deceasedDateTime", "")) or self.newest
+        return {
+            "version": PROFILE_VERSION, "patient_id": self.patient_id,
+            "sex": patient.get("gender", "") or "unknown",
+            "age_band": age_band(patient.get("birthDate", ""), end),
+            "birth": day(patient.get("birthDate", "")), "last_date": self.newest,
+            "problems": treated(problems(facts, concepts), facts), "medications": medications(facts),
+            "allergies": sorted({_strip_tag(f.name) for _, rt, f in facts if rt == "AllergyIntolerance" and f.name}),
+            **self.readings.measures(), "lab_states": self.readings.states(day(patient.get("birthDate", ""))),
+            "utilisation": utilisation(self.visits, self.admissions),
+        }
+
+
+def problem_concepts(chunks, found: dict[str, list[str]] | None = None) -> dict[str, list[str]]:
+    """Condition ref -> the problem concepts its chunk asserts (not negated); `found`, what
+    earlier chunks of the record gave (a record indexed in parts adds each part's)."""
+    found = dict(found or {})
     for chunk in chunks:
         if chunk.resource_type == "Condition" and chunk.refs:
-            found.setdefault(chunk.refs[0], set()).update(
-                c["key"] for c in chunk.concepts if c.get("semantic_type") == "problem" and not c.get("negated"))
-    return {ref: sorted(keys) for ref, keys in found.items()}
+            keys = {c["key"] for c in chunk.concepts if c.get("semantic_type") == "problem" and not c.get("negated")}
+            found[chunk.refs[0]] = sorted(set(found.get(chunk.refs[0], ())) | keys)
+    return found
 
 
 def problems(facts, concepts: dict[str, list[str]]) -> list[dict]:
@@ -134,24 +180,45 @@ def medications(facts) -> list[dict]:
     return sorted(found.values(), key=lambda m: m["ingredient"])
 
 
-def series_of_measures(facts) -> dict:
-    """`measures`: the series [date, value] of every common lab and vital sign (those with a short
-    name), each in its one unit (measure_units.tsv); `measures_left_out`: per measure, the readings
-    whose unit could not be converted to it (a series never mixes two units)."""
-    names = short_names()
-    series: dict[str, list[list]] = {}
-    left_out: dict[str, int] = {}
-    for _, rt, f in facts:
-        if rt != "Observation" or f.category not in ("laboratory", "vital-signs"):
-            continue
-        for name, quantity, _, loinc in readings(f, names):
+class Readings:
+    """The common labs and vital signs of a record, read one observation at a time: `measures`,
+    the series [date, value] of each (those with a short name) in its one unit
+    (measure_units.tsv), with the readings whose unit could not be converted counted apart (a
+    series never mixes two units); and the newest reading of each, for `states`."""
+
+    def __init__(self):
+        self.names = short_names()
+        self.series: dict[str, list[list]] = {}
+        self.left_out: dict[str, int] = {}
+        self.newest: dict[str, tuple] = {}      # name → (day, quantity, fact, own value?, LOINC)
+
+    def add(self, f) -> None:
+        if f.category not in ("laboratory", "vital-signs"):
+            return
+        for name, quantity, own, loinc in readings(f, self.names):
             value = in_measure_unit(name, quantity, loinc)
             if value is None:
-                left_out[name] = left_out.get(name, 0) + 1
+                self.left_out[name] = self.left_out.get(name, 0) + 1
             else:
-                series.setdefault(name, []).append([day(f.date), value])
-    return {"measures": {name: sorted(points) for name, points in sorted(series.items())},
-            "measures_left_out": dict(sorted(left_out.items()))}
+                self.series.setdefault(name, []).append([day(f.date), value])
+            if name not in self.newest or day(f.date) >= self.newest[name][0]:
+                self.newest[name] = (day(f.date), quantity, f, own, loinc)
+
+    def measures(self) -> dict:
+        return {"measures": {name: sorted(points) for name, points in sorted(self.series.items())},
+                "measures_left_out": dict(sorted(self.left_out.items()))}
+
+    def states(self, birth: str) -> dict[str, str]:
+        """Each common lab and vital sign whose newest reading is out of range: 'high' or 'low'.
+        Two patients with the same disease share its labs' state (a raised creatinine, a low
+        eGFR) when their problem lists word it differently or not at all."""
+        states = {}
+        for name, (when, quantity, fact, own, loinc) in self.newest.items():
+            age = years_between(birth, when)
+            state = reading_state(name, quantity, fact if own else None, age is not None and age >= ADULT, loinc)
+            if state:
+                states[name] = state
+        return dict(sorted(states.items()))
 
 
 def in_measure_unit(name: str, quantity, loinc: str) -> float | None:
@@ -190,25 +257,6 @@ def readings(fact, names: dict[str, str]) -> list[tuple[str, object, bool, str]]
                 found.append((name, part, False, coding.code))
                 break
     return found
-
-
-def lab_states(facts, birth: str) -> dict[str, str]:
-    """Each common lab and vital sign whose newest reading is out of range: 'high' or 'low'. Two
-    patients with the same disease share its labs' state (a raised creatinine, a low eGFR) when
-    their problem lists word it differently or not at all."""
-    names, newest = short_names(), {}
-    for _, rt, f in facts:
-        if rt == "Observation" and f.category in ("laboratory", "vital-signs"):
-            for name, quantity, own, loinc in readings(f, names):
-                if name not in newest or day(f.date) >= newest[name][0]:
-                    newest[name] = (day(f.date), quantity, f, own, loinc)
-    states = {}
-    for name, (when, quantity, fact, own, loinc) in newest.items():
-        age = years_between(birth, when)
-        state = reading_state(name, quantity, fact if own else None, age is not None and age >= ADULT, loinc)
-        if state:
-            states[name] = state
-    return dict(sorted(states.items()))
 
 
 def reading_state(name: str, quantity, fact, adult: bool, loinc: str = "") -> str:
@@ -261,12 +309,11 @@ def reference_intervals() -> dict[str, tuple[tuple[str, ...], float | None, floa
     return {name: (tuple(units.split("|")), number(low), number(high)) for name, units, low, high in rows[1:]}
 
 
-def utilisation(facts) -> dict:
-    """Visits and admissions (inpatient or emergency) per year of the record."""
-    visits = sorted(day(f.date) for _, rt, f in facts if rt == "Encounter" and f.date)
-    admissions = [f for _, rt, f in facts if rt == "Encounter" and f.encounter_class in ADMISSION]
+def utilisation(visits: list[str], admissions: int) -> dict:
+    """Visits (their dates) and admissions (inpatient or emergency) per year of the record."""
+    visits = sorted(visits)
     span = max(years_between(visits[0], visits[-1]) or 0.0, 1.0) if visits else 1.0
-    return {"visits_per_year": round(len(visits) / span, 2), "admissions_per_year": round(len(admissions) / span, 2)}
+    return {"visits_per_year": round(len(visits) / span, 2), "admissions_per_year": round(admissions / span, 2)}
 
 
 def latest_trend(points: list[list]) -> str:

@@ -54,7 +54,7 @@ def render_encounter(chunker, r) -> list[Chunk]:
     enc_class = (r.get("class") or {}).get("code", "")
     class_name = CLASS_NAMES.get(enc_class, enc_class)
     reasons = reasons_of(r, chunker.resolve)
-    diagnoses = [concept_text(c.get("code")) for c in chunker.conditions_by_encounter.get(ref, [])]
+    diagnoses = [concept_text(c.get("code")) for c in chunker.encounter_conditions(ref)]
     locations = [(loc.get("location") or {}).get("display", "") for loc in r.get("location") or []]
     period = r.get("period") or {}
     text = _sentence(
