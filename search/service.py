@@ -25,11 +25,12 @@ from search.backends.elastic_options import ElasticOptions
 from search.indexer import IndexResult, index_in_turn, index_record
 from search.record_parts import in_parts, index_in_parts
 from search.models.crossrank import CrossEncoderRanker, load_reranker
-from search.models.embed import Embedder
+from search.models.embed import Embedder, RememberedQueries
 from search.models.embedders import DEFAULT_INT8, load_embedder
 from search.models.onnx_embed import variant_of
 from search.models.llm import ChatClient, LlmError, LlmSettings, general_answer
 from search.nlp.lexicon import clean_text
+from search.note_readings import NoteReadings
 from search.retrieval.analysis import patient_terms
 from search.retrieval.pipeline import retrieve
 
@@ -64,6 +65,7 @@ class SearchService:
         self._loading = threading.Lock()
         self._backend: Backend | None = None
         self._catalog: Backend | None = None
+        self.readings = NoteReadings(lambda: self.backend, lambda: self.embedder)
 
     @property
     def embedder(self) -> Embedder:
@@ -243,21 +245,37 @@ class SearchService:
     def answer_one(self, tenant: str, patient_id: str, question: str, k: int, pipeline: str,
                    question_id: str | None, ablate: tuple[str, ...], use_llm: bool,
                    today: date | None = None) -> Answer:
-        retrieval = retrieve(self.backend, self.embedder, question, tenant, patient_id, k=k, pipeline=pipeline,
+        queries = RememberedQueries(self.embedder)
+        retrieval = retrieve(self.backend, queries, question, tenant, patient_id, k=k, pipeline=pipeline,
                              ablate=ablate, reranker=self.reranker)
-        retrieval.similarity = self.similarity_to(question)
-        context = self.answer_context(tenant, patient_id, retrieval, use_llm)
-        return decide(replace(context, today=today, question_id=question_id,
-                              general=lambda: self.general(question, tenant, patient_id, question_id, retrieval,
-                                                           use_llm)))
+        # The question's vector from retrieval (the full pipeline embeds it with its synonyms
+        # added, so there it is embedded once more).
+        retrieval.similarity = self.similarity_to(question, queries.encode_query(question))
+        # The notes' sentences as earlier questions split and embedded them (note_readings.py),
+        # and afterwards what this one had to compute kept for the next.
+        met = [ev.chunk for ev in retrieval.evidence]
 
-    def similarity_to(self, question: str):
-        """Cosine similarity of texts (a note's sentences) to the question, by the index's embedder."""
-        def similarity(texts: list[str]) -> list[float]:
-            vectors = self.embedder.encode([question] + texts)
-            vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-9)
-            return (vectors[1:] @ vectors[0]).tolist()
-        return similarity
+        def read_notes(chunks: list) -> None:
+            self.readings.load(tenant, chunks)
+            met.extend(chunks)
+
+        self.readings.load(tenant, met)
+        context = self.answer_context(tenant, patient_id, retrieval, use_llm)
+        answer = decide(replace(context, today=today, question_id=question_id, read_notes=read_notes,
+                                general=lambda: self.general(question, tenant, patient_id, question_id, retrieval,
+                                                             use_llm)))
+        self.readings.keep(tenant, met)
+        return answer
+
+    def similarity_to(self, question: str, vector: np.ndarray | None = None):
+        """Cosine similarity of texts (a note's sentences) to the question, by the index's embedder;
+        `vector`: the question's, when retrieval embedded it already."""
+        return self.readings.similarity(self.embedder.encode_query(question) if vector is None else vector)
+
+    def warm_notes(self, tenant: str, patient_id: str) -> int:
+        """The patient's notes read ahead of the first question (note_readings.py): returns the
+        note chunks read."""
+        return self.readings.warm(tenant, patient_id)
 
     def answer_context(self, tenant: str, patient_id: str, retrieval, use_llm: bool) -> AnswerContext:
         def grounded(result: Answer) -> Answer:

@@ -125,6 +125,26 @@ class IndexCheck:
 
 
 @dataclass
+class StoredReading:
+    """How answering read one note chunk, as the index keeps it (search/note_readings.py): the
+    sentence spans of each piece of its text it split, and the vectors of the sentences it
+    compared with a question."""
+    chunk_id: str
+    text_digest: str                   # text_digest(chunk.text) it was read from: another text makes it stale
+    model: str                         # the embedding model of its vectors
+    splits: dict[str, list]            # a piece of the chunk's text -> its sentences' [start, end] spans
+    texts: list[str]                   # the texts whose vectors follow, in order
+    vectors: np.ndarray                # float32, one row per text
+
+
+def text_digest(text: str) -> str:
+    """A short digest of a chunk's text: what a kept reading was read from."""
+    import hashlib
+
+    return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+
+
+@dataclass
 class Scope:
     tenant: str
     patient_id: str
@@ -216,6 +236,17 @@ class Backend(ABC):
 
     @abstractmethod
     def get_chunks(self, tenant: str, chunk_ids: list[str]) -> list[Chunk]: ...
+
+    def get_readings(self, tenant: str, chunk_ids: list[str]) -> dict[str, StoredReading]:
+        """The readings the index keeps of these note chunks. A backend that keeps none (on
+        Elasticsearch they stay in each process's memory) returns nothing."""
+        return {}
+
+    def put_readings(self, tenant: str, readings: list[StoredReading]) -> bool:
+        """Keep these readings beside their chunks (a chunk no longer held gets none); False when
+        nothing was written (not kept by this backend, or the index was busy: a question never
+        waits on it)."""
+        return False
 
     @abstractmethod
     def indexed_texts(self, tenant: str, patient_id: str) -> dict[str, str]:

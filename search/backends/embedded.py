@@ -21,7 +21,7 @@ from fhir_ingest.record.contract import Chunk
 from search.nlp.annotate import asserted_keys
 from search.similar.version import PROFILE_VERSION
 from search.backends.base import (PENDING_PROBLEM, VECTOR_PENDING, Backend, BackendError, Hit, IndexCheck,
-                                  ModelMismatch, Scope,
+                                  ModelMismatch, Scope, StoredReading, text_digest,
                                   ProfileGaps, profile_gaps, profile_problems, summary_after_removal)
 from search.nlp.lexicon import tokens
 
@@ -30,6 +30,8 @@ from search.nlp.lexicon import tokens
 # opening, step by step; a newer one is refused, since this code would misread it.
 SCHEMA_VERSION = 2
 log = logging.getLogger(__name__)
+BUSY_WAIT_MS = 30_000          # how long a statement waits for another writer to finish
+READING_WAIT_MS = 50           # ...and a note reading kept while a question is answered
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -79,6 +81,13 @@ CREATE TABLE IF NOT EXISTS profiles (
 CREATE TABLE IF NOT EXISTS profile_keys (
     tenant TEXT NOT NULL, key TEXT NOT NULL, patient_id TEXT NOT NULL,
     PRIMARY KEY (tenant, key, patient_id)
+);
+-- How answering read a note chunk (search/note_readings.py): the sentence spans of the pieces of
+-- its text and its sentences' vectors, kept so no process splits or embeds them again. A row is
+-- of the chunk text whose digest it carries; it goes when its chunk goes or its text changes.
+CREATE TABLE IF NOT EXISTS chunk_readings (
+    chunk_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, text_hash TEXT NOT NULL, model TEXT NOT NULL,
+    splits TEXT NOT NULL, texts TEXT NOT NULL, vectors BLOB NOT NULL
 );
 -- A profile rewritten drops its keys by patient: without this, each write read every key of the
 -- tenant (10,000 patients: 151 ms a profile, quadratic in the tenant).
@@ -150,7 +159,8 @@ class EmbeddedBackend(Backend):
     def _db(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+            conn = sqlite3.connect(self.path, timeout=BUSY_WAIT_MS / 1000, isolation_level=None,
+                                   check_same_thread=False)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.create_function("scope_word", 2, scope_word, deterministic=True)
@@ -274,6 +284,9 @@ class EmbeddedBackend(Backend):
             db.executemany("INSERT OR IGNORE INTO chunk_refs VALUES (?,?,?)", refs)
             db.executemany("DELETE FROM chunk_concepts WHERE chunk_id = ?", replaced)
             db.executemany("INSERT OR IGNORE INTO chunk_concepts VALUES (?,?,?,?)", concepts)
+            # A chunk whose text changed is read again: its kept reading was of the old text.
+            db.executemany("DELETE FROM chunk_readings WHERE chunk_id = ? AND text_hash != ?",
+                           [(cid, text_digest(unique[cid][0].text)) for (cid,) in replaced])
 
     def add_vectors(self, chunks: list[Chunk], vectors: np.ndarray, lexical_texts: list[str]) -> None:
         # The row, its full-text entry, refs and concepts were written with the words: only the
@@ -303,6 +316,7 @@ class EmbeddedBackend(Backend):
             db.executemany("DELETE FROM chunks_fts WHERE tenant = ? AND chunk_id = ?", ids)
             db.executemany("DELETE FROM chunk_refs WHERE tenant = ? AND chunk_id = ?", ids)
             db.executemany("DELETE FROM chunk_concepts WHERE tenant = ? AND chunk_id = ?", ids)
+            db.executemany("DELETE FROM chunk_readings WHERE tenant = ? AND chunk_id = ?", ids)
         return removed
 
     def delete_refs(self, tenant: str, patient_id: str, refs: list[str]) -> int:
@@ -438,6 +452,51 @@ class EmbeddedBackend(Backend):
         by_id = {cid: Chunk.from_dict(json.loads(data)) for cid, data in rows}
         return [by_id[c] for c in chunk_ids if c in by_id]
 
+    def get_readings(self, tenant: str, chunk_ids: list[str]) -> dict[str, StoredReading]:
+        if not chunk_ids:
+            return {}
+        marks = ",".join("?" * len(chunk_ids))
+        rows = self._db().execute(f"SELECT chunk_id, text_hash, model, splits, texts, vectors FROM chunk_readings "
+                                  f"WHERE tenant = ? AND chunk_id IN ({marks})", [tenant, *chunk_ids]).fetchall()
+        found = {}
+        for cid, digest, model, splits, texts, vectors in rows:
+            texts = orjson.loads(texts)
+            matrix = np.frombuffer(vectors, dtype=np.float32).reshape(len(texts), -1) if texts else \
+                np.zeros((0, 0), dtype=np.float32)
+            found[cid] = StoredReading(cid, digest, model, orjson.loads(splits), texts, matrix)
+        return found
+
+    def put_readings(self, tenant: str, readings: list[StoredReading]) -> bool:
+        rows = [(r.chunk_id, tenant, r.text_digest, r.model, as_json(r.splits), as_json(r.texts),
+                 np.asarray(r.vectors, dtype=np.float32).tobytes(), r.chunk_id, tenant) for r in readings]
+        if not rows:
+            return False
+        db = self._db()
+        # Asked while a question is answered: if an indexing write holds the index, the reading
+        # is kept next time rather than the answer waiting for the writer.
+        db.execute(f"PRAGMA busy_timeout = {READING_WAIT_MS}")
+        try:
+            with self._transaction():
+                # Only beside a chunk still held: a chunk removed meanwhile leaves no row behind.
+                db.executemany("INSERT OR REPLACE INTO chunk_readings SELECT ?, ?, ?, ?, ?, ?, ? WHERE EXISTS "
+                               "(SELECT 1 FROM chunks WHERE chunk_id = ? AND tenant = ?)", rows)
+            return True
+        except sqlite3.OperationalError as exc:
+            # Busy: kept by a later question. Anything else (a read-only data directory) costs
+            # only the keeping, never the answer.
+            (log.debug if "locked" in str(exc) or "busy" in str(exc) else log.warning)(
+                "note readings not kept this time: %s", exc)
+            return False
+        finally:
+            db.execute(f"PRAGMA busy_timeout = {BUSY_WAIT_MS}")
+
+    def prune_readings(self, tenant: str) -> int:
+        """Readings of chunks the index no longer holds (left by a chartcite that did not know
+        them) removed; returns how many."""
+        with self._transaction() as db:
+            return db.execute("DELETE FROM chunk_readings WHERE tenant = ? AND chunk_id NOT IN "
+                              "(SELECT chunk_id FROM chunks WHERE tenant = ?)", (tenant, tenant)).rowcount
+
     def indexed_texts(self, tenant: str, patient_id: str) -> dict[str, str]:
         rows = self._db().execute("SELECT chunk_id, text_hash FROM chunks WHERE tenant=? AND patient_id=?",
                                   (tenant, patient_id)).fetchall()
@@ -562,7 +621,14 @@ class EmbeddedBackend(Backend):
         for patient_id, summary in summaries.items():
             problems += summary_disagreement(patient_id, summary, actual.get(patient_id, 0))
         profile_counts, profile_said, profile_warnings = profile_problems(self.profile_gaps(tenant))
-        return IndexCheck({**counts, **profile_counts}, problems + profile_said, profile_warnings)
+        readings, orphaned = db.execute(
+            "SELECT count(*), coalesce(sum(c.chunk_id IS NULL), 0) FROM chunk_readings r LEFT JOIN chunks c "
+            "ON c.chunk_id = r.chunk_id WHERE r.tenant = ?", (tenant,)).fetchone()
+        # Never read (a reading is looked up by a held chunk), so worth a line, not a failed check.
+        orphans = [f"{orphaned} note readings belong to chunks the index no longer holds (left by an earlier "
+                   f"chartcite): `chartcite check --repair` removes them"] if orphaned else []
+        return IndexCheck({**counts, **profile_counts, "note readings": readings}, problems + profile_said,
+                          profile_warnings + orphans)
 
     def profile_gaps(self, tenant: str) -> ProfileGaps:
         db = self._db()

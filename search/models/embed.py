@@ -158,3 +158,21 @@ def _fingerprint(path: str) -> str:
 def default_model_cache() -> Path:
     """Where built model files are kept, once per machine (CHARTCITE_MODEL_CACHE overrides)."""
     return Path.home() / ".cache" / "chartcite" / "models"
+
+
+class RememberedQueries:
+    """An embedder that remembers the vectors of the queries it embedded (one question's
+    retrieval), so the answer compares the question with note sentences without embedding it
+    again: same embedder, same vector. Everything else is the embedder's."""
+
+    def __init__(self, embedder: Embedder):
+        self.embedder = embedder
+        self.queries: dict[str, np.ndarray] = {}
+
+    def encode_query(self, text: str) -> np.ndarray:
+        if text not in self.queries:
+            self.queries[text] = self.embedder.encode_query(text)
+        return self.queries[text]
+
+    def __getattr__(self, name: str):
+        return getattr(self.embedder, name)

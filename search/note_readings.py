@@ -1,0 +1,173 @@
+"""Note chunks read once: the sentence splits of a note chunk's text and the vectors of its
+sentences, computed the first time a question (or the warm-up of an opened patient) needs them,
+then kept in this process's memory (bounded) and in the index beside the chunk.
+
+Answering reads the evidence's notes sentence by sentence (search/answering/notes.py): PyRuSH
+splits each piece of a chunk's text and the embedder compares each sentence with the question.
+Both depend on the chunk's text alone, not on the question, so neither is done twice for one text:
+a question loads what the index keeps of its note chunks before answering, and afterwards keeps
+what it had to compute. A kept reading is of the chunk text whose digest it carries: a changed
+text is read again, and the rows go with their chunk (EmbeddedBackend.delete_chunks). Splitting
+every note when it is indexed would cost indexing about 40% more CPU, so a chunk is read when a
+question (or an opened patient's warm-up) first meets it. Elasticsearch keeps no readings: there
+they stay in each process's memory.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from typing import Callable, Iterable
+
+import numpy as np
+
+from fhir_ingest.record.notes import NotRemembered, note_sentences, only_remembered, remember_splits, \
+    remembered_splits
+from search.answering.notes import ranked_texts, split_texts, stated_texts
+from search.backends.base import Backend, Scope, StoredReading, text_digest
+
+log = logging.getLogger(__name__)
+
+# Sentence vectors remembered by a process: 384 float32 each, about 30 MB.
+VECTORS_KEPT = 20_000
+# Chunks whose kept reading this process knows (loaded or written), so it asks the index once.
+CHUNKS_KNOWN = 50_000
+# Note chunks an opened patient's warm-up reads: the newest, as class answers read them.
+WARM_NOTE_CHUNKS = 500
+
+
+class _Lru:
+    """A bounded map, the least recently used forgotten first; safe across answering threads."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.items: OrderedDict = OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, key):
+        with self.lock:
+            value = self.items.get(key)
+            if value is not None:
+                self.items.move_to_end(key)
+            return value
+
+    def put(self, key, value) -> None:
+        with self.lock:
+            self.items[key] = value
+            self.items.move_to_end(key)
+            while len(self.items) > self.size:
+                self.items.popitem(last=False)
+
+
+def _notes(chunks: Iterable) -> list:
+    return list({c.chunk_id: c for c in chunks if c.semantic_type == "note"}.values())
+
+
+class NoteReadings:
+    """One per service: its embedder's sentence vectors, and what its index keeps of them."""
+
+    def __init__(self, backend: Callable[[], Backend], embedder: Callable[[], object]):
+        self._backend, self._embedder = backend, embedder
+        self.vectors = _Lru(VECTORS_KEPT)
+        # chunk id -> (digest of its text, texts split, texts embedded) as the index keeps them.
+        self.known = _Lru(CHUNKS_KNOWN)
+
+    # --- the question's side ----------------------------------------------------------------
+    def similarity(self, question_vector: np.ndarray) -> Callable[[list[str]], list[float]]:
+        """Cosine similarity of texts to the question: texts met before are not embedded again."""
+        question = _unit(np.asarray(question_vector, dtype=np.float32))
+
+        def similarity(texts: list[str]) -> list[float]:
+            vectors = self.vectors_of(texts)
+            if not texts:
+                return []
+            return (np.stack([vectors[t] for t in texts]) @ question).tolist()
+        return similarity
+
+    def vectors_of(self, texts: list[str]) -> dict[str, np.ndarray]:
+        """Each text's unit vector, embedding (in one call) only those not remembered."""
+        found = {t: v for t in dict.fromkeys(texts) for v in (self.vectors.get(t),) if v is not None}
+        missing = [t for t in dict.fromkeys(texts) if t not in found]
+        if missing:
+            for text, vector in zip(missing, self._embedder().encode(missing)):
+                found[text] = _unit(vector)
+                self.vectors.put(text, found[text])
+        return found
+
+    def load(self, tenant: str, chunks: Iterable) -> None:
+        """What the index keeps of these note chunks' readings, into memory: asked once per chunk
+        text and process."""
+        notes = [c for c in _notes(chunks) if (self.known.get(c.chunk_id) or ("",))[0] != text_digest(c.text)]
+        if not notes:
+            return
+        model = self._embedder().name
+        kept = self._backend().get_readings(tenant, [c.chunk_id for c in notes])
+        for chunk in notes:
+            digest, row = text_digest(chunk.text), kept.get(chunk.chunk_id)
+            if row is None or row.text_digest != digest:
+                self.known.put(chunk.chunk_id, (digest, frozenset(), frozenset()))
+                continue
+            remember_splits(row.splits)
+            texts = row.texts if row.model == model else []
+            for text, vector in zip(texts, row.vectors):
+                self.vectors.put(text, vector)
+            self.known.put(chunk.chunk_id, (digest, frozenset(row.splits), frozenset(texts)))
+
+    def keep(self, tenant: str, chunks: Iterable) -> int:
+        """What this process has computed of these note chunks' readings and the index does not
+        yet keep, written beside them (nothing is split or embedded for it). Returns the chunks
+        written."""
+        rows = [row for row in (self._reading(chunk) for chunk in _notes(chunks)) if row is not None]
+        if rows and self._backend().put_readings(tenant, rows):
+            for row in rows:
+                self.known.put(row.chunk_id, (row.text_digest, frozenset(row.splits), frozenset(row.texts)))
+            return len(rows)
+        return 0
+
+    def _reading(self, chunk) -> StoredReading | None:
+        """The chunk's reading as this process holds it, when it holds more than the index keeps."""
+        digest = text_digest(chunk.text)
+        splits = remembered_splits(split_texts(chunk))
+        texts = []
+        for texts_of in (ranked_texts, stated_texts):
+            try:
+                with only_remembered():        # the sentences this process has split, no others
+                    texts += [t for t in texts_of(chunk) if self.vectors.get(t) is not None]
+            except NotRemembered:
+                continue
+        texts = list(dict.fromkeys(texts))
+        vectors = [self.vectors.get(t) for t in texts]
+        texts = [t for t, v in zip(texts, vectors) if v is not None]      # one forgotten meanwhile
+        known = self.known.get(chunk.chunk_id)
+        if known and known[0] == digest and set(splits) <= known[1] and set(texts) <= known[2]:
+            return None
+        if not splits and not texts:
+            return None
+        matrix = np.stack([self.vectors.get(t) for t in texts]) if texts else np.zeros((0, 0), dtype=np.float32)
+        if len(matrix) != len(texts):
+            return None
+        return StoredReading(chunk.chunk_id, digest, self._embedder().name,
+                             {text: [list(span) for span in spans] for text, spans in splits.items()}, texts, matrix)
+
+    # --- an opened patient ------------------------------------------------------------------
+    def warm(self, tenant: str, patient_id: str) -> int:
+        """The patient's newest note chunks read now (kept readings loaded, the rest split and
+        embedded, and kept), so a first question about the notes finds them ready. Returns the
+        note chunks read."""
+        backend = self._backend()
+        hits = backend.latest(Scope(tenant, patient_id, semantic_types=("note",)), WARM_NOTE_CHUNKS)
+        chunks = backend.get_chunks(tenant, [h.chunk_id for h in hits])
+        for start in range(0, len(chunks), 25):
+            batch = chunks[start:start + 25]
+            self.load(tenant, batch)
+            for chunk in batch:
+                for text in split_texts(chunk):
+                    note_sentences(text)
+            self.vectors_of([t for chunk in batch for t in ranked_texts(chunk) + stated_texts(chunk)])
+            self.keep(tenant, batch)
+        return len(chunks)
+
+
+def _unit(vector: np.ndarray) -> np.ndarray:
+    vector = np.asarray(vector, dtype=np.float32)
+    return vector / max(float(np.linalg.norm(vector)), 1e-9)

@@ -1,0 +1,171 @@
+"""Note chunks read once (search/note_readings.py): a note's pieces are split and its sentences
+embedded at most once, whichever question or process meets them first; a changed text is read
+again; a removed note's readings go with it."""
+from __future__ import annotations
+
+import base64
+from collections import Counter
+
+import pytest
+
+import fhir_ingest.record.notes as notes
+from fhir_ingest.record.notes import NotRemembered, forget_splits, note_sentences, only_remembered
+from search.service import SearchService
+
+from .conftest import indexed_record
+
+PID = "p-readings"
+PATIENT = {"resourceType": "Patient", "id": PID, "gender": "male", "birthDate": "1950-01-01"}
+TEXT = """HISTORY OF PRESENT ILLNESS: A 64-year-old man seen by Dr. Smith for chest pain.
+
+ALLERGIES:
+SULFA AND IVP DYE.
+
+HOSPITAL COURSE:
+He was ruled out for MI. An echocardiogram showed an ejection fraction of 55%.
+
+DISCHARGE MEDICATIONS:
+1.  Levaquin 250 mg p.o. every other day for the next 5 days.
+2.  Novolin 70/30, 15 units b.i.d.
+PLAN: Follow up with cardiology in 2 weeks."""
+
+
+def note(text: str) -> dict:
+    return {"resourceType": "DocumentReference", "id": "ds-1", "status": "current",
+            "subject": {"reference": f"Patient/{PID}"},
+            "type": {"coding": [{"system": "http://loinc.org", "code": "18842-5", "display": "Discharge summary"}]},
+            "date": "2010-05-02T10:00:00Z",
+            "content": [{"attachment": {"contentType": "text/plain", "data": base64.b64encode(text.encode()).decode()}}]}
+
+
+class Counted:
+    """Counts each text PyRuSH splits and each text the embedder embeds outside retrieval."""
+
+    def __init__(self, monkeypatch, embedder):
+        self.split, self.embedded = Counter(), Counter()
+        split = notes._split_sentences
+
+        def counting_split(text):
+            self.split[text] += 1
+            return split(text)
+
+        encode = embedder.encode
+
+        def counting_encode(texts, progress=None):
+            self.embedded.update(texts)
+            return encode(texts, progress)
+
+        monkeypatch.setattr(notes, "_split_sentences", counting_split)
+        monkeypatch.setattr(embedder, "encode", counting_encode)
+
+    def clear(self):
+        self.split.clear()
+        self.embedded.clear()
+
+
+@pytest.fixture()
+def record(tmp_path, embedder, monkeypatch):
+    service = indexed_record(tmp_path, [PATIENT, note(TEXT)])
+    forget_splits()              # as in a process that has met none of it
+    counted = Counted(monkeypatch, service.embedder)
+    yield service, counted, tmp_path
+    service.close()
+
+
+def kept_readings(service) -> dict:
+    return dict(service.backend._db().execute("SELECT chunk_id, text_hash FROM chunk_readings").fetchall())
+
+
+def test_a_note_is_split_and_embedded_once_across_questions_and_processes(record):
+    service, counted, folder = record
+    first = service.ask("t", PID, "what was the ejection fraction?")
+    assert "55%" in first["answer"], first["answer"]
+    assert counted.split and counted.embedded, "the first question reads the note"
+    assert max(counted.split.values()) == 1 and max(counted.embedded.values()) == 1
+    service.ask("t", PID, "what antibiotic did he go home on?")
+    # Every piece split once and every sentence embedded once, over both questions.
+    assert max(counted.split.values()) == 1, [t for t, n in counted.split.items() if n > 1]
+    assert max(counted.embedded.values()) == 1, [t for t, n in counted.embedded.items() if n > 1]
+    assert kept_readings(service), "what was computed is kept in the index"
+
+    # Another process (nothing remembered) reads the kept readings instead of splitting again.
+    forget_splits()
+    counted.clear()
+    other = SearchService("embedded", folder / "index.sqlite")
+    try:
+        again = other.ask("t", PID, "what was the ejection fraction?")
+    finally:
+        other.close()
+    assert again["answer"] == first["answer"]
+    assert not counted.split, list(counted.split)
+    assert list(counted.embedded) == [], "the sentences' vectors come from the index"
+
+
+def test_a_changed_note_text_is_split_again(record, tmp_path_factory):
+    service, counted, folder = record
+    service.ask("t", PID, "what was the ejection fraction?")
+    before = kept_readings(service)
+    assert before
+    changed = TEXT.replace("ejection fraction of 55%", "ejection fraction of 35%")
+    path = tmp_path_factory.mktemp("changed") / "record.ndjson"
+    import json
+
+    path.write_text("\n".join(json.dumps(r) for r in (PATIENT, note(changed))) + "\n", encoding="utf-8")
+    service.index_paths("t", [path])
+    # The chunk holding the changed sentence keeps no reading of its old text.
+    assert all(kept_readings(service).get(cid) != digest for cid, digest in before.items()), \
+        "a reading of the old text survived"
+    counted.clear()
+    answer = service.ask("t", PID, "what was the ejection fraction?")
+    assert "35%" in answer["answer"], answer["answer"]
+    assert any("35%" in text for text in counted.split), "the changed text was split again"
+
+
+def test_a_removed_note_takes_its_readings_with_it(record):
+    service, _, _ = record
+    service.ask("t", PID, "what was the ejection fraction?")
+    assert kept_readings(service)
+    service.delete_resources("t", PID, ["DocumentReference/ds-1"])
+    assert kept_readings(service) == {}
+    check = service.backend.check("t")
+    assert check.counts["note readings"] == 0 and not check.warnings, check
+
+
+def test_check_reports_readings_left_without_their_chunk_and_repair_removes_them(record):
+    service, _, _ = record
+    service.ask("t", PID, "what was the ejection fraction?")
+    db = service.backend._db()
+    # As an earlier chartcite, which did not know the readings, would leave them.
+    db.execute("DELETE FROM chunks WHERE semantic_type = 'note'")
+    check = service.backend.check("t")
+    assert any("note readings belong to chunks the index no longer holds" in w for w in check.warnings), check
+    assert service.backend.prune_readings("t") > 0
+    assert kept_readings(service) == {}
+
+
+def test_the_question_is_embedded_once_for_retrieval_and_the_sentences(record):
+    service, counted, _ = record
+    asked = []
+    embedder = service.embedder
+    encode_query = embedder.encode_query
+
+    def counting(text):
+        asked.append(text)
+        return encode_query(text)
+
+    embedder.encode_query = counting
+    try:
+        service.ask("t", PID, "what was the ejection fraction?", pipeline="dense")
+    finally:
+        del embedder.encode_query
+    assert asked == ["what was the ejection fraction?"]
+    assert counted.embedded and "what was the ejection fraction?" not in counted.embedded
+
+
+def test_nothing_is_split_inside_only_remembered():
+    forget_splits()
+    with only_remembered(), pytest.raises(NotRemembered):
+        note_sentences("A sentence never split before. And another.")
+    note_sentences("A sentence never split before. And another.")
+    with only_remembered():
+        assert len(note_sentences("A sentence never split before. And another.")) == 2
