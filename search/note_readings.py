@@ -15,6 +15,7 @@ they stay in each process's memory.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 from collections import OrderedDict
 from typing import Callable, Iterable
@@ -97,7 +98,7 @@ class NoteReadings:
     def load(self, tenant: str, chunks: Iterable) -> None:
         """What the index keeps of these note chunks' readings, into memory: asked once per chunk
         text and process."""
-        notes = [c for c in _notes(chunks) if (self.known.get(c.chunk_id) or ("",))[0] != text_digest(c.text)]
+        notes = [c for c in _notes(chunks) if not self._in_memory(c)]
         if not notes:
             return
         model = self._embedder().name
@@ -112,6 +113,14 @@ class NoteReadings:
             for text, vector in zip(texts, row.vectors):
                 self.vectors.put(text, vector)
             self.known.put(chunk.chunk_id, (digest, frozenset(row.splits), frozenset(texts)))
+
+    def _in_memory(self, chunk) -> bool:
+        """What the index keeps of the chunk is in this process's memory still (none forgotten)."""
+        known = self.known.get(chunk.chunk_id)
+        if known is None or known[0] != text_digest(chunk.text):
+            return False
+        return len(remembered_splits(known[1])) == len(known[1]) and all(self.vectors.get(t) is not None
+                                                                          for t in known[2])
 
     def keep(self, tenant: str, chunks: Iterable) -> int:
         """What this process has computed of these note chunks' readings and the index does not
@@ -171,3 +180,44 @@ class NoteReadings:
 def _unit(vector: np.ndarray) -> np.ndarray:
     vector = np.asarray(vector, dtype=np.float32)
     return vector / max(float(np.linalg.norm(vector)), 1e-9)
+
+
+class Warmer:
+    """Reads opened patients' notes on one background thread, one patient at a time, each record
+    once as it stands (`key`: what it was read as, e.g. its chunk count): opening the same patient
+    again, or a second frame, queues nothing more."""
+
+    def __init__(self, warm: Callable[[str, str], int]):
+        self._warm = warm
+        self._queue: queue.Queue = queue.Queue()
+        self._seen = _Lru(CHUNKS_KNOWN)
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def soon(self, tenant: str, patient_id: str, key: object) -> bool:
+        """Queued unless this record, as `key` says it stands, was queued before."""
+        with self._lock:
+            if self._seen.get((tenant, patient_id)) == key:
+                return False
+            self._seen.put((tenant, patient_id), key)
+            if self._thread is None:
+                # A daemon: a process that stops does not wait for a warm-up nobody asked for.
+                self._thread = threading.Thread(target=self._work, name="chartcite-notes", daemon=True)
+                self._thread.start()
+        self._queue.put((tenant, patient_id))
+        return True
+
+    def wait(self) -> None:
+        """Until everything queued is read (tests)."""
+        self._queue.join()
+
+    def _work(self) -> None:
+        while True:
+            tenant, patient_id = self._queue.get()
+            try:
+                self._warm(tenant, patient_id)
+            except Exception:       # a warm-up is an optimisation: the question reads the notes itself
+                log.exception("reading an opened patient's notes ahead failed")
+            finally:
+                self._queue.task_done()
+

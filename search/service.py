@@ -30,7 +30,7 @@ from search.models.embedders import DEFAULT_INT8, load_embedder
 from search.models.onnx_embed import variant_of
 from search.models.llm import ChatClient, LlmError, LlmSettings, general_answer
 from search.nlp.lexicon import clean_text
-from search.note_readings import NoteReadings
+from search.note_readings import NoteReadings, Warmer
 from search.retrieval.analysis import patient_terms
 from search.retrieval.pipeline import retrieve
 
@@ -66,6 +66,7 @@ class SearchService:
         self._backend: Backend | None = None
         self._catalog: Backend | None = None
         self.readings = NoteReadings(lambda: self.backend, lambda: self.embedder)
+        self.warmer = Warmer(self.warm_notes)
 
     @property
     def embedder(self) -> Embedder:
@@ -276,6 +277,12 @@ class SearchService:
         """The patient's notes read ahead of the first question (note_readings.py): returns the
         note chunks read."""
         return self.readings.warm(tenant, patient_id)
+
+    def warm_notes_soon(self, tenant: str, patient_id: str, key: object) -> bool:
+        """warm_notes on a background thread, once per record as `key` says it stands (the frame
+        passes its chunk count): True when queued. Not before the model is loaded: loading it is
+        the process's warm-up's work, and the first question would wait for it either way."""
+        return self.model_loaded and self.warmer.soon(tenant, patient_id, key)
 
     def answer_context(self, tenant: str, patient_id: str, retrieval, use_llm: bool) -> AnswerContext:
         def grounded(result: Answer) -> Answer:

@@ -10,6 +10,7 @@ import pytest
 
 import fhir_ingest.record.notes as notes
 from fhir_ingest.record.notes import NotRemembered, forget_splits, note_sentences, only_remembered
+from search.backends.base import Scope
 from search.service import SearchService
 
 from .conftest import indexed_record
@@ -169,3 +170,48 @@ def test_nothing_is_split_inside_only_remembered():
     note_sentences("A sentence never split before. And another.")
     with only_remembered():
         assert len(note_sentences("A sentence never split before. And another.")) == 2
+
+
+def test_an_opened_patients_notes_are_read_before_the_first_question(record):
+    service, counted, folder = record
+    other = SearchService("embedded", folder / "index.sqlite")      # a process that has read nothing
+    try:
+        assert other.warm_notes("t", PID) == 1
+        assert counted.split and counted.embedded
+        counted.clear()
+        forget_splits()
+        answer = other.ask("t", PID, "what antibiotic did he go home on?")
+    finally:
+        other.close()
+    assert "Levaquin" in answer["answer"], answer["answer"]
+    # Only the question itself was embedded for its answer: the note's sentences were ready.
+    assert not counted.split and list(counted.embedded) == [], (list(counted.split), list(counted.embedded))
+
+
+def test_opening_the_frame_reads_the_patients_notes_ahead_once(tmp_path, synthea_dir, embedder):
+    import shutil
+
+    from smart_app.app import create_app
+    from smart_app.settings import Settings
+
+    from .conftest import InlineRunner, demo_launch
+
+    patient = "8ef99ca1-5615-7aa6-d383-47fe931a1f14"
+    source = tmp_path / "source"
+    source.mkdir()
+    shutil.copy(synthea_dir / f"{patient}.json.gz", source)
+    settings = Settings.load({"CHARTCITE_DATA_DIR": str(tmp_path / "data"), "CHARTCITE_DEMO_SOURCE": str(source),
+                              "CHARTCITE_DEMO_LAUNCH": "true"})
+    app = create_app(settings, runner=InlineRunner(settings))
+    service = app.extensions["chartcite.search"]
+    service.warm_up()
+    client = app.test_client()
+    demo_launch(client, patient)          # indexed during the launch, so the frame finds it ready
+    demo_launch(client, patient)
+    service.warmer.wait()
+    kept = kept_readings(service)
+    notes = service.backend.count(Scope("default", patient, semantic_types=("note",)))
+    assert notes and len(kept) == notes, (len(kept), notes)
+    # The same record opened again queues nothing more.
+    assert not service.warm_notes_soon("default", patient, sum(service.patient("default", patient)["chunk_counts"].values()))
+    service.close()
