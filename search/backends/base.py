@@ -248,6 +248,10 @@ class Backend(ABC):
         waits on it)."""
         return False
 
+    def prune_readings(self, tenant: str) -> int:
+        """Kept readings of chunks the index no longer holds removed (`check --repair`); how many."""
+        return 0
+
     @abstractmethod
     def indexed_texts(self, tenant: str, patient_id: str) -> dict[str, str]:
         """chunk_id → hash of the text it was embedded from, for skipping unchanged chunks."""

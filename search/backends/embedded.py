@@ -491,8 +491,7 @@ class EmbeddedBackend(Backend):
             db.execute(f"PRAGMA busy_timeout = {BUSY_WAIT_MS}")
 
     def prune_readings(self, tenant: str) -> int:
-        """Readings of chunks the index no longer holds (left by a chartcite that did not know
-        them) removed; returns how many."""
+        # Left by a chartcite that removed chunks without knowing their readings.
         with self._transaction() as db:
             return db.execute("DELETE FROM chunk_readings WHERE tenant = ? AND chunk_id NOT IN "
                               "(SELECT chunk_id FROM chunks WHERE tenant = ?)", (tenant, tenant)).rowcount
