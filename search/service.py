@@ -246,25 +246,27 @@ class SearchService:
     def answer_one(self, tenant: str, patient_id: str, question: str, k: int, pipeline: str,
                    question_id: str | None, ablate: tuple[str, ...], use_llm: bool,
                    today: date | None = None) -> Answer:
-        queries = RememberedQueries(self.embedder)
-        retrieval = retrieve(self.backend, queries, question, tenant, patient_id, k=k, pipeline=pipeline,
-                             ablate=ablate, reranker=self.reranker)
-        # The question's vector from retrieval (the full pipeline embeds it with its synonyms
-        # added, so there it is embedded once more).
-        retrieval.similarity = self.similarity_to(question, queries.encode_query(question))
-        # The notes' sentences as earlier questions split and embedded them (note_readings.py),
-        # and afterwards what this one had to compute kept for the next.
-        met = [ev.chunk for ev in retrieval.evidence]
+        # The chunks it reads may be served as parsed for an earlier question, unchanged since.
+        with self.backend.chunks_remembered():
+            queries = RememberedQueries(self.embedder)
+            retrieval = retrieve(self.backend, queries, question, tenant, patient_id, k=k, pipeline=pipeline,
+                                 ablate=ablate, reranker=self.reranker)
+            # The question's vector from retrieval (the full pipeline embeds it with its synonyms
+            # added, so there it is embedded once more).
+            retrieval.similarity = self.similarity_to(question, queries.encode_query(question))
+            # The notes' sentences as earlier questions split and embedded them (note_readings.py),
+            # and afterwards what this one had to compute kept for the next.
+            met = [ev.chunk for ev in retrieval.evidence]
 
-        def read_notes(chunks: list) -> None:
-            self.readings.load(tenant, chunks)
-            met.extend(chunks)
+            def read_notes(chunks: list) -> None:
+                self.readings.load(tenant, chunks)
+                met.extend(chunks)
 
-        self.readings.load(tenant, met)
-        context = self.answer_context(tenant, patient_id, retrieval, use_llm)
-        answer = decide(replace(context, today=today, question_id=question_id, read_notes=read_notes,
-                                general=lambda: self.general(question, tenant, patient_id, question_id, retrieval,
-                                                             use_llm)))
+            self.readings.load(tenant, met)
+            context = self.answer_context(tenant, patient_id, retrieval, use_llm)
+            answer = decide(replace(context, today=today, question_id=question_id, read_notes=read_notes,
+                                    general=lambda: self.general(question, tenant, patient_id, question_id,
+                                                                 retrieval, use_llm)))
         self.readings.keep(tenant, met)
         return answer
 

@@ -215,3 +215,28 @@ def test_opening_the_frame_reads_the_patients_notes_ahead_once(tmp_path, synthea
     # The same record opened again queues nothing more.
     assert not service.warm_notes_soon("default", patient, sum(service.patient("default", patient)["chunk_counts"].values()))
     service.close()
+
+
+def test_chunks_read_while_answering_are_parsed_once_and_a_rewritten_one_anew(record, tmp_path_factory):
+    import json
+
+    service, _, _ = record
+    backend = service.backend
+    ids = list(backend.indexed_texts("t", PID))
+    with backend.chunks_remembered():
+        first = {c.chunk_id: c for c in backend.get_chunks("t", ids)}
+        note_id = next(cid for cid, c in first.items() if "ejection fraction of 55%" in c.text)
+        first[note_id].text = "changed by a caller"       # a caller's change stays its own
+        again = {c.chunk_id: c for c in backend.get_chunks("t", ids)}
+        assert again[note_id] is not first[note_id] and "ejection fraction of 55%" in again[note_id].text
+        assert backend._parsed.get(next(k for k in backend._parsed.chunks if k[0] == note_id)) is not None
+        path = tmp_path_factory.mktemp("rewritten") / "record.ndjson"
+        path.write_text("\n".join(json.dumps(r) for r in (PATIENT, note(TEXT.replace("55%", "35%")))) + "\n",
+                        encoding="utf-8")
+        service.index_paths("t", [path])
+        rewritten = {c.chunk_id: c for c in backend.get_chunks("t", ids)}
+    assert "ejection fraction of 35%" in rewritten[note_id].text
+    # Outside a question nothing is remembered: indexing's reads do not fill the memory.
+    before = len(backend._parsed.chunks)
+    backend.get_chunks("t", ids)
+    assert len(backend._parsed.chunks) == before

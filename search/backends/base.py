@@ -180,6 +180,11 @@ class Backend(ABC):
         each at once; a backend whose writes are searchable on commit has nothing to defer."""
         return nullcontext()
 
+    def chunks_remembered(self):
+        """A block (a question's answer, on this thread) whose chunk reads may be served from
+        chunks parsed before and unchanged since; reads outside it (indexing) fill no memory."""
+        return nullcontext()
+
     @abstractmethod
     def delete_refs(self, tenant: str, patient_id: str, refs: list[str]) -> int:
         """Remove these resources ("Type/id") of this patient, and every chunk of the patient drawn

@@ -10,6 +10,7 @@ import logging
 import re
 import sqlite3
 import threading
+from collections import OrderedDict
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -30,6 +31,8 @@ from search.nlp.lexicon import tokens
 # opening, step by step; a newer one is refused, since this code would misread it.
 SCHEMA_VERSION = 2
 log = logging.getLogger(__name__)
+# Chunks a question read, kept parsed: about 12 kB each in memory, so about 25 MB.
+PARSED_KEPT = 2048
 BUSY_WAIT_MS = 30_000          # how long a statement waits for another writer to finish
 READING_WAIT_MS = 50           # ...and a note reading kept while a question is answered
 
@@ -104,6 +107,15 @@ def as_json(data) -> str:
         return json.dumps(data)
 
 
+def from_json(text: str):
+    """orjson reads stored JSON faster than `json`; what as_json wrote through `json` (an integer
+    beyond 64 bits, a lone surrogate, NaN) it refuses, and `json` reads as it was written."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)
+
+
 def scope_word(tenant: str, patient_id: str) -> str:
     """The one full-text word that names a tenant's patient: "s" and 24 digits of a hash, a token
     unicode61 keeps whole and the porter stemmer leaves alone (it only trims letter endings)."""
@@ -149,6 +161,7 @@ class EmbeddedBackend(Backend):
         self.embedding_model = embedding_model
         self.dimension = dimension
         self._local = threading.local()
+        self._parsed = ParsedChunks(PARSED_KEPT)
         found = self._schema_version()
         with self._db() as db:
             db.executescript(SCHEMA)
@@ -447,10 +460,34 @@ class EmbeddedBackend(Backend):
         if not chunk_ids:
             return []
         marks = ",".join("?" * len(chunk_ids))
-        rows = self._db().execute(f"SELECT chunk_id, data FROM chunks WHERE tenant = ? AND chunk_id IN ({marks})",
-                                  [tenant, *chunk_ids]).fetchall()
-        by_id = {cid: Chunk.from_dict(json.loads(data)) for cid, data in rows}
-        return [by_id[c] for c in chunk_ids if c in by_id]
+        if not getattr(self._local, "remember", False):
+            rows = self._db().execute(f"SELECT chunk_id, data FROM chunks WHERE tenant = ? AND chunk_id IN ({marks})",
+                                      [tenant, *chunk_ids]).fetchall()
+            by_id = {cid: Chunk.from_dict(from_json(data)) for cid, data in rows}
+            return [by_id[c] for c in chunk_ids if c in by_id]
+        # A row is rewritten only whole (INSERT OR REPLACE: a new rowid) or given its vector (a
+        # new text hash), so a chunk parsed under the same rowid and hash is the same chunk.
+        rows = self._db().execute(f"SELECT chunk_id, rowid, text_hash FROM chunks WHERE tenant = ? AND chunk_id IN "
+                                  f"({marks})", [tenant, *chunk_ids]).fetchall()
+        by_id = {cid: self._parsed.get((cid, rowid, digest)) for cid, rowid, digest in rows}
+        missing = [cid for cid, chunk in by_id.items() if chunk is None]
+        if missing:
+            marks = ",".join("?" * len(missing))
+            for cid, rowid, digest, data in self._db().execute(
+                    f"SELECT chunk_id, rowid, text_hash, data FROM chunks WHERE tenant = ? AND chunk_id IN ({marks})",
+                    [tenant, *missing]):
+                by_id[cid] = Chunk.from_dict(from_json(data))
+                self._parsed.put((cid, rowid, digest), by_id[cid])
+        # Each caller gets its own Chunk (its lists shared): setting a field changes no other's.
+        return [_fresh(by_id[c]) for c in chunk_ids if by_id.get(c) is not None]
+
+    @contextmanager
+    def chunks_remembered(self):
+        self._local.remember = True
+        try:
+            yield
+        finally:
+            self._local.remember = False
 
     def get_readings(self, tenant: str, chunk_ids: list[str]) -> dict[str, StoredReading]:
         if not chunk_ids:
@@ -460,10 +497,10 @@ class EmbeddedBackend(Backend):
                                   f"WHERE tenant = ? AND chunk_id IN ({marks})", [tenant, *chunk_ids]).fetchall()
         found = {}
         for cid, digest, model, splits, texts, vectors in rows:
-            texts = orjson.loads(texts)
+            texts = from_json(texts)
             matrix = np.frombuffer(vectors, dtype=np.float32).reshape(len(texts), -1) if texts else \
                 np.zeros((0, 0), dtype=np.float32)
-            found[cid] = StoredReading(cid, digest, model, orjson.loads(splits), texts, matrix)
+            found[cid] = StoredReading(cid, digest, model, from_json(splits), texts, matrix)
         return found
 
     def put_readings(self, tenant: str, readings: list[StoredReading]) -> bool:
@@ -674,6 +711,36 @@ class EmbeddedBackend(Backend):
         if conn is not None:
             conn.close()
             self._local.conn = None
+
+
+class ParsedChunks:
+    """Chunks parsed from their stored JSON, by (chunk id, rowid, text hash), the least recently
+    used forgotten first: a patient's questions read the same chunks again and again (a class's
+    500 entries, the notes), and parsing their JSON was most of reading them."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.chunks: OrderedDict = OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, key) -> Chunk | None:
+        with self.lock:
+            chunk = self.chunks.get(key)
+            if chunk is not None:
+                self.chunks.move_to_end(key)
+            return chunk
+
+    def put(self, key, chunk: Chunk) -> None:
+        with self.lock:
+            self.chunks[key] = chunk
+            while len(self.chunks) > self.size:
+                self.chunks.popitem(last=False)
+
+
+def _fresh(chunk: Chunk) -> Chunk:
+    copy = Chunk.__new__(Chunk)
+    copy.__dict__.update(chunk.__dict__)
+    return copy
 
 
 def summary_disagreement(patient_id: str, summary: dict, chunks: int) -> list[str]:
