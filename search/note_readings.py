@@ -137,26 +137,23 @@ class NoteReadings:
         """The chunk's reading as this process holds it, when it holds more than the index keeps."""
         digest = text_digest(chunk.text)
         splits = remembered_splits(split_texts(chunk))
-        texts = []
+        vectors: dict[str, np.ndarray] = {}
         for texts_of in (ranked_texts, stated_texts):
             try:
                 with only_remembered():        # the sentences this process has split, no others
-                    texts += [t for t in texts_of(chunk) if self.vectors.get(t) is not None]
+                    texts = texts_of(chunk)
             except NotRemembered:
                 continue
-        texts = list(dict.fromkeys(texts))
-        vectors = [self.vectors.get(t) for t in texts]
-        texts = [t for t, v in zip(texts, vectors) if v is not None]      # one forgotten meanwhile
+            vectors.update((t, v) for t in texts for v in (self.vectors.get(t),) if v is not None)
         known = self.known.get(chunk.chunk_id)
-        if known and known[0] == digest and set(splits) <= known[1] and set(texts) <= known[2]:
+        if known and known[0] == digest and set(splits) <= known[1] and set(vectors) <= known[2]:
             return None
-        if not splits and not texts:
+        if not splits and not vectors:
             return None
-        matrix = np.stack([self.vectors.get(t) for t in texts]) if texts else np.zeros((0, 0), dtype=np.float32)
-        if len(matrix) != len(texts):
-            return None
+        matrix = np.stack(list(vectors.values())) if vectors else np.zeros((0, 0), dtype=np.float32)
         return StoredReading(chunk.chunk_id, digest, self._embedder().name,
-                             {text: [list(span) for span in spans] for text, spans in splits.items()}, texts, matrix)
+                             {text: [list(span) for span in spans] for text, spans in splits.items()},
+                             list(vectors), matrix)
 
     # --- an opened patient ------------------------------------------------------------------
     def warm(self, tenant: str, patient_id: str) -> int:
