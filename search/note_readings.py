@@ -23,7 +23,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from fhir_ingest.record.notes import NotRemembered, note_sentences, only_remembered, remember_splits, \
-    remembered_splits
+    remembered_splits, splits_made
 from search.answering.notes import ranked_texts, split_texts, stated_texts
 from search.backends.base import Backend, Scope, StoredReading, text_digest
 
@@ -70,6 +70,7 @@ class NoteReadings:
     def __init__(self, backend: Callable[[], Backend], embedder: Callable[[], object]):
         self._backend, self._embedder = backend, embedder
         self.vectors = _Lru(VECTORS_KEPT)
+        self.embedded = 0           # texts embedded so far (with splits_made: has anything new been computed?)
         # chunk id -> (digest of its text, texts split, texts embedded) as the index keeps them.
         self.known = _Lru(CHUNKS_KNOWN)
 
@@ -90,6 +91,7 @@ class NoteReadings:
         found = {t: v for t in dict.fromkeys(texts) for v in (self.vectors.get(t),) if v is not None}
         missing = [t for t in dict.fromkeys(texts) if t not in found]
         if missing:
+            self.embedded += len(missing)
             for text, vector in zip(missing, self._embedder().encode(missing)):
                 found[text] = _unit(vector)
                 self.vectors.put(text, found[text])
@@ -122,10 +124,17 @@ class NoteReadings:
         return len(remembered_splits(known[1])) == len(known[1]) and all(self.vectors.get(t) is not None
                                                                           for t in known[2])
 
-    def keep(self, tenant: str, chunks: Iterable) -> int:
+    def computed(self) -> tuple[int, int]:
+        """How much this process has split and embedded so far: compare before and after a question."""
+        return splits_made(), self.embedded
+
+    def keep(self, tenant: str, chunks: Iterable, since: tuple[int, int] | None = None) -> int:
         """What this process has computed of these note chunks' readings and the index does not
-        yet keep, written beside them (nothing is split or embedded for it). Returns the chunks
+        yet keep, written beside them (nothing is split or embedded for it); `since`: computed()
+        before the question, when nothing new since means nothing to look for. Returns the chunks
         written."""
+        if since is not None and since == self.computed():
+            return 0
         rows = [row for row in (self._reading(chunk) for chunk in _notes(chunks)) if row is not None]
         if rows and self._backend().put_readings(tenant, rows):
             for row in rows:

@@ -246,8 +246,9 @@ class SearchService:
     def answer_one(self, tenant: str, patient_id: str, question: str, k: int, pipeline: str,
                    question_id: str | None, ablate: tuple[str, ...], use_llm: bool,
                    today: date | None = None) -> Answer:
+        computed = self.readings.computed()
         # The chunks it reads may be served as parsed for an earlier question, unchanged since.
-        with self.backend.chunks_remembered():
+        with self.backend.answering():
             queries = RememberedQueries(self.embedder)
             retrieval = retrieve(self.backend, queries, question, tenant, patient_id, k=k, pipeline=pipeline,
                                  ablate=ablate, reranker=self.reranker)
@@ -267,7 +268,7 @@ class SearchService:
             answer = decide(replace(context, today=today, question_id=question_id, read_notes=read_notes,
                                     general=lambda: self.general(question, tenant, patient_id, question_id,
                                                                  retrieval, use_llm)))
-        self.readings.keep(tenant, met)
+        self.readings.keep(tenant, met, since=computed)
         return answer
 
     def similarity_to(self, question: str, vector: np.ndarray | None = None):

@@ -223,7 +223,7 @@ def test_chunks_read_while_answering_are_parsed_once_and_a_rewritten_one_anew(re
     service, _, _ = record
     backend = service.backend
     ids = list(backend.indexed_texts("t", PID))
-    with backend.chunks_remembered():
+    with backend.answering():
         first = {c.chunk_id: c for c in backend.get_chunks("t", ids)}
         note_id = next(cid for cid, c in first.items() if "ejection fraction of 55%" in c.text)
         first[note_id].text = "changed by a caller"       # a caller's change stays its own

@@ -218,7 +218,7 @@ class _RememberedSplits:
     app's answering threads."""
 
     def __init__(self, size: int, chars: int):
-        self.size, self.most_chars, self.chars = size, chars, 0
+        self.size, self.most_chars, self.chars, self.made = size, chars, 0, 0
         self.spans: OrderedDict[str, Spans] = OrderedDict()
         self.lock = threading.Lock()
 
@@ -280,7 +280,14 @@ def note_sentences(text: str) -> list[Sentence]:
             return list(_split_sentences(text))
         spans = tuple((s.start, s.end) for s in _split_sentences(text))
         _SPLITS.put(text, spans)
+        _SPLITS.made += 1
     return [Sentence(b, e, text[b:e]) for b, e in spans]
+
+
+def splits_made() -> int:
+    """How many texts this process has split so far and remembered: unchanged over a question,
+    it split nothing new (and there is nothing new of its notes to keep)."""
+    return _SPLITS.made
 
 
 def remembered_splits(texts) -> dict[str, Spans]:

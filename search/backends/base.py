@@ -180,9 +180,10 @@ class Backend(ABC):
         each at once; a backend whose writes are searchable on commit has nothing to defer."""
         return nullcontext()
 
-    def chunks_remembered(self):
-        """A block (a question's answer, on this thread) whose chunk reads may be served from
-        chunks parsed before and unchanged since; reads outside it (indexing) fill no memory."""
+    def answering(self):
+        """A block of reads for a question's answer, on this thread: a backend may serve them from
+        what it kept of earlier questions' reads (chunks parsed before and unchanged since). Reads
+        outside it (indexing) keep nothing."""
         return nullcontext()
 
     @abstractmethod

@@ -33,6 +33,9 @@ SCHEMA_VERSION = 2
 log = logging.getLogger(__name__)
 # Chunks a question read, kept parsed: about 12 kB each in memory, so about 25 MB.
 PARSED_KEPT = 2048
+# How much of the index file a question's connection reads through a memory map (the OS's page
+# cache, shared, no copy per connection).
+MAPPED_BYTES = 256 * 2**20
 BUSY_WAIT_MS = 30_000          # how long a statement waits for another writer to finish
 READING_WAIT_MS = 50           # ...and a note reading kept while a question is answered
 
@@ -482,7 +485,13 @@ class EmbeddedBackend(Backend):
         return [_fresh(by_id[c]) for c in chunk_ids if by_id.get(c) is not None]
 
     @contextmanager
-    def chunks_remembered(self):
+    def answering(self):
+        # Questions read the file through a memory map: a question reads every vector of the
+        # patient and hundreds of chunk rows, and SQLite's own 2 MB page cache copied them in by
+        # read calls each time. Indexing's connections keep to reads (their memory is measured).
+        if not getattr(self._local, "mapped", False):
+            self._db().execute(f"PRAGMA mmap_size={MAPPED_BYTES}")
+            self._local.mapped = True
         self._local.remember = True
         try:
             yield
@@ -711,6 +720,7 @@ class EmbeddedBackend(Backend):
         if conn is not None:
             conn.close()
             self._local.conn = None
+            self._local.mapped = False
 
 
 class ParsedChunks:
