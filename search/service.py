@@ -30,7 +30,7 @@ from search.models.embedders import DEFAULT_INT8, load_embedder
 from search.models.onnx_embed import variant_of
 from search.models.llm import ChatClient, LlmError, LlmSettings, general_answer
 from search.nlp.lexicon import clean_text
-from search.note_readings import NoteReadings, Warmer
+from search.sentence_readings import SentenceReadings, Warmer
 from search.retrieval.analysis import patient_terms
 from search.retrieval.pipeline import retrieve
 
@@ -65,7 +65,7 @@ class SearchService:
         self._loading = threading.Lock()
         self._backend: Backend | None = None
         self._catalog: Backend | None = None
-        self.readings = NoteReadings(lambda: self.backend, lambda: self.embedder)
+        self.readings = SentenceReadings(lambda: self.backend, lambda: self.embedder)
         self.warmer = Warmer(self.warm_notes)
 
     @property
@@ -255,17 +255,21 @@ class SearchService:
             # The question's vector from retrieval (the full pipeline embeds it with its synonyms
             # added, so there it is embedded once more).
             retrieval.similarity = self.similarity_to(question, queries.encode_query(question))
-            # The notes' sentences as earlier questions split and embedded them (note_readings.py),
-            # and afterwards what this one had to compute kept for the next.
-            met = [ev.chunk for ev in retrieval.evidence]
+            # The sentences, as earlier questions split and embedded them (sentence_readings.py),
+            # of the chunks it reads (among the candidates, a note that may deny the asked
+            # concept), and afterwards what this one had to compute kept for the next.
+            met = [ev.chunk for ev in retrieval.evidence] + [ev.chunk for ev in retrieval.candidates
+                                                              if ev.chunk.semantic_type == "note"]
 
-            def read_notes(chunks: list) -> None:
-                self.readings.load(tenant, chunks)
-                met.extend(chunks)
+            def read_chunks(chunk_ids: list[str]) -> None:
+                held = {c.chunk_id for c in met}
+                more = self.backend.get_chunks(tenant, [c for c in dict.fromkeys(chunk_ids) if c not in held])
+                self.readings.load(tenant, more)
+                met.extend(more)
 
             self.readings.load(tenant, met)
             context = self.answer_context(tenant, patient_id, retrieval, use_llm)
-            answer = decide(replace(context, today=today, question_id=question_id, read_notes=read_notes,
+            answer = decide(replace(context, today=today, question_id=question_id, read_chunks=read_chunks,
                                     general=lambda: self.general(question, tenant, patient_id, question_id,
                                                                  retrieval, use_llm)))
         self.readings.keep(tenant, met, since=computed)
@@ -277,7 +281,7 @@ class SearchService:
         return self.readings.similarity(self.embedder.encode_query(question) if vector is None else vector)
 
     def warm_notes(self, tenant: str, patient_id: str) -> int:
-        """The patient's notes read ahead of the first question (note_readings.py): returns the
+        """The patient's notes read ahead of the first question (sentence_readings.py): returns the
         note chunks read."""
         return self.readings.warm(tenant, patient_id)
 

@@ -216,7 +216,7 @@ def removal_lines(report) -> list[str]:
 @command("check", "verify the index is consistent (chunks, lexical rows, vectors, patient summaries, similarity profiles)", TENANT,
          arg("--repair", action="store_true",
              help="first mend the similarity profiles from the indexed records (build the missing and another "
-                  "model's, remove those of patients no longer held) and remove note readings of chunks no "
+                  "model's, remove those of patients no longer held) and remove sentence readings of chunks no "
                   "longer held; nothing else is changed"), JSON)
 def cmd_check(args, settings: Settings) -> int:
     tenant = args.tenant or settings.tenant
@@ -233,7 +233,7 @@ def cmd_check(args, settings: Settings) -> int:
         if repaired is not None:
             print(f"repaired: {repaired['built']} similarity profiles built, {repaired['removed']} removed")
         if pruned:
-            print(f"repaired: {pruned} note readings of chunks no longer held removed")
+            print(f"repaired: {pruned} sentence readings of chunks no longer held removed")
         print(f"tenant {tenant}: " + ", ".join(f"{name} {n}" for name, n in result.counts.items()))
         print("consistent" if not result.problems else "INCONSISTENT:")
         print("\n".join(f"  {shown(p)}" for p in result.problems))

@@ -160,7 +160,7 @@ def end_session():
 
 
 def read_notes_ahead(context, indexed: dict | None, job) -> None:
-    """An opened patient's notes read on a background thread (search/note_readings.py), so the
+    """An opened patient's notes read on a background thread (search/sentence_readings.py), so the
     first question about them finds their sentences split and embedded: once the record is
     indexed and no sync of it is under way, and once per record as it stands (its chunk count)."""
     if indexed and (job is None or job.state not in ("queued", "running")):

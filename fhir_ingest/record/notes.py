@@ -207,7 +207,7 @@ def _rush_spans(text: str):
 # ranked and the quoted sentences) and again for the next question: PyRuSH was 60% of an answer's
 # time. Texts up to a chunk's size are remembered with their spans, at most REMEMBERED_TEXTS of
 # them and REMEMBERED_TOTAL characters (about 8 MB); a long note line met while indexing is split
-# once and not kept. The index keeps each note chunk's splits too (search/note_readings.py), and
+# once and not kept. The index keeps each note chunk's splits too (search/sentence_readings.py), and
 # they are handed back here (remember_splits), so another process does not split them again.
 REMEMBERED_TEXTS, REMEMBERED_CHARS, REMEMBERED_TOTAL = 8192, 4000, 8_000_000
 Spans = tuple[tuple[int, int], ...]

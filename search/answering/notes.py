@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 from fhir_ingest.record.notes import note_sentences, section_kind, section_kinds, sentence_context
@@ -398,7 +399,7 @@ MIN_QUOTE = 4
 _HEADING_IN_CHUNK = re.compile(r"(?:^|(?<=\s))[A-Z][A-Z0-9 /&,'()#\-]{1,60}(?: \(continued\))?:\s+")
 
 
-# --- what answering reads of a note chunk, kept by search/note_readings.py ----------------------
+# --- what answering reads of a note chunk, kept by search/sentence_readings.py ----------------------
 
 def stated_text(chunk, heading: str, quote: str) -> str:
     """What is embedded of a note's statement of a class to compare it with the question: which
@@ -422,8 +423,14 @@ def ranked_texts(chunk) -> list[str]:
     return [ranking_text(s) for s in sentences_of(chunk) if says_something(s)]
 
 
-def stated_texts(chunk) -> list[str]:
-    """The texts class_in_notes embeds of this chunk, whichever class is asked."""
-    return list(dict.fromkeys(stated_text(chunk, heading, quote) for klass in CLASS_SECTIONS
-                              for heading, quote in class_sections(chunk, klass) + class_mentions(chunk, klass)))
+def stated_texts(chunk, klass: str, in_prose: bool) -> list[str]:
+    """The texts class_in_notes embeds of this chunk for a class: its sections stating the class,
+    or (in_prose) its sentences naming a thing of the class."""
+    stated = class_mentions(chunk, klass) if in_prose else class_sections(chunk, klass)
+    return [stated_text(chunk, heading, quote) for heading, quote in stated]
+
+
+# Each way a note chunk's texts are compared with a question, as texts_of(chunk).
+EMBEDDED_TEXTS = (ranked_texts, *(partial(stated_texts, klass=klass, in_prose=in_prose)
+                                  for klass in CLASS_SECTIONS for in_prose in (False, True)))
 

@@ -55,9 +55,10 @@ class AnswerContext:
     today: date | None = None                   # what "since last month" counts from; None: the clock's date
     question_id: str | None = None
     general: Callable[[], Answer] | None = None  # the answer to a question about medicine, not this patient
-    # Told which note chunks a step reads sentence by sentence beyond the evidence (the class in
-    # the notes), so their kept readings are loaded first and what is computed of them is kept.
-    read_notes: Callable[[list], None] | None = None
+    # Told which chunks (by id) a step reads sentence by sentence beyond the retrieved ones (the
+    # class in the notes, the records an answer cites), so what the index keeps of their
+    # sentences is loaded first and what is computed of them is kept (search/sentence_readings.py).
+    read_chunks: Callable[[list[str]], None] | None = None
 
 
 AnswerStep = Callable[[Answer, AnswerContext], Answer]
@@ -129,8 +130,8 @@ def class_in_notes(ctx: AnswerContext, klass: str, mentions: bool = True) -> lis
     notes = Scope(ctx.tenant, ctx.patient_id, semantic_types=("note",))
     chunks = ctx.backend.get_chunks(ctx.tenant, [h.chunk_id for h in ctx.backend.latest(notes, NOTES_READ)])
     chunks.sort(key=lambda c: c.date, reverse=True)
-    if ctx.read_notes is not None:
-        ctx.read_notes(chunks)
+    if ctx.read_chunks is not None:
+        ctx.read_chunks([c.chunk_id for c in chunks])
     stated = [(Evidence(chunk, 0.0), heading, quote) for chunk in chunks for heading, quote in class_sections(chunk, klass)]
     # No section lists the class: a note that names one of it in its prose still states it.
     if not stated and mentions:
@@ -348,6 +349,9 @@ def cite_sentences(result: Answer, ctx: AnswerContext) -> Answer:
     texts: dict[str, list[str]] = {}
     for item in result.evidence:
         texts.setdefault(item.ref, []).append(item.text)
+    if ctx.read_chunks is not None:
+        cited = {c.ref for c in result.citations}
+        ctx.read_chunks([item.chunk_id for item in result.evidence if item.ref in cited])
     citations = []
     for citation in result.citations:
         said = " ".join(s.text for s in result.statements if citation.n in s.citations)

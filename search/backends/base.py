@@ -126,7 +126,7 @@ class IndexCheck:
 
 @dataclass
 class StoredReading:
-    """How answering read one note chunk, as the index keeps it (search/note_readings.py): the
+    """How answering read one note chunk, as the index keeps it (search/sentence_readings.py): the
     sentence spans of each piece of its text it split, and the vectors of the sentences it
     compared with a question."""
     chunk_id: str

@@ -88,7 +88,7 @@ CREATE TABLE IF NOT EXISTS profile_keys (
     tenant TEXT NOT NULL, key TEXT NOT NULL, patient_id TEXT NOT NULL,
     PRIMARY KEY (tenant, key, patient_id)
 );
--- How answering read a note chunk (search/note_readings.py): the sentence spans of the pieces of
+-- How answering read a note chunk (search/sentence_readings.py): the sentence spans of the pieces of
 -- its text and its sentences' vectors, kept so no process splits or embeds them again. A row is
 -- of the chunk text whose digest it carries; it goes when its chunk goes or its text changes.
 CREATE TABLE IF NOT EXISTS chunk_readings (
@@ -531,7 +531,7 @@ class EmbeddedBackend(Backend):
             # Busy: kept by a later question. Anything else (a read-only data directory) costs
             # only the keeping, never the answer.
             (log.debug if "locked" in str(exc) or "busy" in str(exc) else log.warning)(
-                "note readings not kept this time: %s", exc)
+                "sentence readings not kept this time: %s", exc)
             return False
         finally:
             db.execute(f"PRAGMA busy_timeout = {BUSY_WAIT_MS}")
@@ -670,9 +670,9 @@ class EmbeddedBackend(Backend):
             "SELECT count(*), coalesce(sum(c.chunk_id IS NULL), 0) FROM chunk_readings r LEFT JOIN chunks c "
             "ON c.chunk_id = r.chunk_id WHERE r.tenant = ?", (tenant,)).fetchone()
         # Never read (a reading is looked up by a held chunk), so worth a line, not a failed check.
-        orphans = [f"{orphaned} note readings belong to chunks the index no longer holds (left by an earlier "
+        orphans = [f"{orphaned} sentence readings belong to chunks the index no longer holds (left by an earlier "
                    f"chartcite): `chartcite check --repair` removes them"] if orphaned else []
-        return IndexCheck({**counts, **profile_counts, "note readings": readings}, problems + profile_said,
+        return IndexCheck({**counts, **profile_counts, "sentence readings": readings}, problems + profile_said,
                           profile_warnings + orphans)
 
     def profile_gaps(self, tenant: str) -> ProfileGaps:

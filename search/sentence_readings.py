@@ -1,16 +1,17 @@
-"""Note chunks read once: the sentence splits of a note chunk's text and the vectors of its
-sentences, computed the first time a question (or the warm-up of an opened patient) needs them,
-then kept in this process's memory (bounded) and in the index beside the chunk.
+"""Chunks read once: the sentence splits of a chunk's text and the vectors of its sentences,
+computed the first time a question (or the warm-up of an opened patient) needs them, then kept in
+this process's memory (bounded) and in the index beside the chunk.
 
 Answering reads the evidence's notes sentence by sentence (search/answering/notes.py): PyRuSH
-splits each piece of a chunk's text and the embedder compares each sentence with the question.
-Both depend on the chunk's text alone, not on the question, so neither is done twice for one text:
-a question loads what the index keeps of its note chunks before answering, and afterwards keeps
-what it had to compute. A kept reading is of the chunk text whose digest it carries: a changed
-text is read again, and the rows go with their chunk (EmbeddedBackend.delete_chunks). Splitting
-every note when it is indexed would cost indexing about 40% more CPU, so a chunk is read when a
-question (or an opened patient's warm-up) first meets it. Elasticsearch keeps no readings: there
-they stay in each process's memory.
+splits each piece of a chunk's text and the embedder compares each sentence with the question;
+the sentences an answer quotes are found in every record it cites (a care plan's own words) the
+same way. Both depend on the chunk's text alone, not on the question, so neither is done twice
+for one text: a question loads what the index keeps of the chunks it reads before answering, and
+afterwards keeps what it had to compute. A kept reading is of the chunk text whose digest it
+carries: a changed text is read again, and the rows go with their chunk
+(EmbeddedBackend.delete_chunks). Splitting every note when it is indexed would cost indexing about
+40% more CPU, so a chunk is read when a question (or an opened patient's warm-up) first meets it.
+Elasticsearch keeps no readings: there they stay in each process's memory.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import numpy as np
 
 from fhir_ingest.record.notes import NotRemembered, note_sentences, only_remembered, remember_splits, \
     remembered_splits, splits_made
-from search.answering.notes import ranked_texts, split_texts, stated_texts
+from search.answering.notes import EMBEDDED_TEXTS, split_texts
 from search.backends.base import Backend, Scope, StoredReading, text_digest
 
 log = logging.getLogger(__name__)
@@ -33,8 +34,9 @@ log = logging.getLogger(__name__)
 VECTORS_KEPT = 20_000
 # Chunks whose kept reading this process knows (loaded or written), so it asks the index once.
 CHUNKS_KNOWN = 50_000
-# Note chunks an opened patient's warm-up reads: the newest, as class answers read them.
-WARM_NOTE_CHUNKS = 500
+# Note chunks an opened patient's warm-up reads: the newest (class answers read the newest 50). At
+# most about 5 s of one core for a patient with many notes, on a background thread.
+WARM_NOTE_CHUNKS = 100
 
 
 class _Lru:
@@ -60,12 +62,13 @@ class _Lru:
                 self.items.popitem(last=False)
 
 
-def _notes(chunks: Iterable) -> list:
-    return list({c.chunk_id: c for c in chunks if c.semantic_type == "note"}.values())
+def _distinct(chunks: Iterable) -> list:
+    return list({c.chunk_id: c for c in chunks}.values())
 
 
-class NoteReadings:
-    """One per service: its embedder's sentence vectors, and what its index keeps of them."""
+class SentenceReadings:
+    """One per service: its embedder's sentence vectors, and what its index keeps of its chunks'
+    readings."""
 
     def __init__(self, backend: Callable[[], Backend], embedder: Callable[[], object]):
         self._backend, self._embedder = backend, embedder
@@ -98,14 +101,14 @@ class NoteReadings:
         return found
 
     def load(self, tenant: str, chunks: Iterable) -> None:
-        """What the index keeps of these note chunks' readings, into memory: asked once per chunk
-        text and process."""
-        notes = [c for c in _notes(chunks) if not self._in_memory(c)]
-        if not notes:
+        """What the index keeps of these chunks' readings, into memory: asked once per chunk text
+        and process."""
+        unread = [c for c in _distinct(chunks) if not self._in_memory(c)]
+        if not unread:
             return
         model = self._embedder().name
-        kept = self._backend().get_readings(tenant, [c.chunk_id for c in notes])
-        for chunk in notes:
+        kept = self._backend().get_readings(tenant, [c.chunk_id for c in unread])
+        for chunk in unread:
             digest, row = text_digest(chunk.text), kept.get(chunk.chunk_id)
             if row is None or row.text_digest != digest:
                 self.known.put(chunk.chunk_id, (digest, frozenset(), frozenset()))
@@ -129,13 +132,13 @@ class NoteReadings:
         return splits_made(), self.embedded
 
     def keep(self, tenant: str, chunks: Iterable, since: tuple[int, int] | None = None) -> int:
-        """What this process has computed of these note chunks' readings and the index does not
+        """What this process has computed of these chunks' readings and the index does not
         yet keep, written beside them (nothing is split or embedded for it); `since`: computed()
         before the question, when nothing new since means nothing to look for. Returns the chunks
         written."""
         if since is not None and since == self.computed():
             return 0
-        rows = [row for row in (self._reading(chunk) for chunk in _notes(chunks)) if row is not None]
+        rows = [row for row in (self._reading(chunk) for chunk in _distinct(chunks)) if row is not None]
         if rows and self._backend().put_readings(tenant, rows):
             for row in rows:
                 self.known.put(row.chunk_id, (row.text_digest, frozenset(row.splits), frozenset(row.texts)))
@@ -147,7 +150,7 @@ class NoteReadings:
         digest = text_digest(chunk.text)
         splits = remembered_splits(split_texts(chunk))
         vectors: dict[str, np.ndarray] = {}
-        for texts_of in (ranked_texts, stated_texts):
+        for texts_of in EMBEDDED_TEXTS:
             try:
                 with only_remembered():        # the sentences this process has split, no others
                     texts = texts_of(chunk)
@@ -178,7 +181,7 @@ class NoteReadings:
             for chunk in batch:
                 for text in split_texts(chunk):
                     note_sentences(text)
-            self.vectors_of([t for chunk in batch for t in ranked_texts(chunk) + stated_texts(chunk)])
+            self.vectors_of([t for chunk in batch for texts_of in EMBEDDED_TEXTS for t in texts_of(chunk)])
             self.keep(tenant, batch)
         return len(chunks)
 

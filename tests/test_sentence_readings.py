@@ -1,4 +1,4 @@
-"""Note chunks read once (search/note_readings.py): a note's pieces are split and its sentences
+"""Note chunks read once (search/sentence_readings.py): a note's pieces are split and its sentences
 embedded at most once, whichever question or process meets them first; a changed text is read
 again; a removed note's readings go with it."""
 from __future__ import annotations
@@ -129,7 +129,7 @@ def test_a_removed_note_takes_its_readings_with_it(record):
     service.delete_resources("t", PID, ["DocumentReference/ds-1"])
     assert kept_readings(service) == {}
     check = service.backend.check("t")
-    assert check.counts["note readings"] == 0 and not check.warnings, check
+    assert check.counts["sentence readings"] == 0 and not check.warnings, check
 
 
 def test_check_reports_readings_left_without_their_chunk_and_repair_removes_them(record):
@@ -139,7 +139,7 @@ def test_check_reports_readings_left_without_their_chunk_and_repair_removes_them
     # As an earlier chartcite, which did not know the readings, would leave them.
     db.execute("DELETE FROM chunks WHERE semantic_type = 'note'")
     check = service.backend.check("t")
-    assert any("note readings belong to chunks the index no longer holds" in w for w in check.warnings), check
+    assert any("sentence readings belong to chunks the index no longer holds" in w for w in check.warnings), check
     assert service.backend.prune_readings("t") > 0
     assert kept_readings(service) == {}
 
