@@ -249,11 +249,12 @@ class SearchService:
         computed = self.readings.computed()
         # The chunks it reads may be served as parsed for an earlier question, unchanged since.
         with self.backend.answering():
-            queries = RememberedQueries(self.embedder)
+            queries = RememberedQueries(self.embedder, question)
             retrieval = retrieve(self.backend, queries, question, tenant, patient_id, k=k, pipeline=pipeline,
                                  ablate=ablate, reranker=self.reranker)
-            # The question's vector from retrieval (the full pipeline embeds it with its synonyms
-            # added, so there it is embedded once more).
+            # The question's vector from retrieval (the full pipeline embeds it beside its text
+            # with the synonyms added: compared with that one, the sentences chosen answered
+            # fewer notes-dev questions, facts 0.840 -> 0.759).
             retrieval.similarity = self.similarity_to(question, queries.encode_query(question))
             # The sentences, as earlier questions split and embedded them (sentence_readings.py),
             # of the chunks it reads (among the candidates, a note that may deny the asked

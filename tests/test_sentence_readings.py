@@ -148,19 +148,24 @@ def test_the_question_is_embedded_once_for_retrieval_and_the_sentences(record):
     service, counted, _ = record
     asked = []
     embedder = service.embedder
-    encode_query = embedder.encode_query
+    encode_queries = embedder.encode_queries
 
-    def counting(text):
-        asked.append(text)
-        return encode_query(text)
+    def counting(texts):
+        asked.extend(texts)
+        return encode_queries(texts)
 
-    embedder.encode_query = counting
+    embedder.encode_queries = counting
     try:
         service.ask("t", PID, "what was the ejection fraction?", pipeline="dense")
+        assert asked == ["what was the ejection fraction?"]
+        assert counted.embedded and "what was the ejection fraction?" not in counted.embedded
+        # The full pipeline searches with the question's synonyms added: the question itself is
+        # embedded beside that text, once.
+        asked.clear()
+        service.ask("t", PID, "what was the ef?", pipeline="full")
+        assert asked.count("what was the ef?") == 1 and len(asked) == 2, asked
     finally:
-        del embedder.encode_query
-    assert asked == ["what was the ejection fraction?"]
-    assert counted.embedded and "what was the ejection fraction?" not in counted.embedded
+        del embedder.encode_queries
 
 
 def test_nothing_is_split_inside_only_remembered():
