@@ -30,10 +30,12 @@ from search.backends.base import Backend, Scope, StoredReading, text_digest
 
 log = logging.getLogger(__name__)
 
-# Sentence vectors remembered by a process: 384 float32 each, about 30 MB.
-VECTORS_KEPT = 20_000
-# Chunks whose kept reading this process knows (loaded or written), so it asks the index once.
-CHUNKS_KNOWN = 50_000
+# Sentence vectors remembered by a process: 384 float32 each, about 15 MB (a patient with 100 note
+# chunks has some 1,200 sentences).
+VECTORS_KEPT = 10_000
+# Chunks whose kept reading this process knows (loaded or written), so it asks the index once:
+# with the texts it split and embedded, about 3 kB each, so about 12 MB.
+CHUNKS_KNOWN = 4096
 # Note chunks an opened patient's warm-up reads: the newest (class answers read the newest 50). At
 # most about 5 s of one core for a patient with many notes, on a background thread.
 WARM_NOTE_CHUNKS = 100
@@ -199,7 +201,7 @@ class Warmer:
     def __init__(self, warm: Callable[[str, str], int]):
         self._warm = warm
         self._queue: queue.Queue = queue.Queue()
-        self._seen = _Lru(CHUNKS_KNOWN)
+        self._seen = _Lru(CHUNKS_KNOWN)       # patients queued, by the record as it stood
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
