@@ -19,6 +19,7 @@ import logging
 import queue
 import threading
 from collections import OrderedDict
+from contextlib import contextmanager
 from typing import Callable, Iterable
 
 import numpy as np
@@ -39,6 +40,7 @@ CHUNKS_KNOWN = 4096
 # Note chunks an opened patient's warm-up reads: the newest (class answers read the newest 50). At
 # most about 5 s of one core for a patient with many notes, on a background thread.
 WARM_NOTE_CHUNKS = 100
+WARM_BATCH = 10                 # chunks embedded (and kept) together
 
 
 class _Lru:
@@ -170,19 +172,22 @@ class SentenceReadings:
                              list(vectors), matrix)
 
     # --- an opened patient ------------------------------------------------------------------
-    def warm(self, tenant: str, patient_id: str) -> int:
+    def warm(self, tenant: str, patient_id: str, pause: Callable[[], None] = lambda: None) -> int:
         """The patient's newest note chunks read now (kept readings loaded, the rest split and
-        embedded, and kept), so a first question about the notes finds them ready. Returns the
+        embedded, and kept), so a first question about the notes finds them ready; `pause` is
+        called before each piece of work (it waits while a question is answered). Returns the
         note chunks read."""
         backend = self._backend()
         hits = backend.latest(Scope(tenant, patient_id, semantic_types=("note",)), WARM_NOTE_CHUNKS)
         chunks = backend.get_chunks(tenant, [h.chunk_id for h in hits])
-        for start in range(0, len(chunks), 25):
-            batch = chunks[start:start + 25]
+        for start in range(0, len(chunks), WARM_BATCH):
+            batch = chunks[start:start + WARM_BATCH]
             self.load(tenant, batch)
             for chunk in batch:
+                pause()
                 for text in split_texts(chunk):
                     note_sentences(text)
+            pause()
             self.vectors_of([t for chunk in batch for texts_of in EMBEDDED_TEXTS for t in texts_of(chunk)])
             self.keep(tenant, batch)
         return len(chunks)
@@ -231,4 +236,27 @@ class Warmer:
                 log.exception("reading an opened patient's notes ahead failed")
             finally:
                 self._queue.task_done()
+
+
+class QuestionsUnderWay:
+    """How many questions are being answered, so background reading can wait for none."""
+
+    def __init__(self):
+        self.count = 0
+        self.idle = threading.Condition()
+
+    @contextmanager
+    def one(self):
+        with self.idle:
+            self.count += 1
+        try:
+            yield
+        finally:
+            with self.idle:
+                self.count -= 1
+                self.idle.notify_all()
+
+    def wait_for_none(self) -> None:
+        with self.idle:
+            self.idle.wait_for(lambda: self.count == 0)
 

@@ -30,7 +30,7 @@ from search.models.embedders import DEFAULT_INT8, load_embedder
 from search.models.onnx_embed import variant_of
 from search.models.llm import ChatClient, LlmError, LlmSettings, general_answer
 from search.nlp.lexicon import clean_text
-from search.sentence_readings import SentenceReadings, Warmer
+from search.sentence_readings import QuestionsUnderWay, SentenceReadings, Warmer
 from search.retrieval.analysis import patient_terms
 from search.retrieval.pipeline import retrieve
 
@@ -67,6 +67,7 @@ class SearchService:
         self._catalog: Backend | None = None
         self.readings = SentenceReadings(lambda: self.backend, lambda: self.embedder)
         self.warmer = Warmer(self.warm_notes)
+        self.questions = QuestionsUnderWay()
 
     @property
     def embedder(self) -> Embedder:
@@ -246,6 +247,11 @@ class SearchService:
     def answer_one(self, tenant: str, patient_id: str, question: str, k: int, pipeline: str,
                    question_id: str | None, ablate: tuple[str, ...], use_llm: bool,
                    today: date | None = None) -> Answer:
+        with self.questions.one():
+            return self._answer_one(tenant, patient_id, question, k, pipeline, question_id, ablate, use_llm, today)
+
+    def _answer_one(self, tenant: str, patient_id: str, question: str, k: int, pipeline: str,
+                    question_id: str | None, ablate: tuple[str, ...], use_llm: bool, today: date | None) -> Answer:
         computed = self.readings.computed()
         # The chunks it reads may be served as parsed for an earlier question, unchanged since.
         with self.backend.answering():
@@ -282,9 +288,10 @@ class SearchService:
         return self.readings.similarity(self.embedder.encode_query(question) if vector is None else vector)
 
     def warm_notes(self, tenant: str, patient_id: str) -> int:
-        """The patient's notes read ahead of the first question (sentence_readings.py): returns the
-        note chunks read."""
-        return self.readings.warm(tenant, patient_id)
+        """The patient's notes read ahead of the first question (sentence_readings.py), pausing
+        while a question is answered (splitting is Python: it would share the interpreter with
+        the question); returns the note chunks read."""
+        return self.readings.warm(tenant, patient_id, pause=self.questions.wait_for_none)
 
     def warm_notes_soon(self, tenant: str, patient_id: str, key: object) -> bool:
         """warm_notes on a background thread, once per record as `key` says it stands (the frame
@@ -395,8 +402,9 @@ class SearchService:
         """A reply draft to a patient's portal message, every sentence citing its evidence; never sent."""
         from search.reply.compose import DEFAULT_URGENT_TEXT, build_reply
 
-        return build_reply(self, tenant, patient_id, message, urgent_text or DEFAULT_URGENT_TEXT, words,
-                           use_llm=use_llm).to_dict()
+        with self.questions.one():
+            return build_reply(self, tenant, patient_id, message, urgent_text or DEFAULT_URGENT_TEXT, words,
+                               use_llm=use_llm).to_dict()
 
     def context(self, tenant: str, patient_id: str, similar: bool = False) -> dict:
         """The structured context bundle (problems, medications, allergies, labs, vitals, encounters);

@@ -245,3 +245,17 @@ def test_chunks_read_while_answering_are_parsed_once_and_a_rewritten_one_anew(re
     before = len(backend._parsed.chunks)
     backend.get_chunks("t", ids)
     assert len(backend._parsed.chunks) == before
+
+
+def test_reading_ahead_waits_while_a_question_is_answered(record):
+    import threading
+    import time
+
+    service, counted, _ = record
+    reading = threading.Thread(target=service.warm_notes, args=("t", PID))
+    with service.questions.one():               # a question under way
+        reading.start()
+        time.sleep(0.5)
+        assert not counted.split, "the notes were split while a question was answered"
+    reading.join(timeout=60)
+    assert not reading.is_alive() and counted.split
