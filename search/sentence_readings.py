@@ -108,7 +108,7 @@ class SentenceReadings:
         """What the index keeps of these chunks' readings, into memory: asked once per chunk text
         and process."""
         unread = [c for c in _distinct(chunks) if not self._in_memory(c)]
-        if not unread:
+        if not unread or not self._backend().keeps_readings:
             return
         model = self._embedder().name
         kept = self._backend().get_readings(tenant, [c.chunk_id for c in unread])
@@ -140,7 +140,7 @@ class SentenceReadings:
         yet keep, written beside them (nothing is split or embedded for it); `since`: computed()
         before the question, when nothing new since means nothing to look for. Returns the chunks
         written."""
-        if since is not None and since == self.computed():
+        if since is not None and since == self.computed() or not self._backend().keeps_readings:
             return 0
         rows = [row for row in (self._reading(chunk) for chunk in _distinct(chunks)) if row is not None]
         if rows and self._backend().put_readings(tenant, rows):

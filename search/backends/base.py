@@ -243,6 +243,8 @@ class Backend(ABC):
     @abstractmethod
     def get_chunks(self, tenant: str, chunk_ids: list[str]) -> list[Chunk]: ...
 
+    keeps_readings = False       # whether put_readings keeps anything
+
     def get_readings(self, tenant: str, chunk_ids: list[str]) -> dict[str, StoredReading]:
         """The readings the index keeps of these note chunks. A backend that keeps none (on
         Elasticsearch they stay in each process's memory) returns nothing."""

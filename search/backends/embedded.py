@@ -157,6 +157,8 @@ def text_hash(chunk: Chunk, lexical: str) -> str:
 
 
 class EmbeddedBackend(Backend):
+    keeps_readings = True
+
     def __init__(self, path: str | Path, embedding_model: str | None, dimension: int = 0):
         """`embedding_model=None` opens the index for catalogue reads only (patients, resources)."""
         self.path = Path(path)
