@@ -80,6 +80,7 @@ class SentenceReadings:
         self.embedded = 0           # texts embedded so far (with splits_made: has anything new been computed?)
         # chunk id -> (digest of its text, texts split, texts embedded) as the index keeps them.
         self.known = _Lru(CHUNKS_KNOWN)
+        self.looked_at = _Lru(CHUNKS_KNOWN)     # (chunk id, text digest) whose reading keep() has looked at
 
     # --- the question's side ----------------------------------------------------------------
     def similarity(self, question_vector: np.ndarray) -> Callable[[list[str]], list[float]]:
@@ -140,9 +141,16 @@ class SentenceReadings:
         yet keep, written beside them (nothing is split or embedded for it); `since`: computed()
         before the question, when nothing new since means nothing to look for. Returns the chunks
         written."""
-        if since is not None and since == self.computed() or not self._backend().keeps_readings:
+        if not self._backend().keeps_readings:
             return 0
-        rows = [row for row in (self._reading(chunk) for chunk in _distinct(chunks)) if row is not None]
+        chunks = _distinct(chunks)
+        if since is not None and since == self.computed():
+            # Nothing new computed: only a chunk met for the first time may have something to
+            # keep (its text read for another chunk: templated notes share their sections).
+            chunks = [c for c in chunks if self.looked_at.get((c.chunk_id, text_digest(c.text))) is None]
+        for chunk in chunks:
+            self.looked_at.put((chunk.chunk_id, text_digest(chunk.text)), True)
+        rows = [row for row in (self._reading(chunk) for chunk in chunks) if row is not None]
         if rows and self._backend().put_readings(tenant, rows):
             for row in rows:
                 self.known.put(row.chunk_id, (row.text_digest, frozenset(row.splits), frozenset(row.texts)))

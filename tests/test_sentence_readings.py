@@ -122,14 +122,25 @@ def test_a_changed_note_text_is_split_again(record, tmp_path_factory):
     assert any("35%" in text for text in counted.split), "the changed text was split again"
 
 
-def test_a_removed_note_takes_its_readings_with_it(record):
-    service, _, _ = record
-    service.ask("t", PID, "what was the ejection fraction?")
-    assert kept_readings(service)
-    service.delete_resources("t", PID, ["DocumentReference/ds-1"])
-    assert kept_readings(service) == {}
-    check = service.backend.check("t")
-    assert check.counts["sentence readings"] == 0 and not check.warnings, check
+def test_a_removed_patients_readings_go_with_the_record_and_anothers_stay(tmp_path, embedder):
+    other = {"resourceType": "Patient", "id": "p-other", "gender": "female", "birthDate": "1960-01-01"}
+    other_note = {**note(TEXT), "id": "ds-2", "subject": {"reference": "Patient/p-other"}}
+    service = indexed_record(tmp_path, [PATIENT, note(TEXT), other, other_note])
+    try:
+        service.ask("t", PID, "what was the ejection fraction?")
+        service.ask("t", "p-other", "what was the ejection fraction?")
+        mine = set(service.backend.indexed_texts("t", PID))
+        theirs = set(service.backend.indexed_texts("t", "p-other"))
+        assert mine & set(kept_readings(service)) and theirs & set(kept_readings(service))
+        # Every resource of the patient removed (as a Bulk `deleted` list or a sync would).
+        refs = [f"{r['resourceType']}/{r['id']}" for r in service.held_resources("t", PID)]
+        service.delete_resources("t", PID, refs)
+        kept = set(kept_readings(service))
+        assert not mine & kept and theirs & kept
+        check = service.backend.check("t")
+        assert check.counts["sentence readings"] == len(kept) and not check.warnings, check
+    finally:
+        service.close()
 
 
 def test_check_reports_readings_left_without_their_chunk_and_repair_removes_them(record):
