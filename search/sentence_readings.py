@@ -99,7 +99,8 @@ class SentenceReadings:
         found = {t: v for t in dict.fromkeys(texts) for v in (self.vectors.get(t),) if v is not None}
         missing = [t for t in dict.fromkeys(texts) if t not in found]
         if missing:
-            self.embedded += len(missing)
+            with self.known.lock:
+                self.embedded += len(missing)
             for text, vector in zip(missing, self._embedder().encode(missing)):
                 found[text] = _unit(vector)
                 self.vectors.put(text, found[text])

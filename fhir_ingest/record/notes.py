@@ -229,8 +229,9 @@ class _RememberedSplits:
                 self.spans.move_to_end(text)
             return spans
 
-    def put(self, text: str, spans: Spans) -> None:
+    def put(self, text: str, spans: Spans, split_here: bool = False) -> None:
         with self.lock:
+            self.made += split_here
             if text not in self.spans:
                 self.chars += len(text)
             self.spans[text] = spans
@@ -279,8 +280,7 @@ def note_sentences(text: str) -> list[Sentence]:
         if len(text) > REMEMBERED_CHARS:
             return list(_split_sentences(text))
         spans = tuple((s.start, s.end) for s in _split_sentences(text))
-        _SPLITS.put(text, spans)
-        _SPLITS.made += 1
+        _SPLITS.put(text, spans, split_here=True)
     return [Sentence(b, e, text[b:e]) for b, e in spans]
 
 
