@@ -126,7 +126,7 @@ class IndexCheck:
 
 @dataclass
 class StoredReading:
-    """How answering read one note chunk, as the index keeps it (search/sentence_readings.py): the
+    """How answering read one chunk sentence by sentence, as the index keeps it (search/sentence_readings.py): the
     sentence spans of each piece of its text it split, and the vectors of the sentences it
     compared with a question."""
     chunk_id: str
@@ -246,7 +246,7 @@ class Backend(ABC):
     keeps_readings = False       # whether put_readings keeps anything
 
     def get_readings(self, tenant: str, chunk_ids: list[str]) -> dict[str, StoredReading]:
-        """The readings the index keeps of these note chunks. A backend that keeps none (on
+        """The readings the index keeps of these chunks. A backend that keeps none (on
         Elasticsearch they stay in each process's memory) returns nothing."""
         return {}
 

@@ -37,7 +37,7 @@ PARSED_KEPT = 2048
 # cache, shared, no copy per connection).
 MAPPED_BYTES = 256 * 2**20
 BUSY_WAIT_MS = 30_000          # how long a statement waits for another writer to finish
-READING_WAIT_MS = 50           # ...and a note reading kept while a question is answered
+READING_WAIT_MS = 50           # ...and a sentence reading kept after a question is answered
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -88,9 +88,10 @@ CREATE TABLE IF NOT EXISTS profile_keys (
     tenant TEXT NOT NULL, key TEXT NOT NULL, patient_id TEXT NOT NULL,
     PRIMARY KEY (tenant, key, patient_id)
 );
--- How answering read a note chunk (search/sentence_readings.py): the sentence spans of the pieces of
--- its text and its sentences' vectors, kept so no process splits or embeds them again. A row is
--- of the chunk text whose digest it carries; it goes when its chunk goes or its text changes.
+-- How answering read a chunk sentence by sentence (search/sentence_readings.py): the sentence
+-- spans of the pieces of its text and its sentences' vectors, kept so no process splits or embeds
+-- them again. A row is of the chunk text whose digest it carries; it goes when its chunk goes or
+-- its text changes.
 CREATE TABLE IF NOT EXISTS chunk_readings (
     chunk_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, text_hash TEXT NOT NULL, model TEXT NOT NULL,
     splits TEXT NOT NULL, texts TEXT NOT NULL, vectors BLOB NOT NULL
