@@ -126,9 +126,9 @@ class IndexCheck:
 
 @dataclass
 class StoredReading:
-    """How answering read one chunk sentence by sentence, as the index keeps it (search/sentence_readings.py): the
-    sentence spans of each piece of its text it split, and the vectors of the sentences it
-    compared with a question."""
+    """How answering read one chunk sentence by sentence, as the index keeps it
+    (search/sentence_readings.py): the sentence spans of each piece of its text it split, and the
+    vectors of the sentences it compared with a question."""
     chunk_id: str
     text_digest: str                   # text_digest(chunk.text) it was read from: another text makes it stale
     model: str                         # the embedding model of its vectors
