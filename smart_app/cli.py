@@ -216,19 +216,24 @@ def removal_lines(report) -> list[str]:
 @command("check", "verify the index is consistent (chunks, lexical rows, vectors, patient summaries, similarity profiles)", TENANT,
          arg("--repair", action="store_true",
              help="first mend the similarity profiles from the indexed records (build the missing and another "
-                  "model's, remove those of patients no longer held); nothing else is changed"), JSON)
+                  "model's, remove those of patients no longer held) and remove sentence readings of chunks no "
+                  "longer held; nothing else is changed"), JSON)
 def cmd_check(args, settings: Settings) -> int:
     tenant = args.tenant or settings.tenant
     svc = service(settings)
     repaired = svc.repair_profiles(tenant) if args.repair else None
+    pruned = svc.catalog.prune_readings(tenant) if args.repair else None
     result, held_back = svc.catalog.check(tenant), svc.held_back.listed(tenant)
     if args.json:
         print(json.dumps({"tenant": tenant, "counts": result.counts, "problems": result.problems,
                           "warnings": result.warnings, "held_back": held_back,
-                          **({"repaired": repaired} if repaired is not None else {})}, indent=2))
+                          **({"repaired": repaired, "readings_removed": pruned} if repaired is not None else {})},
+                         indent=2))
     else:
         if repaired is not None:
             print(f"repaired: {repaired['built']} similarity profiles built, {repaired['removed']} removed")
+        if pruned:
+            print(f"repaired: {pruned} sentence readings of chunks no longer held removed")
         print(f"tenant {tenant}: " + ", ".join(f"{name} {n}" for name, n in result.counts.items()))
         print("consistent" if not result.problems else "INCONSISTENT:")
         print("\n".join(f"  {shown(p)}" for p in result.problems))

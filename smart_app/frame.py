@@ -159,9 +159,18 @@ def end_session():
     return response
 
 
+def read_notes_ahead(context, indexed: dict | None, job) -> None:
+    """An opened patient's notes read on a background thread (search/sentence_readings.py), so the
+    first question about them finds their sentences split and embedded: once the record is
+    indexed and no sync of it is under way, and once per record as it stands (its chunk count)."""
+    if indexed and (job is None or job.state not in ("queued", "running")):
+        search().warm_notes_soon(context.tenant, context.patient_id, sum(indexed.get("chunk_counts", {}).values()))
+
+
 def render_patient(context, handle: str):
     g.frame_tenant = context.tenant        # framed only by the EHR this launch came from
     summary = search().patient(context.tenant, context.patient_id) or {}
+    read_notes_ahead(context, summary, runner().jobs.get(context.tenant, context.patient_id))
     banner = dict(_demo_patient(str(settings().demo_source), 0, context.patient_id)) if context.mode == "demo" else {}
     banner.update({k: v for k, v in summary.items() if k in ("name", "gender", "birth_date", "age") and v})
     # The EHR shows its own patient banner when it says need_patient_banner is false.
@@ -185,6 +194,7 @@ def status():
     context = g.launch
     job = runner().jobs.get(context.tenant, context.patient_id)
     indexed = search().patient(context.tenant, context.patient_id)
+    read_notes_ahead(context, indexed, job)     # a first sync just finished: its notes next
     # The banner of a first-time patient fills in as soon as the record's Patient is indexed.
     banner = {k: (indexed or {}).get(k) for k in ("name", "gender", "birth_date", "age")}
     return jsonify(patient_id=context.patient_id, indexed=indexed is not None,

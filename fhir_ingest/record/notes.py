@@ -12,6 +12,9 @@ import io
 import json
 import logging
 import re
+import threading
+from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from html.parser import HTMLParser
@@ -202,9 +205,65 @@ def _rush_spans(text: str):
 
 # Answering splits the same evidence texts several times a question (the class in the notes, the
 # ranked and the quoted sentences) and again for the next question: PyRuSH was 60% of an answer's
-# time. Texts up to a chunk's size are remembered (at most about 10 MB); a long note line met
-# while indexing is split once and not kept.
-REMEMBERED_TEXTS, REMEMBERED_CHARS = 2048, 4000
+# time. Texts up to a chunk's size are remembered with their spans, at most REMEMBERED_TEXTS of
+# them and REMEMBERED_TOTAL characters (about 8 MB); a long note line met while indexing is split
+# once and not kept. The index keeps each note chunk's splits too (search/sentence_readings.py), and
+# they are handed back here (remember_splits), so another process does not split them again.
+REMEMBERED_TEXTS, REMEMBERED_CHARS, REMEMBERED_TOTAL = 8192, 4000, 8_000_000
+Spans = tuple[tuple[int, int], ...]
+
+
+class _RememberedSplits:
+    """Text -> its sentence spans, the least recently used forgotten first; safe across the web
+    app's answering threads."""
+
+    def __init__(self, size: int, chars: int):
+        self.size, self.most_chars, self.chars, self.made = size, chars, 0, 0
+        self.spans: OrderedDict[str, Spans] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, text: str) -> Spans | None:
+        with self.lock:
+            spans = self.spans.get(text)
+            if spans is not None:
+                self.spans.move_to_end(text)
+            return spans
+
+    def put(self, text: str, spans: Spans, split_here: bool = False) -> None:
+        with self.lock:
+            self.made += split_here
+            if text not in self.spans:
+                self.chars += len(text)
+            self.spans[text] = spans
+            self.spans.move_to_end(text)
+            while len(self.spans) > self.size or self.chars > self.most_chars:
+                self.chars -= len(self.spans.popitem(last=False)[0])
+
+    def clear(self) -> None:
+        with self.lock:
+            self.spans.clear()
+            self.chars = 0
+
+
+_SPLITS = _RememberedSplits(REMEMBERED_TEXTS, REMEMBERED_TOTAL)
+
+
+_ONLY_REMEMBERED = threading.local()
+
+
+class NotRemembered(LookupError):
+    """A text would have to be split, inside only_remembered()."""
+
+
+@contextmanager
+def only_remembered():
+    """In this block (on this thread) note_sentences splits nothing: a text not remembered raises
+    NotRemembered. What a process keeps of a note is what it has split, never more."""
+    _ONLY_REMEMBERED.on = True
+    try:
+        yield
+    finally:
+        _ONLY_REMEMBERED.on = False
 
 
 def note_sentences(text: str) -> list[Sentence]:
@@ -212,12 +271,45 @@ def note_sentences(text: str) -> list[Sentence]:
     "Dr.", "p.o.", "b.i.d." and numbered list items do not end or start a sentence wrongly. A
     piece that begins in lower case on the same line continues the one before it ("81 mg. daily"),
     and a list item's number stays with its item ("1. Levaquin 250 mg...")."""
-    return list(_remembered_sentences(text) if len(text) <= REMEMBERED_CHARS else _split_sentences(text))
+    if not text.strip():
+        return []
+    spans = _SPLITS.get(text) if len(text) <= REMEMBERED_CHARS else None
+    if spans is None:
+        if getattr(_ONLY_REMEMBERED, "on", False):
+            raise NotRemembered("this text was not split in this process")
+        if len(text) > REMEMBERED_CHARS:
+            return list(_split_sentences(text))
+        spans = tuple((s.start, s.end) for s in _split_sentences(text))
+        _SPLITS.put(text, spans, split_here=True)
+    return [Sentence(b, e, text[b:e]) for b, e in spans]
 
 
-@lru_cache(maxsize=REMEMBERED_TEXTS)
-def _remembered_sentences(text: str) -> tuple[Sentence, ...]:
-    return _split_sentences(text)
+def splits_made() -> int:
+    """How many texts this process has split so far and remembered: unchanged over a question,
+    it split nothing new (and there is nothing new of its notes to keep)."""
+    return _SPLITS.made
+
+
+def remembered_splits(texts) -> dict[str, Spans]:
+    """The spans of those of `texts` split (or handed back) in this process and still remembered."""
+    found = {}
+    for text in texts:
+        spans = _SPLITS.get(text)
+        if spans is not None:
+            found[text] = spans
+    return found
+
+
+def remember_splits(splits: dict[str, Spans]) -> None:
+    """Splits made earlier (kept in the index), so note_sentences need not split these texts."""
+    for text, spans in splits.items():
+        if len(text) <= REMEMBERED_CHARS:
+            _SPLITS.put(text, tuple((int(b), int(e)) for b, e in spans))
+
+
+def forget_splits() -> None:
+    """Every remembered split gone (a test that counts splitting starts from nothing)."""
+    _SPLITS.clear()
 
 
 def _split_sentences(text: str) -> tuple[Sentence, ...]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 from fhir_ingest.record.notes import note_sentences, section_kind, section_kinds, sentence_context
@@ -202,10 +203,10 @@ def rank_note_sentences(analysis, evidence: list, similarity: Similarity | None)
     notes = notes_read(analysis, evidence)
     if not notes:
         return []       # nothing to embed: an answer from coded records costs no more than before
-    pairs = [(ev, s) for ev in notes for s in sentences_of(ev.chunk) if re.search(r"[A-Za-z]{2}", s.text)]
+    pairs = [(ev, s) for ev in notes for s in sentences_of(ev.chunk) if says_something(s)]
     if not pairs:
         return []
-    texts = [f"{s.heading}: {s.text}" if s.heading else s.text for _, s in pairs]
+    texts = [ranking_text(s) for _, s in pairs]
     sims = similarity(texts) if similarity is not None else [0.0] * len(pairs)
     stems, kinds = question_words(analysis), asked_section_kinds(analysis)
     things = [[_stem(w) for w in thing.split()] for thing in asked_things(analysis)]
@@ -245,6 +246,15 @@ def rank_note_sentences(analysis, evidence: list, similarity: Similarity | None)
             score += VALUE_WEIGHT
         ranked.append(Ranked(ev, sentence, score))
     return sorted(ranked, key=lambda r: r.score, reverse=True)
+
+
+def says_something(sentence: NoteSentence) -> bool:
+    return re.search(r"[A-Za-z]{2}", sentence.text) is not None
+
+
+def ranking_text(sentence: NoteSentence) -> str:
+    """What is embedded of a sentence to compare it with the question: its section's heading and it."""
+    return f"{sentence.heading}: {sentence.text}" if sentence.heading else sentence.text
 
 
 def notes_read(analysis, evidence: list) -> list:
@@ -387,3 +397,40 @@ def quoted_sentences(note_text: str, statement_text: str) -> list[str]:
 MIN_QUOTE = 4
 # The chunker writes each section as "HEADING: text" on one line.
 _HEADING_IN_CHUNK = re.compile(r"(?:^|(?<=\s))[A-Z][A-Z0-9 /&,'()#\-]{1,60}(?: \(continued\))?:\s+")
+
+
+# --- what answering reads of a note chunk, kept by search/sentence_readings.py ----------------------
+
+def stated_text(chunk, heading: str, quote: str) -> str:
+    """What is embedded of a note's statement of a class to compare it with the question: which
+    note it is, the section and the quote ("home meds at discharge" reads the discharge medications)."""
+    return f"{note_header(chunk)}. {heading}: {quote}"
+
+
+def split_texts(chunk) -> list[str]:
+    """Every piece of a note chunk's text that answering splits into sentences: its sections and
+    their lines (sentences_of, class_sections, statement_for), the pieces between the headings the
+    chunker wrote and their lines (quoted_sentences), and its body (denying_sentence). Found by
+    the headings alone: nothing is split to list them."""
+    body = chunk.text.partition(". ")[2]
+    pieces = [text for _, text in chunk_sections(chunk)] + _HEADING_IN_CHUNK.split(body) + [body]
+    lines = [line.strip() for piece in pieces for line in piece.split("\n")]
+    return list(dict.fromkeys(p for p in pieces + lines if p.strip()))
+
+
+def ranked_texts(chunk) -> list[str]:
+    """The texts rank_note_sentences embeds of this chunk."""
+    return [ranking_text(s) for s in sentences_of(chunk) if says_something(s)]
+
+
+def stated_texts(chunk, klass: str, in_prose: bool) -> list[str]:
+    """The texts class_in_notes embeds of this chunk for a class: its sections stating the class,
+    or (in_prose) its sentences naming a thing of the class."""
+    stated = class_mentions(chunk, klass) if in_prose else class_sections(chunk, klass)
+    return [stated_text(chunk, heading, quote) for heading, quote in stated]
+
+
+# Each way a note chunk's texts are compared with a question, as texts_of(chunk).
+EMBEDDED_TEXTS = (ranked_texts, *(partial(stated_texts, klass=klass, in_prose=in_prose)
+                                  for klass in CLASS_SECTIONS for in_prose in (False, True)))
+

@@ -27,7 +27,8 @@ from typing import Callable
 
 from search.answering.answer import (CLASS_LIST_LIMIT, CLASSES, NEW_PATIENT, NO_EVIDENCE, asked_class,
                                      class_entries_answer, context_evidence, names, while_reading as reading_notice)
-from search.answering.notes import CLASS_SECTIONS, class_mentions, class_sections, note_header, quoted_sentences
+from search.answering.notes import (CLASS_SECTIONS, class_mentions, class_sections, quoted_sentences,
+                                    stated_text)
 from search.answering.lead import ALLERGY_WORDS
 from search.answering.operations import planned_operation
 from search.answering.related import closest_first
@@ -54,6 +55,10 @@ class AnswerContext:
     today: date | None = None                   # what "since last month" counts from; None: the clock's date
     question_id: str | None = None
     general: Callable[[], Answer] | None = None  # the answer to a question about medicine, not this patient
+    # Told which chunks (by id) a step reads sentence by sentence beyond the retrieved ones (the
+    # class in the notes, the records an answer cites), so what the index keeps of their
+    # sentences is loaded first and what is computed of them is kept (search/sentence_readings.py).
+    read_chunks: Callable[[list[str]], None] | None = None
 
 
 AnswerStep = Callable[[Answer, AnswerContext], Answer]
@@ -125,6 +130,8 @@ def class_in_notes(ctx: AnswerContext, klass: str, mentions: bool = True) -> lis
     notes = Scope(ctx.tenant, ctx.patient_id, semantic_types=("note",))
     chunks = ctx.backend.get_chunks(ctx.tenant, [h.chunk_id for h in ctx.backend.latest(notes, NOTES_READ)])
     chunks.sort(key=lambda c: c.date, reverse=True)
+    if ctx.read_chunks is not None:
+        ctx.read_chunks([c.chunk_id for c in chunks])
     stated = [(Evidence(chunk, 0.0), heading, quote) for chunk in chunks for heading, quote in class_sections(chunk, klass)]
     # No section lists the class: a note that names one of it in its prose still states it.
     if not stated and mentions:
@@ -137,7 +144,7 @@ def class_in_notes(ctx: AnswerContext, klass: str, mentions: bool = True) -> lis
         return stated
     # Closest to the question first ("home meds at discharge" reads the discharge medications),
     # each note's header saying which note it is; newest first among equals.
-    scores = similarity([f"{note_header(ev.chunk)}. {heading}: {quote}" for ev, heading, quote in stated])
+    scores = similarity([stated_text(ev.chunk, heading, quote) for ev, heading, quote in stated])
     order = sorted(range(len(stated)), key=lambda i: -scores[i])
     return [stated[i] for i in order]
 
@@ -342,6 +349,9 @@ def cite_sentences(result: Answer, ctx: AnswerContext) -> Answer:
     texts: dict[str, list[str]] = {}
     for item in result.evidence:
         texts.setdefault(item.ref, []).append(item.text)
+    if ctx.read_chunks is not None:
+        cited = {c.ref for c in result.citations}
+        ctx.read_chunks([item.chunk_id for item in result.evidence if item.ref in cited])
     citations = []
     for citation in result.citations:
         said = " ".join(s.text for s in result.statements if citation.n in s.citations)

@@ -125,6 +125,26 @@ class IndexCheck:
 
 
 @dataclass
+class StoredReading:
+    """How answering read one chunk sentence by sentence, as the index keeps it
+    (search/sentence_readings.py): the sentence spans of each piece of its text it split, and the
+    vectors of the sentences it compared with a question."""
+    chunk_id: str
+    text_digest: str                   # text_digest(chunk.text) it was read from: another text makes it stale
+    model: str                         # the embedding model of its vectors
+    splits: dict[str, list]            # a piece of the chunk's text -> its sentences' [start, end] spans
+    texts: list[str]                   # the texts whose vectors follow, in order
+    vectors: np.ndarray                # float32, one row per text
+
+
+def text_digest(text: str) -> str:
+    """A short digest of a chunk's text: what a kept reading was read from."""
+    import hashlib
+
+    return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+
+
+@dataclass
 class Scope:
     tenant: str
     patient_id: str
@@ -158,6 +178,12 @@ class Backend(ABC):
     def deferred_refresh(self):
         """A block whose writes (this thread's) become searchable together at its end rather than
         each at once; a backend whose writes are searchable on commit has nothing to defer."""
+        return nullcontext()
+
+    def answering(self):
+        """A block of reads for a question's answer, on this thread: a backend may serve them from
+        what it kept of earlier questions' reads (chunks parsed before and unchanged since). Reads
+        outside it (indexing) keep nothing."""
         return nullcontext()
 
     @abstractmethod
@@ -216,6 +242,23 @@ class Backend(ABC):
 
     @abstractmethod
     def get_chunks(self, tenant: str, chunk_ids: list[str]) -> list[Chunk]: ...
+
+    keeps_readings = False       # whether put_readings keeps anything
+
+    def get_readings(self, tenant: str, chunk_ids: list[str]) -> dict[str, StoredReading]:
+        """The readings the index keeps of these chunks. A backend that keeps none (on
+        Elasticsearch they stay in each process's memory) returns nothing."""
+        return {}
+
+    def put_readings(self, tenant: str, readings: list[StoredReading]) -> bool:
+        """Keep these readings beside their chunks (a chunk no longer held gets none); False when
+        nothing was written (not kept by this backend, or the index was busy: a question never
+        waits on it)."""
+        return False
+
+    def prune_readings(self, tenant: str) -> int:
+        """Kept readings of chunks the index no longer holds removed (`check --repair`); how many."""
+        return 0
 
     @abstractmethod
     def indexed_texts(self, tenant: str, patient_id: str) -> dict[str, str]:

@@ -10,6 +10,7 @@ import logging
 import re
 import sqlite3
 import threading
+from collections import OrderedDict
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from fhir_ingest.record.contract import Chunk
 from search.nlp.annotate import asserted_keys
 from search.similar.version import PROFILE_VERSION
 from search.backends.base import (PENDING_PROBLEM, VECTOR_PENDING, Backend, BackendError, Hit, IndexCheck,
-                                  ModelMismatch, Scope,
+                                  ModelMismatch, Scope, StoredReading, text_digest,
                                   ProfileGaps, profile_gaps, profile_problems, summary_after_removal)
 from search.nlp.lexicon import tokens
 
@@ -31,6 +32,13 @@ from search.nlp.lexicon import tokens
 # opening, step by step; a newer one is refused, since this code would misread it.
 SCHEMA_VERSION = 2
 log = logging.getLogger(__name__)
+# Chunks a question read, kept parsed: about 12 kB each in memory, so about 25 MB.
+PARSED_KEPT = 2048
+# How much of the index file a question's connection reads through a memory map (the OS's page
+# cache, shared, no copy per connection).
+MAPPED_BYTES = 256 * 2**20
+BUSY_WAIT_MS = 30_000          # how long a statement waits for another writer to finish
+READING_WAIT_MS = 50           # ...and a sentence reading kept after a question is answered
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -81,6 +89,14 @@ CREATE TABLE IF NOT EXISTS profile_keys (
     tenant TEXT NOT NULL, key TEXT NOT NULL, patient_id TEXT NOT NULL,
     PRIMARY KEY (tenant, key, patient_id)
 );
+-- How answering read a chunk sentence by sentence (search/sentence_readings.py): the sentence
+-- spans of the pieces of its text and its sentences' vectors, kept so no process splits or embeds
+-- them again. A row is of the chunk text whose digest it carries; it goes when its chunk goes or
+-- its text changes.
+CREATE TABLE IF NOT EXISTS chunk_readings (
+    chunk_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, text_hash TEXT NOT NULL, model TEXT NOT NULL,
+    splits TEXT NOT NULL, texts TEXT NOT NULL, vectors BLOB NOT NULL
+);
 -- A profile rewritten drops its keys by patient: without this, each write read every key of the
 -- tenant (10,000 patients: 151 ms a profile, quadratic in the tenant).
 CREATE INDEX IF NOT EXISTS profile_keys_patient ON profile_keys (tenant, patient_id);
@@ -94,6 +110,15 @@ def as_json(data) -> str:
         return orjson.dumps(data).decode()
     except TypeError:                 # orjson.JSONEncodeError is one
         return json.dumps(data)
+
+
+def from_json(text: str):
+    """orjson reads stored JSON faster than `json`; what as_json wrote through `json` (an integer
+    beyond 64 bits, a lone surrogate, NaN) it refuses, and `json` reads as it was written."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)
 
 
 def scope_word(tenant: str, patient_id: str) -> str:
@@ -134,6 +159,8 @@ def text_hash(chunk: Chunk, lexical: str) -> str:
 
 
 class EmbeddedBackend(Backend):
+    keeps_readings = True
+
     def __init__(self, path: str | Path, embedding_model: str | None, dimension: int = 0):
         """`embedding_model=None` opens the index for catalogue reads only (patients, resources)."""
         self.path = Path(path)
@@ -141,6 +168,7 @@ class EmbeddedBackend(Backend):
         self.embedding_model = embedding_model
         self.dimension = dimension
         self._local = threading.local()
+        self._parsed = ParsedChunks(PARSED_KEPT)
         found = self._schema_version()
         with self._db() as db:
             db.executescript(SCHEMA)
@@ -151,7 +179,8 @@ class EmbeddedBackend(Backend):
     def _db(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+            conn = sqlite3.connect(self.path, timeout=BUSY_WAIT_MS / 1000, isolation_level=None,
+                                   check_same_thread=False)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.create_function("scope_word", 2, scope_word, deterministic=True)
@@ -275,6 +304,9 @@ class EmbeddedBackend(Backend):
             db.executemany("INSERT OR IGNORE INTO chunk_refs VALUES (?,?,?)", refs)
             db.executemany("DELETE FROM chunk_concepts WHERE chunk_id = ?", replaced)
             db.executemany("INSERT OR IGNORE INTO chunk_concepts VALUES (?,?,?,?)", concepts)
+            # A chunk whose text changed is read again: its kept reading was of the old text.
+            db.executemany("DELETE FROM chunk_readings WHERE chunk_id = ? AND text_hash != ?",
+                           [(cid, text_digest(unique[cid][0].text)) for (cid,) in replaced])
 
     def add_vectors(self, chunks: list[Chunk], vectors: np.ndarray, lexical_texts: list[str]) -> None:
         # The row, its full-text entry, refs and concepts were written with the words: only the
@@ -304,6 +336,7 @@ class EmbeddedBackend(Backend):
             db.executemany("DELETE FROM chunks_fts WHERE tenant = ? AND chunk_id = ?", ids)
             db.executemany("DELETE FROM chunk_refs WHERE tenant = ? AND chunk_id = ?", ids)
             db.executemany("DELETE FROM chunk_concepts WHERE tenant = ? AND chunk_id = ?", ids)
+            db.executemany("DELETE FROM chunk_readings WHERE tenant = ? AND chunk_id = ?", ids)
         return removed
 
     def delete_refs(self, tenant: str, patient_id: str, refs: list[str]) -> int:
@@ -434,10 +467,84 @@ class EmbeddedBackend(Backend):
         if not chunk_ids:
             return []
         marks = ",".join("?" * len(chunk_ids))
-        rows = self._db().execute(f"SELECT chunk_id, data FROM chunks WHERE tenant = ? AND chunk_id IN ({marks})",
-                                  [tenant, *chunk_ids]).fetchall()
-        by_id = {cid: Chunk.from_dict(json.loads(data)) for cid, data in rows}
-        return [by_id[c] for c in chunk_ids if c in by_id]
+        if not getattr(self._local, "remember", False):
+            rows = self._db().execute(f"SELECT chunk_id, data FROM chunks WHERE tenant = ? AND chunk_id IN ({marks})",
+                                      [tenant, *chunk_ids]).fetchall()
+            by_id = {cid: Chunk.from_dict(from_json(data)) for cid, data in rows}
+            return [by_id[c] for c in chunk_ids if c in by_id]
+        # A row is rewritten only whole (INSERT OR REPLACE: a new rowid) or given its vector (a
+        # new text hash), so a chunk parsed under the same rowid and hash is the same chunk.
+        rows = self._db().execute(f"SELECT chunk_id, rowid, text_hash FROM chunks WHERE tenant = ? AND chunk_id IN "
+                                  f"({marks})", [tenant, *chunk_ids]).fetchall()
+        by_id = {cid: self._parsed.get((cid, rowid, digest)) for cid, rowid, digest in rows}
+        missing = [cid for cid, chunk in by_id.items() if chunk is None]
+        if missing:
+            marks = ",".join("?" * len(missing))
+            for cid, rowid, digest, data in self._db().execute(
+                    f"SELECT chunk_id, rowid, text_hash, data FROM chunks WHERE tenant = ? AND chunk_id IN ({marks})",
+                    [tenant, *missing]):
+                by_id[cid] = Chunk.from_dict(from_json(data))
+                self._parsed.put((cid, rowid, digest), by_id[cid])
+        # Each caller gets its own Chunk (its lists shared): setting a field changes no other's.
+        return [_fresh(by_id[c]) for c in chunk_ids if by_id.get(c) is not None]
+
+    @contextmanager
+    def answering(self):
+        # Questions read the file through a memory map: a question reads every vector of the
+        # patient and hundreds of chunk rows, and SQLite's own 2 MB page cache copied them in by
+        # read calls each time. Indexing's connections keep to reads (their memory is measured).
+        if not getattr(self._local, "mapped", False):
+            self._db().execute(f"PRAGMA mmap_size={MAPPED_BYTES}")
+            self._local.mapped = True
+        self._local.remember = True
+        try:
+            yield
+        finally:
+            self._local.remember = False
+
+    def get_readings(self, tenant: str, chunk_ids: list[str]) -> dict[str, StoredReading]:
+        if not chunk_ids:
+            return {}
+        marks = ",".join("?" * len(chunk_ids))
+        rows = self._db().execute(f"SELECT chunk_id, text_hash, model, splits, texts, vectors FROM chunk_readings "
+                                  f"WHERE tenant = ? AND chunk_id IN ({marks})", [tenant, *chunk_ids]).fetchall()
+        found = {}
+        for cid, digest, model, splits, texts, vectors in rows:
+            texts = from_json(texts)
+            matrix = np.frombuffer(vectors, dtype=np.float32).reshape(len(texts), -1) if texts else \
+                np.zeros((0, 0), dtype=np.float32)
+            found[cid] = StoredReading(cid, digest, model, from_json(splits), texts, matrix)
+        return found
+
+    def put_readings(self, tenant: str, readings: list[StoredReading]) -> bool:
+        rows = [(r.chunk_id, tenant, r.text_digest, r.model, as_json(r.splits), as_json(r.texts),
+                 np.asarray(r.vectors, dtype=np.float32).tobytes(), r.chunk_id, tenant) for r in readings]
+        if not rows:
+            return False
+        db = self._db()
+        # Asked while a question is answered: if an indexing write holds the index, the reading
+        # is kept next time rather than the answer waiting for the writer.
+        db.execute(f"PRAGMA busy_timeout = {READING_WAIT_MS}")
+        try:
+            with self._transaction():
+                # Only beside a chunk still held: a chunk removed meanwhile leaves no row behind.
+                db.executemany("INSERT OR REPLACE INTO chunk_readings SELECT ?, ?, ?, ?, ?, ?, ? WHERE EXISTS "
+                               "(SELECT 1 FROM chunks WHERE chunk_id = ? AND tenant = ?)", rows)
+            return True
+        except sqlite3.OperationalError as exc:
+            # Busy: kept by a later question. Anything else (a read-only data directory) costs
+            # only the keeping, never the answer.
+            (log.debug if "locked" in str(exc) or "busy" in str(exc) else log.warning)(
+                "sentence readings not kept this time: %s", exc)
+            return False
+        finally:
+            db.execute(f"PRAGMA busy_timeout = {BUSY_WAIT_MS}")
+
+    def prune_readings(self, tenant: str) -> int:
+        # Left by a chartcite that removed chunks without knowing their readings.
+        with self._transaction() as db:
+            return db.execute("DELETE FROM chunk_readings WHERE tenant = ? AND chunk_id NOT IN "
+                              "(SELECT chunk_id FROM chunks WHERE tenant = ?)", (tenant, tenant)).rowcount
 
     def indexed_texts(self, tenant: str, patient_id: str) -> dict[str, str]:
         rows = self._db().execute("SELECT chunk_id, text_hash FROM chunks WHERE tenant=? AND patient_id=?",
@@ -564,7 +671,14 @@ class EmbeddedBackend(Backend):
         for patient_id, summary in summaries.items():
             problems += summary_disagreement(patient_id, summary, actual.get(patient_id, 0))
         profile_counts, profile_said, profile_warnings = profile_problems(self.profile_gaps(tenant))
-        return IndexCheck({**counts, **profile_counts}, problems + profile_said, profile_warnings)
+        readings, orphaned = db.execute(
+            "SELECT count(*), coalesce(sum(c.chunk_id IS NULL), 0) FROM chunk_readings r LEFT JOIN chunks c "
+            "ON c.chunk_id = r.chunk_id WHERE r.tenant = ?", (tenant,)).fetchone()
+        # Never read (a reading is looked up by a held chunk), so worth a line, not a failed check.
+        orphans = [f"{orphaned} sentence readings belong to chunks the index no longer holds (left by an earlier "
+                   f"chartcite): `chartcite check --repair` removes them"] if orphaned else []
+        return IndexCheck({**counts, **profile_counts, "sentence readings": readings}, problems + profile_said,
+                          profile_warnings + orphans)
 
     def profile_gaps(self, tenant: str) -> ProfileGaps:
         db = self._db()
@@ -611,6 +725,37 @@ class EmbeddedBackend(Backend):
         if conn is not None:
             conn.close()
             self._local.conn = None
+            self._local.mapped = False
+
+
+class ParsedChunks:
+    """Chunks parsed from their stored JSON, by (chunk id, rowid, text hash), the least recently
+    used forgotten first: a patient's questions read the same chunks again and again (a class's
+    500 entries, the notes), and parsing their JSON was most of reading them."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.chunks: OrderedDict = OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, key) -> Chunk | None:
+        with self.lock:
+            chunk = self.chunks.get(key)
+            if chunk is not None:
+                self.chunks.move_to_end(key)
+            return chunk
+
+    def put(self, key, chunk: Chunk) -> None:
+        with self.lock:
+            self.chunks[key] = chunk
+            while len(self.chunks) > self.size:
+                self.chunks.popitem(last=False)
+
+
+def _fresh(chunk: Chunk) -> Chunk:
+    copy = Chunk.__new__(Chunk)
+    copy.__dict__.update(chunk.__dict__)
+    return copy
 
 
 def summary_disagreement(patient_id: str, summary: dict, chunks: int) -> list[str]:

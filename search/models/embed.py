@@ -142,6 +142,10 @@ class Embedder:
     def encode_query(self, text: str) -> np.ndarray:
         return self.encode([text])[0]
 
+    def encode_queries(self, texts: list[str]) -> list[np.ndarray]:
+        """Several queries' vectors, each as encode_query computes it."""
+        return [self.encode_query(text) for text in texts]
+
 
 def _fingerprint(path: str) -> str:
     """Short hash of the model's config and weight sizes, so two models with one folder name differ."""
@@ -158,3 +162,24 @@ def _fingerprint(path: str) -> str:
 def default_model_cache() -> Path:
     """Where built model files are kept, once per machine (CHARTCITE_MODEL_CACHE overrides)."""
     return Path.home() / ".cache" / "chartcite" / "models"
+
+
+class RememberedQueries:
+    """An embedder for one question's retrieval that remembers the vectors it computed, so the
+    answer compares the question with note sentences without embedding it again: same embedder,
+    same vector. Retrieval may embed another text (the full pipeline adds the question's
+    synonyms): the question is then embedded beside it, each alone (the same vectors as one at a
+    time), at once on the model's sessions. Everything else is the embedder's."""
+
+    def __init__(self, embedder: Embedder, question: str):
+        self.embedder, self.question = embedder, question
+        self.queries: dict[str, np.ndarray] = {}
+
+    def encode_query(self, text: str) -> np.ndarray:
+        if text not in self.queries:
+            texts = [text] if text == self.question or self.question in self.queries else [text, self.question]
+            self.queries.update(zip(texts, self.embedder.encode_queries(texts)))
+        return self.queries[text]
+
+    def __getattr__(self, name: str):
+        return getattr(self.embedder, name)

@@ -537,6 +537,14 @@ class OnnxInt8Embedder(Embedder):
         future = self._session_pool().submit([text], urgent=True)
         return next(self._in_order([[text]], [future], urgent=True))[0]
 
+    def encode_queries(self, texts: list[str]) -> list[np.ndarray]:
+        """Several queries' vectors, each computed alone as encode_query computes it (the same
+        vector whatever the variant), all submitted at once: the sessions run them side by side."""
+        batches = [[text] for text in texts]
+        workers = self._session_pool()
+        return [vectors[0] for vectors in
+                self._in_order(batches, [workers.submit(batch, urgent=True) for batch in batches], urgent=True)]
+
     def _in_order(self, batches: list[list[str]], futures: list[Future], urgent: bool = False) -> Iterator[np.ndarray]:
         done, stalls = 0, 0
         while done < len(batches):
