@@ -360,3 +360,23 @@ def test_the_shared_resources_a_record_points_at_are_found_from_a_stream():
                  {"resourceType": "DocumentReference", "id": "n1",
                   "content": [{"attachment": {"contentType": "text/plain", "url": "Binary/b1"}}]}]
     assert shared_refs(r for r in resources) == {"Medication/d1", "Specimen/s1", "Binary/b1"}
+
+
+def test_the_annotator_is_built_again_once_its_vocabulary_has_grown(monkeypatch):
+    """spaCy's vocabulary keeps every word it meets (each result's value, id and date) and never
+    forgets one: indexing a 630 MB population grew the process by 100 MB. Past a number of words
+    learnt the next caller gets a new annotator, which annotates as the old one did."""
+    from search.nlp import annotate
+
+    monkeypatch.setattr(annotate, "WORDS_LEARNT_AT_MOST", 200)
+    monkeypatch.setattr(annotate, "_annotator", None)
+    first = annotate.default_annotator()
+    texts = ["No known allergies; metformin 500 mg twice daily for type 2 diabetes."]
+    before = first.annotate(texts)
+    first.annotate([f"Potassium sample id-{n:06x}" for n in range(50)])
+    assert 50 <= first.words_learnt() <= 200 and annotate.default_annotator() is first
+    first.annotate([f"Sodium sample id-{n:06x}x" for n in range(200)])
+    assert first.words_learnt() > 200
+    second = annotate.default_annotator()
+    assert second is not first and second.words_learnt() == 0
+    assert second.annotate(texts) == before

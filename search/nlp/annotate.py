@@ -9,10 +9,11 @@ A concept is a dict: key ("lex:<canonical>" or "<system>|<code>"), display, sema
 """
 from __future__ import annotations
 
+import gc
 import re
+import threading
 import warnings
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Iterable
 
 from fhir_ingest.record.contract import Chunk
@@ -123,6 +124,11 @@ class Annotator:
                 self.question_matcher.add(label, patterns)
                 if not entry.question_only:
                     self.record_matcher.add(label, patterns)
+        self.words_at_start = len(nlp.vocab)
+
+    def words_learnt(self) -> int:
+        """Words (lexemes) spaCy's vocabulary has added since the annotator was built."""
+        return len(self.nlp.vocab) - self.words_at_start
 
     @staticmethod
     def _triggers_outside_names(find_triggers):
@@ -352,10 +358,29 @@ def with_plurals(surfaces: list[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-@lru_cache(maxsize=1)
+# spaCy's vocabulary keeps every word it has seen (a result's value, an id, a date), about 750
+# bytes each, and never forgets one: indexing a 630 MB population grew a process by 100 MB, one
+# patient after another. Past this many words learnt, the next caller gets a new annotator (a few
+# seconds to build); its annotations are the same, since a word's attributes do not depend on
+# what was seen before it.
+WORDS_LEARNT_AT_MOST = 100_000
+
+_annotator: Annotator | None = None
+_annotator_lock = threading.Lock()
+
+
 def default_annotator() -> Annotator:
-    """Built once per process (about a second): the pipeline and the lexicon matchers."""
-    return Annotator()
+    """The process's annotator (the pipeline and the lexicon matchers: a few seconds to build),
+    built again once its vocabulary has learnt WORDS_LEARNT_AT_MOST words."""
+    global _annotator
+    with _annotator_lock:
+        if _annotator is not None and _annotator.words_learnt() > WORDS_LEARNT_AT_MOST:
+            # Let go of the old one before the new one is built, so the two are not held at once.
+            _annotator = None
+            gc.collect()
+        if _annotator is None:
+            _annotator = Annotator()
+        return _annotator
 
 
 def asserted_keys(concepts: list[dict]) -> set[str]:
