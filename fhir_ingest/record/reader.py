@@ -471,8 +471,11 @@ def within_depth(node: dict | list, local_refs: dict[str, str], levels_left: int
         if isinstance(value, (dict, list)):
             if not within_depth(value, local_refs, levels_left - 1, oversize):
                 return False
-        elif key in ("reference", "url") and isinstance(value, str) and value in local_refs:
-            node[key] = local_refs[value]
+        elif key in ("reference", "url") and isinstance(value, str):
+            # One look-up, not `in` then `[]`: a streamed bundle's table is a query each time.
+            resolved = local_refs.get(value)
+            if resolved is not None:
+                node[key] = resolved
         elif key == "data" and oversize is not None and isinstance(value, str) and len(value) > MAX_ATTACHMENT_BYTES:
             oversize.append((node, len(value)))
     return True
